@@ -1,0 +1,226 @@
+"""The `pipe` command line: thin Typer commands that build a config and call one stage's `run`.
+
+No paddle import here: `pipe --help` stays fast. Errors print one line and exit with the error's code
+(2 bad input, 3 diverged, 4 quality gate); `--debug` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from typer.exceptions import TyperException
+from rich.console import Console
+from rich.table import Table
+
+from pipeline import __version__, artifacts, config as config_mod
+from pipeline.errors import InputError, PipeError
+
+app = typer.Typer(
+    name="pipe",
+    help="Train, export, compress, package and serve a PaddlePaddle model, one stage at a time.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+out = Console(soft_wrap=True)
+
+ConfigOpt = typer.Option(None, "--config", "-c", help="YAML run config (sections data, model, train, amp, dist, export).")
+SetOpt = typer.Option(None, "--set", help="Override one key, e.g. --set train.lr=3e-3 (repeatable).")
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"pipe {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks instead of one-line errors."),
+) -> None:
+    if debug:
+        os.environ["PIPE_DEBUG"] = "1"
+
+
+def _cfg(config: Optional[Path], sets: Optional[list[str]], **flags: tuple[str, Any]) -> config_mod.RunConfig:
+    return config_mod.load(config, sets or (), flags)
+
+
+def _stage_out(inp: Path, out_dir: Optional[Path], stage: str) -> Path:
+    return out_dir or Path(inp).parent / stage
+
+
+@app.command()
+def train(
+    config: Optional[Path] = ConfigOpt,
+    set_: Optional[list[str]] = SetOpt,
+    run: Path = typer.Option(Path("runs/exp"), "--run", help="Run directory; writes RUN/train, RUN/checkpoints, RUN/logs."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Write the train artifact here instead of RUN/train."),
+    data: Optional[str] = typer.Option(None, "--data", help="digits, an ImageFolder dir, an .npz, or module:factory."),
+    model: Optional[str] = typer.Option(None, "--model", help="digits_cnn, mlp, resnet18, mobilenet_v3_small, or module:factory."),
+    epochs: Optional[int] = typer.Option(None, "--epochs", help="Total epochs (may be raised on resume)."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Global batch size."),
+    lr: Optional[float] = typer.Option(None, "--lr", help="Peak learning rate."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="Processes on this node (CPU: gloo)."),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU ids, e.g. 0,1,2,3 (NCCL)."),
+    nnodes: Optional[int] = typer.Option(None, "--nnodes", help="Number of nodes (with --master)."),
+    master: Optional[str] = typer.Option(None, "--master", help="HOST:PORT rendezvous for multi-node runs."),
+    node_rank: Optional[int] = typer.Option(None, "--node-rank", help="This node's rank (default: arrival order)."),
+    amp: Optional[str] = typer.Option(None, "--amp", help="O0 (off), O1 or O2."),
+    amp_dtype: Optional[str] = typer.Option(None, "--amp-dtype", help="float16 or bfloat16."),
+    resume: Optional[str] = typer.Option(None, "--resume", help="'auto' (newest verified checkpoint) or a checkpoint dir."),
+) -> None:
+    """Train data-parallel (in-process for one rank, else via paddle.distributed.launch)."""
+    cfg = _cfg(config, set_, **{
+        "data.source": ("--data", data), "model.name": ("--model", model), "train.epochs": ("--epochs", epochs),
+        "train.batch_size": ("--batch-size", batch_size), "train.lr": ("--lr", lr),
+        "dist.nproc_per_node": ("--nproc", nproc), "dist.gpus": ("--gpus", gpus), "dist.nnodes": ("--nnodes", nnodes),
+        "dist.master": ("--master", master), "dist.node_rank": ("--node-rank", node_rank),
+        "amp.level": ("--amp", amp), "amp.dtype": ("--amp-dtype", amp_dtype),
+    })
+    from stages import train as stage
+
+    path = stage.run(cfg, out_dir or run / "train", resume=resume)
+    _summary(path)
+
+
+@app.command()
+def export(
+    train_dir: Path = typer.Argument(..., help="A train artifact directory, e.g. runs/exp/train."),
+    config: Optional[Path] = ConfigOpt,
+    set_: Optional[list[str]] = SetOpt,
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Write here instead of beside the input (RUN/export)."),
+) -> None:
+    """paddle.jit.save to the Paddle inference format, parity-checked against the trained model."""
+    cfg = _cfg(config, set_)
+    from stages import export as stage
+
+    path = stage.run(cfg, train_dir, _stage_out(train_dir, out_dir, "export"))
+    _summary(path)
+
+
+@app.command()
+def compress(export_dir: Path = typer.Argument(..., help="An export artifact directory.")) -> None:
+    """int8 post-training quantization and distillation, gated on accuracy (not in this version)."""
+    raise PipeError("not available in this version of pipe (tracked in issue 4)")
+
+
+@app.command()
+def package(model_dir: Path = typer.Argument(..., help="A compress or export artifact directory.")) -> None:
+    """Build a self-contained Paddle Inference serving package (not in this version)."""
+    raise PipeError("not available in this version of pipe (tracked in issue 5)")
+
+
+@app.command()
+def serve(package_dir: Path = typer.Argument(..., help="A package directory.")) -> None:
+    """Serve a package over HTTP on 127.0.0.1 (not in this version)."""
+    raise PipeError("not available in this version of pipe (tracked in issue 5)")
+
+
+@app.command()
+def bench(
+    out_file: Path = typer.Option(Path("bench/results.md"), "--out", help="Where to write the results table."),
+    quick: bool = typer.Option(False, "--quick", help="Fewer repeats (a smoke run)."),
+) -> None:
+    """Measure CLI start-up and training throughput side by side; writes a Markdown table."""
+    from pipeline import bench as bench_mod
+
+    bench_mod.run(out_file, quick=quick)
+    out.print(f"wrote {out_file}")
+
+
+@app.command(name="all")
+def all_(
+    config: Optional[Path] = ConfigOpt,
+    set_: Optional[list[str]] = SetOpt,
+    run: Path = typer.Option(Path("runs/exp"), "--run", help="Run directory filled stage by stage."),
+    resume: Optional[str] = typer.Option(None, "--resume", help="Passed to the train stage."),
+) -> None:
+    """Run every stage in order into one run directory."""
+    cfg = _cfg(config, set_)
+    from pipeline import orchestrate
+
+    for path in orchestrate.run_all(cfg, run, resume=resume):
+        _summary(path)
+
+
+@app.command()
+def inspect(
+    artifact_dir: Path = typer.Argument(..., help="Any stage directory."),
+    verify: bool = typer.Option(False, "--verify", help="Check every file's sha256 along the lineage."),
+) -> None:
+    """Print an artifact's manifest summary and its lineage back to training."""
+    stages = ("train", "export", "compress", "package", "checkpoint")
+    art = artifacts.verify(artifact_dir, stages) if verify else artifacts._load_unchecked(Path(artifact_dir))
+    table = Table(title=f"{art.path}", show_header=True)
+    for col in ("stage", "path", "created", "key metrics", "status"):
+        table.add_column(col)
+    for item, note in artifacts.lineage(art, check=verify):
+        if item is None:
+            table.add_row("?", "", "", "", f"[red]{note}[/red]")
+            continue
+        m = item.manifest
+        metrics = ", ".join(f"{k}={_fmt(v)}" for k, v in m.get("metrics", {}).items() if isinstance(v, (int, float)))
+        status = note or ("verified" if verify else "")
+        table.add_row(m.get("stage", "?"), str(item.path), m.get("created", ""), metrics[:80], status)
+    out.print(table)
+    iface = art.manifest.get("interface") or {}
+    for io in iface.get("inputs", []):
+        out.print(f"input  {io['name']}: {io['dtype']} {io['shape']}")
+    if iface.get("labels"):
+        out.print(f"labels {len(iface['labels'])}: {', '.join(iface['labels'][:12])}")
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _summary(path: Path) -> None:
+    m = json.loads((Path(path) / artifacts.MANIFEST).read_text())
+    shown = {k: v for k, v in m["metrics"].items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
+    out.print(f"[green]{m['stage']}[/green] -> {path}  " + "  ".join(f"{k}={_fmt(v)}" for k, v in list(shown.items())[:6]))
+
+
+def _command_name(argv: list[str]) -> str:
+    names = {c.name or c.callback.__name__ for c in app.registered_commands}
+    return next((a for a in argv if a in names), "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cmd = _command_name(argv)
+    prefix = f"pipe {cmd}:" if cmd else "pipe:"
+    debug = "--debug" in argv or os.environ.get("PIPE_DEBUG") == "1"
+    try:
+        app(args=argv or ["--help"], prog_name="pipe", standalone_mode=False)
+    except typer.Exit as e:
+        return e.exit_code
+    except TyperException as e:  # usage errors: unknown flag, missing argument, bad value
+        print(f"{prefix} error: {e.format_message()}", file=sys.stderr)
+        return 2
+    except (typer.Abort, KeyboardInterrupt):
+        print(f"{prefix} interrupted", file=sys.stderr)
+        return 130
+    except PipeError as e:
+        if debug:
+            raise
+        kind = "error: " if isinstance(e, InputError) else ""
+        print(f"{prefix} {kind}{e}", file=sys.stderr)
+        return e.exit_code
+    except Exception as e:  # an internal error: one line, the traceback with --debug
+        if debug:
+            raise
+        print(f"{prefix} internal error: {e.__class__.__name__}: {e} (re-run with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

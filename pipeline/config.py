@@ -1,0 +1,238 @@
+"""Run configuration: one frozen dataclass per section, resolved as
+defaults < `--config run.yaml` < `--set section.key=value` < explicit CLI flags.
+
+    pipe train --config examples/digits.yaml --set train.lr=3e-3 --set train.epochs=5
+
+Unknown keys and wrong types are `InputError`s naming the key and where it came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.errors import InputError
+
+
+def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None, min: float | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "choices": choices, "min": min})
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str = _opt("digits", "'digits' (built in), an ImageFolder directory, an .npz with x/y, or module:factory")
+    image_size: int = _opt(0, "resize ImageFolder images to this square size; 0 keeps the source size (digits: 8)", min=0)
+    channels: int = _opt(0, "1 (grayscale) or 3 (RGB) for ImageFolder data; 0 = 3")
+    val_fraction: float = _opt(0.15, "fraction held out for validation when the source has no split")
+    test_fraction: float = _opt(0.15, "fraction held out for test when the source has no split")
+    split_seed: int = _opt(0, "seed of the stratified split when the source has no split")
+    num_workers: int = _opt(0, "DataLoader worker processes per rank", min=0)
+    persistent_workers: bool = _opt(False, "keep DataLoader workers alive across epochs")
+    cache_dir: str = _opt("", "where decoded ImageFolder caches live; '' = $PIPE_CACHE_DIR or ~/.cache/pipe")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = _opt("digits_cnn", "digits_cnn, mlp, resnet18, mobilenet_v3_small, or package.module:factory")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = _opt(12, "total epochs; may be raised on resume", min=1)
+    batch_size: int = _opt(64, "global batch size, split evenly across ranks", min=1)
+    optimizer: str = _opt("adamw", "adamw or momentum (SGD with momentum)", ("adamw", "momentum"))
+    lr: float = _opt(3e-3, "peak learning rate", min=0)
+    momentum: float = _opt(0.9, "momentum for optimizer=momentum")
+    weight_decay: float = _opt(1e-4, "weight decay (decoupled for AdamW, L2 for momentum)", min=0)
+    schedule: str = _opt("cosine", "cosine, step or constant, after the warm-up", ("cosine", "step", "constant"))
+    warmup_epochs: float = _opt(1.0, "linear warm-up length in epochs (0 = none)", min=0)
+    step_epochs: int = _opt(10, "schedule=step: multiply the LR by gamma every this many epochs", min=1)
+    gamma: float = _opt(0.1, "schedule=step: LR decay factor")
+    grad_clip_norm: float = _opt(0.0, "clip gradients to this global norm; 0 = off", min=0)
+    label_smoothing: float = _opt(0.0, "label smoothing of the cross-entropy loss", min=0)
+    seed: int = _opt(0, "seed for parameters, data order and dropout")
+    deterministic: bool = _opt(False, "ask Paddle for deterministic kernels (GPU); CPU runs are deterministic anyway")
+    patience: int = _opt(0, "stop after this many epochs without val improvement; 0 = off", min=0)
+    checkpoint_every: int = _opt(0, "also checkpoint every N optimizer steps; 0 = at epoch ends only", min=0)
+    keep_last: int = _opt(3, "checkpoints kept besides the best one", min=1)
+    log_interval: int = _opt(10, "steps between progress updates", min=1)
+    max_nonfinite_steps: int = _opt(5, "abort (exit 3) after this many consecutive NaN/Inf losses", min=1)
+
+
+@dataclass(frozen=True)
+class AmpConfig:
+    level: str = _opt("O0", "O0 (off), O1 or O2 mixed precision", ("O0", "O1", "O2"))
+    dtype: str = _opt("float16", "float16 or bfloat16", ("float16", "bfloat16"))
+    init_loss_scaling: float = _opt(65536.0, "GradScaler initial loss scale (pinned: defaults drifted across releases)")
+    incr_ratio: float = _opt(2.0, "GradScaler scale increase factor")
+    decr_ratio: float = _opt(0.5, "GradScaler scale decrease factor")
+    incr_every_n_steps: int = _opt(2000, "GradScaler: finite steps before the scale increases")
+    decr_every_n_nan_or_inf: int = _opt(1, "GradScaler: non-finite steps before the scale decreases")
+    use_dynamic_loss_scaling: bool = _opt(True, "GradScaler: adapt the scale")
+
+
+@dataclass(frozen=True)
+class DistConfig:
+    nproc_per_node: int = _opt(1, "worker processes on this node (CPU: gloo); 1 runs in-process", min=1)
+    gpus: str = _opt("", "comma-separated GPU ids, e.g. 0,1,2,3 (NCCL); '' = CPU")
+    nnodes: int = _opt(1, "number of nodes; >1 needs master", min=1)
+    master: str = _opt("", "HOST:PORT of the rendezvous for multi-node runs")
+    node_rank: int = _opt(-1, "this node's rank; -1 lets arrival order decide")
+    peer_timeout: int = _opt(600, "seconds to wait for the whole job before giving up (the launcher has no peer timeout)", min=1)
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    parity_tol: float = _opt(1e-4, "max |diff| allowed, relative to max |logit|, predictor vs trained model")
+    parity_samples: int = _opt(64, "held-out samples checked for parity", min=1)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    amp: AmpConfig = field(default_factory=AmpConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+
+_SECTIONS: dict[str, type] = typing.get_type_hints(RunConfig)
+
+
+def _all_keys() -> list[str]:
+    return [f"{s}.{f.name}" for s, cls in _SECTIONS.items() for f in dataclasses.fields(cls)]
+
+
+def _unknown(key: str, where: str) -> InputError:
+    close = difflib.get_close_matches(key, _all_keys(), n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return InputError(f"{where}{key}: unknown key{hint}")
+
+
+def _coerce(key: str, value: Any, typ: Any, where: str) -> Any:
+    """Check `value` against the field type; YAML scalars like 3e-4 arrive as str and are parsed."""
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+    elif typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif typ is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # e.g. gpus: 0 or data.source: 123 in YAML
+    else:  # pragma: no cover - only the types above are used
+        raise TypeError(typ)
+    name = getattr(typ, "__name__", str(typ))
+    raise InputError(f"{where}{key}: expected {name}, got {type(value).__name__} {value!r}")
+
+
+def _apply(values: dict[str, dict[str, Any]], key: str, raw: Any, where: str) -> None:
+    section, _, name = key.partition(".")
+    cls = _SECTIONS.get(section)
+    if cls is None or not name:
+        raise _unknown(key, where)
+    hints = typing.get_type_hints(cls)
+    if name not in hints:
+        raise _unknown(key, where)
+    spec = {f.name: f for f in dataclasses.fields(cls)}[name]
+    value = _coerce(key, raw, hints[name], where)
+    choices = spec.metadata.get("choices")
+    if choices and value not in choices:
+        raise InputError(f"{where}{key}: must be one of {', '.join(choices)}, got {value!r}")
+    low = spec.metadata.get("min")
+    if low is not None and value < low:
+        raise InputError(f"{where}{key}: must be >= {low}, got {value!r}")
+    values.setdefault(section, {})[name] = value
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{path}: config file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: cannot read config ({e.__class__.__name__})") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise InputError(f"{path}: invalid YAML{at}") from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise InputError(f"{path}: expected a mapping of sections (data, model, train, ...)")
+    return doc
+
+
+def load(
+    path: Path | None = None,
+    sets: typing.Sequence[str] = (),
+    flags: dict[str, tuple[str, Any]] | None = None,
+) -> RunConfig:
+    """Resolve the run configuration. `flags` maps dotted keys to (flag name, value); None = not given."""
+    values: dict[str, dict[str, Any]] = {}
+    if path is not None:
+        for section, body in _read_yaml(path).items():
+            if not isinstance(body, dict):
+                if section in _SECTIONS:
+                    raise InputError(f"{path}: {section}: expected a mapping of keys")
+                raise _unknown(str(section), f"{path}: ")
+            for name, raw in body.items():
+                _apply(values, f"{section}.{name}", raw, f"{path}: ")
+    for item in sets:
+        key, eq, text = item.partition("=")
+        if not eq:
+            raise InputError(f"--set {item}: expected section.key=value")
+        try:
+            raw = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError:
+            raw = text
+        _apply(values, key.strip(), raw, "--set ")
+    for key, (flag, raw) in (flags or {}).items():
+        if raw is not None:
+            try:
+                _apply(values, key, raw, "")
+            except InputError as e:
+                raise InputError(f"{flag}: {str(e).partition(': ')[2]}") from None
+    return RunConfig(**{s: _SECTIONS[s](**values.get(s, {})) for s in _SECTIONS})
+
+
+def from_dict(doc: dict[str, Any]) -> RunConfig:
+    """Rebuild a RunConfig recorded in a manifest (strict: same checks as YAML)."""
+    values: dict[str, dict[str, Any]] = {}
+    for section, body in doc.items():
+        for name, raw in (body or {}).items():
+            _apply(values, f"{section}.{name}", raw, "manifest config: ")
+    return RunConfig(**{s: _SECTIONS[s](**values.get(s, {})) for s in _SECTIONS})
+
+
+def describe() -> list[tuple[str, Any, str]]:
+    """(key, default, help) for every key: used by `pipe train --help` style listings and docs."""
+    out = []
+    for section, cls in _SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else None
+            out.append((f"{section}.{f.name}", default, f.metadata.get("help", "")))
+    return out
+

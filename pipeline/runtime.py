@@ -1,0 +1,39 @@
+"""Importing paddle on our terms: thread count first, then restore the logging paddle changes."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import sys
+import warnings
+from typing import Any
+
+
+def import_paddle(threads: int | None = None) -> Any:
+    """Import paddle once. Paddle forces OMP_NUM_THREADS=1 when it is unset and sets the root
+    logger to INFO; we set the threads ourselves and put the root logger back."""
+    if "paddle" in sys.modules:
+        return sys.modules["paddle"]
+    if "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(threads or os.cpu_count() or 1)
+    os.environ.setdefault("GLOG_minloglevel", "2")  # C++ INFO/WARNING lines off the user's terminal
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    caught = io.StringIO()
+    with warnings.catch_warnings(), contextlib.redirect_stderr(caught):
+        warnings.filterwarnings("ignore", message="No ccache found")
+        import paddle
+    # Paddle prints a warning for any OMP_NUM_THREADS above 1; we chose the count on purpose.
+    for line in caught.getvalue().splitlines():
+        if "OMP_NUM_THREADS" not in line:
+            print(line, file=sys.stderr)
+    warnings.filterwarnings("ignore", message="When training, we now always track global mean and variance")
+    root.setLevel(level)
+    root.handlers[:] = handlers
+    return paddle
+
+
+def threads_per_process(nproc: int) -> int:
+    return max(1, (os.cpu_count() or 1) // max(1, nproc))

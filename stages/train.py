@@ -1,0 +1,773 @@
+"""pipe train: data-parallel training, writing `<run>/train/` (best weights, metrics, curves, manifest).
+
+    pipe train --config examples/digits.yaml --run runs/exp1
+    pipe train --config examples/digits.yaml --run runs/exp1 --nproc 2     # 2 CPU processes (gloo)
+    pipe train --config examples/digits.yaml --run runs/exp1 --resume auto
+
+Reads: a dataset (`data.source`), no input artifact. Writes, beside `train/`:
+`checkpoints/step-NNNNNN/` (model, optimizer, scheduler, scaler, RNG and sampler state; `last` and
+`best` pointers) and `logs/train/` (the launcher's logs, which hold a dump of the environment).
+World size 1 runs in this process; more ranks run through `python -m paddle.distributed.launch`,
+which also does multi-node (`--nnodes K --master HOST:PORT`).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline import artifacts, config as config_mod, data as data_mod, models, runtime
+from pipeline.config import RunConfig
+from pipeline.errors import DivergedError, InputError, PipeError
+from pipeline.progress import Emit, Tail, View, file_emitter
+
+CHECKPOINT_STAGE = "checkpoint"
+# Keys that may change between a checkpoint and its resumption; any other change alters the model,
+# the data or their order and is refused.
+_RESUME_SAFE = {
+    "train.epochs", "train.patience", "train.checkpoint_every", "train.keep_last", "train.log_interval",
+    "train.max_nonfinite_steps", "data.num_workers", "data.persistent_workers", "data.cache_dir",
+    "dist.nproc_per_node", "dist.gpus", "dist.nnodes", "dist.master", "dist.node_rank", "dist.peer_timeout",
+}
+_STEP_FIELDS = ["step", "epoch", "loss", "lr"]
+_EPOCH_FIELDS = ["epoch", "step", "train_loss", "val_loss", "val_acc", "lr", "img_per_s", "loss_scale",
+                 "skipped_steps"]
+
+
+# ------------------------------------------------------------------ parent side
+
+
+def run(cfg: RunConfig, out_dir: Path, resume: str | None = None, view: Emit | None = None) -> Path:
+    """Train and write `out_dir`. Checkpoints and logs go beside it in the run directory."""
+    out_dir = Path(out_dir)
+    run_dir = out_dir.parent
+    ckpt_dir = run_dir / "checkpoints"
+    world, local = _preflight(cfg)
+    resume_from = _resolve_resume(resume, ckpt_dir, cfg)
+    view = view or View()
+    if local == 1 and world == 1:
+        _worker(cfg, out_dir, ckpt_dir, resume_from, emit=view)
+    else:
+        _launch(cfg, out_dir, ckpt_dir, resume_from, run_dir, view, local)
+    return out_dir
+
+
+def _preflight(cfg: RunConfig) -> tuple[int, int]:
+    """Check what was asked against what is there; returns (world size, processes on this node)."""
+    d = cfg.dist
+    gpus = [g.strip() for g in d.gpus.split(",") if g.strip()]
+    if gpus:
+        try:
+            metadata.version("paddlepaddle-gpu")
+        except metadata.PackageNotFoundError:
+            raise InputError(f"--gpus {d.gpus}: this Paddle is the CPU build (paddlepaddle); "
+                             "install paddlepaddle-gpu, or use --nproc for CPU processes") from None
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            have = [v for v in visible.split(",") if v.strip()]
+            if len(have) < len(gpus):
+                raise InputError(f"--gpus {d.gpus}: CUDA_VISIBLE_DEVICES={visible} shows {len(have)} device(s)")
+        paddle = runtime.import_paddle()
+        count = paddle.device.cuda.device_count()
+        missing = [g for g in gpus if not g.isdigit() or int(g) >= count]
+        if missing:
+            raise InputError(f"--gpus {d.gpus}: device {missing[0]} not found ({count} visible GPU(s))")
+        local = len(gpus)
+        if d.nproc_per_node not in (1, local):
+            raise InputError(f"--nproc {d.nproc_per_node}: with --gpus, one process per GPU ({local})")
+    else:
+        local = d.nproc_per_node
+        cores = os.cpu_count() or 1
+        if local > cores:
+            print(f"warning: --nproc {local} is above this machine's {cores} cores; ranks will share cores",
+                  file=sys.stderr)
+    if d.nnodes > 1 and not d.master:
+        raise InputError(f"--nnodes {d.nnodes}: multi-node runs need --master HOST:PORT")
+    if d.master:
+        host, _, port = d.master.rpartition(":")
+        if not host or not port.isdigit():
+            raise InputError(f"--master {d.master}: expected HOST:PORT")
+        if _port_busy(host, int(port)):
+            if d.nnodes == 1:
+                raise InputError(f"--master {d.master}: port {port} is already in use")
+            print(f"note: --master {d.master} is already listening; joining it as a peer", file=sys.stderr)
+    world = local * d.nnodes
+    if cfg.train.batch_size % world:
+        raise InputError(f"train.batch_size {cfg.train.batch_size}: must divide evenly over {world} ranks")
+    return world, local
+
+
+def _port_busy(host: str, port: int) -> bool:
+    if host not in ("127.0.0.1", "localhost", "0.0.0.0", socket.gethostname()):
+        return False  # only ports on this machine can be checked
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1" if host != "0.0.0.0" else host, port)) == 0
+
+
+def _resolve_resume(resume: str | None, ckpt_dir: Path, cfg: RunConfig) -> Path | None:
+    if resume is None:
+        if _checkpoints(ckpt_dir):
+            raise InputError(f"{ckpt_dir}: holds checkpoints of an earlier run; "
+                             "pass --resume auto to continue it, or use another --run")
+        return None
+    if resume == "auto":
+        found = _newest_verified(ckpt_dir)
+        if found is None:
+            return None
+        path = found
+    else:
+        path = Path(resume)
+    art = artifacts.verify(path, (CHECKPOINT_STAGE,))
+    state = json.loads(art.file("state.json").read_text())
+    _check_resume_config(state["config"], cfg, path)
+    if state["batch"] == 0 and cfg.train.epochs <= state["epoch"]:
+        raise InputError(f"--resume {path}: nothing to resume, {state['epoch']} of train.epochs="
+                         f"{cfg.train.epochs} epochs are done (raise train.epochs to train more)")
+    return path
+
+
+def _check_resume_config(saved: dict[str, Any], cfg: RunConfig, path: Path) -> None:
+    now = cfg.to_dict()
+    for section, body in saved.items():
+        for key, old in body.items():
+            name = f"{section}.{key}"
+            new = now.get(section, {}).get(key)
+            if name not in _RESUME_SAFE and section != "export" and old != new:
+                raise InputError(f"--resume {path}: {name} was {old!r}, now {new!r}; "
+                                 "it changes the model or the data, start a new run instead")
+
+
+def _checkpoints(ckpt_dir: Path) -> list[Path]:
+    if not ckpt_dir.is_dir():
+        return []
+    return sorted(p for p in ckpt_dir.iterdir() if p.is_dir() and p.name.startswith("step-") and ".tmp-" not in p.name)
+
+
+def _newest_verified(ckpt_dir: Path) -> Path | None:
+    """`last` if it verifies, else the newest checkpoint that does (a crash may have left junk)."""
+    pointer = ckpt_dir / "last"
+    candidates = []
+    if pointer.is_file():
+        candidates.append(ckpt_dir / pointer.read_text().strip())
+    candidates += list(reversed(_checkpoints(ckpt_dir)))
+    for c in candidates:
+        try:
+            artifacts.verify(c, (CHECKPOINT_STAGE,))
+            return c
+        except InputError:
+            continue
+    return None
+
+
+def _launch(cfg: RunConfig, out_dir: Path, ckpt_dir: Path, resume_from: Path | None,
+            run_dir: Path, view: Emit, local: int) -> None:
+    """Run the ranks of this node through paddle.distributed.launch and wait for them."""
+    d = cfg.dist
+    node = "" if d.nnodes == 1 else f"node-{d.node_rank if d.node_rank >= 0 else os.getpid()}"
+    log_dir = run_dir / "logs" / "train" / node if node else run_dir / "logs" / "train"
+    if log_dir.exists():
+        shutil.rmtree(log_dir)
+    log_dir.mkdir(parents=True)
+    spec = {"config": cfg.to_dict(), "out_dir": str(out_dir.resolve()), "ckpt_dir": str(ckpt_dir.resolve()),
+            "resume_from": str(resume_from.resolve()) if resume_from else None, "log_dir": str(log_dir.resolve())}
+    (log_dir / "spec.json").write_text(json.dumps(spec, indent=2))
+    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--log_dir", str(log_dir), "--nnodes", str(d.nnodes)]
+    if d.gpus:
+        cmd += ["--gpus", d.gpus]
+    else:
+        cmd += ["--nproc_per_node", str(local)]
+    if d.master:
+        cmd += ["--master", d.master]
+    if d.node_rank >= 0:
+        cmd += ["--rank", str(d.node_rank)]
+    cmd += [str(Path(__file__).resolve()), "--spec", str(log_dir / "spec.json")]
+    env = dict(os.environ, OMP_NUM_THREADS=str(runtime.threads_per_process(local)), GLOG_minloglevel="2")
+    events = log_dir / "events.jsonl"
+    events.touch()
+    tail = Tail(events, view)
+    tail.start()
+    with open(log_dir / "launcher.log", "wb") as launcher_log:
+        proc = subprocess.Popen(cmd, stdout=launcher_log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            code = _wait(proc, log_dir, d.peer_timeout)
+        except BaseException:
+            _kill(proc)
+            raise
+        finally:
+            tail.stop()
+    if code != 0:
+        raise _worker_failure(log_dir, code)
+
+
+def _wait(proc: subprocess.Popen, log_dir: Path, peer_timeout: int) -> int:
+    """Wait for the launcher; the launcher waits for missing peers forever, so we bound that."""
+    started = time.monotonic()
+    while True:
+        try:
+            return proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass
+        if not any(log_dir.glob("workerlog.*")) and time.monotonic() - started > peer_timeout:
+            _kill(proc)
+            raise PipeError(f"the job did not start within dist.peer_timeout={peer_timeout} s "
+                            f"(waiting for peers at --master?); see {log_dir / 'launcher.log'}")
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _worker_failure(log_dir: Path, code: int) -> PipeError:
+    statuses = sorted(log_dir.glob("status.*.json"), key=lambda p: int(p.stem.split(".")[1]))
+    if statuses:
+        st = json.loads(statuses[0].read_text())
+        err = {2: InputError, 3: DivergedError}.get(st["exit_code"], PipeError)(st["message"])
+        err.exit_code = st["exit_code"]
+        return err
+    logs = sorted(log_dir.glob("workerlog.*"))
+    last = ""
+    for log in logs:
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        if lines and ("Error" in lines[-1] or "Exception" in lines[-1]):
+            last = f": {lines[-1].strip()[:200]}"
+            break
+    return PipeError(f"a worker failed (launcher exit {code}){last}; logs in {log_dir}")
+
+
+# ------------------------------------------------------------------ worker side
+
+
+@dataclass
+class _Ctx:
+    """What a rank knows about the job."""
+
+    cfg: RunConfig
+    rank: int
+    world: int
+    emit: Emit
+    paddle: Any
+    amp_active: bool = False
+    notices: list[str] = field(default_factory=list)
+
+
+def _worker(cfg: RunConfig, out_dir: Path, ckpt_dir: Path, resume_from: Path | None, emit: Emit) -> None:
+    world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+    paddle = runtime.import_paddle(runtime.threads_per_process(1))
+    rank = 0
+    if world > 1:
+        import paddle.distributed as dist
+
+        dist.init_parallel_env()
+        rank, world = dist.get_rank(), dist.get_world_size()
+    if cfg.dist.gpus or (cfg.dist.nproc_per_node == 1 and paddle.device.cuda.device_count() > 0
+                         and paddle.is_compiled_with_cuda()):
+        paddle.set_device("gpu")
+    else:
+        paddle.set_device("cpu")
+    if cfg.train.deterministic:
+        paddle.set_flags({"FLAGS_cudnn_deterministic": True, "FLAGS_embedding_deterministic": 1})
+    ctx = _Ctx(cfg, rank, world, emit if rank == 0 else (lambda ev: None), paddle)
+    _Trainer(ctx, out_dir, ckpt_dir).fit(resume_from)
+
+
+class _Trainer:
+    """The training loop of one rank. Rank 0 alone writes checkpoints, metrics and the artifact."""
+
+    def __init__(self, ctx: _Ctx, out_dir: Path, ckpt_dir: Path):
+        self.ctx, self.out_dir, self.ckpt_dir = ctx, out_dir, ckpt_dir
+        self.cfg, self.p = ctx.cfg, ctx.paddle
+
+    # ---- setup
+    def _build(self) -> None:
+        paddle, cfg, ctx = self.p, self.cfg, self.ctx
+        t = cfg.train
+        self.data = data_mod.load(cfg.data)
+        self.num_classes = len(self.data.labels)
+        paddle.seed(t.seed)
+        np.random.seed(t.seed)
+        random.seed(t.seed)
+        net = models.build(cfg.model.name, self.num_classes, self.data.input_shape)
+        paddle.seed(t.seed * 1000 + ctx.rank)  # dropout masks differ per rank
+        self.net = net
+        self.per_rank = t.batch_size // ctx.world
+        self.sampler = _GlobalBatchSampler(len(self.data.train), t.batch_size, ctx.rank, ctx.world, t.seed)
+        if len(self.sampler) == 0:
+            raise InputError(f"train.batch_size {t.batch_size}: larger than the training split "
+                             f"({len(self.data.train)} samples)")
+        self.spe = len(self.sampler)
+        self.loader = paddle.io.DataLoader(
+            _ArrayDataset(self.data.train, self.data.preprocessing), batch_sampler=self.sampler,
+            num_workers=cfg.data.num_workers, persistent_workers=cfg.data.persistent_workers and cfg.data.num_workers > 0,
+        )
+        self.sched = self._scheduler()
+        clip = paddle.nn.ClipGradByGlobalNorm(t.grad_clip_norm) if t.grad_clip_norm > 0 else None
+        params = net.parameters()
+        if t.optimizer == "adamw":
+            self.opt = paddle.optimizer.AdamW(learning_rate=self.sched, parameters=params,
+                                              weight_decay=t.weight_decay, grad_clip=clip)
+        else:
+            self.opt = paddle.optimizer.Momentum(learning_rate=self.sched, momentum=t.momentum, parameters=params,
+                                                 weight_decay=t.weight_decay or None, grad_clip=clip)
+        a = cfg.amp
+        on_gpu = "gpu" in str(paddle.device.get_device())
+        ctx.amp_active = a.level != "O0" and on_gpu
+        if a.level != "O0" and not on_gpu:
+            ctx.emit({"event": "notice", "text": "AMP has no effect on CPU: training runs in float32 (amp.active: false)"})
+        if ctx.amp_active and a.level == "O2":
+            self.net, self.opt = paddle.amp.decorate(self.net, self.opt, level="O2", dtype=a.dtype)
+        self.scaler = paddle.amp.GradScaler(
+            enable=ctx.amp_active and a.dtype == "float16", init_loss_scaling=a.init_loss_scaling,
+            incr_ratio=a.incr_ratio, decr_ratio=a.decr_ratio, incr_every_n_steps=a.incr_every_n_steps,
+            decr_every_n_nan_or_inf=a.decr_every_n_nan_or_inf, use_dynamic_loss_scaling=a.use_dynamic_loss_scaling,
+        )
+        self.model = paddle.DataParallel(self.net) if ctx.world > 1 else self.net
+        self.param_names = [p.name for p in params if not p.stop_gradient]
+
+    def _scheduler(self) -> Any:
+        lr_mod, t = self.p.optimizer.lr, self.cfg.train
+        total = t.epochs * self.spe
+        warm = int(round(t.warmup_epochs * self.spe))
+        if t.schedule == "cosine":
+            sched = lr_mod.CosineAnnealingDecay(t.lr, T_max=max(1, total - warm))
+        elif t.schedule == "step":
+            sched = lr_mod.StepDecay(t.lr, step_size=t.step_epochs * self.spe, gamma=t.gamma)
+        else:
+            sched = lr_mod.LambdaDecay(t.lr, lambda _: 1.0)
+        return lr_mod.LinearWarmup(sched, warm, 0.0, t.lr) if warm > 0 else sched
+
+    # ---- the loop
+    def fit(self, resume_from: Path | None) -> None:
+        self._build()
+        st = _State()
+        if resume_from is not None:
+            st = self._load(resume_from)
+        ctx, t = self.ctx, self.cfg.train
+        total_steps = t.epochs * self.spe
+        ctx.emit({"event": "start", "total_steps": total_steps, "start_step": st.step, "epochs": t.epochs,
+                  "resumed_from": str(resume_from) if resume_from else None})
+        epoch = st.epoch
+        while epoch < t.epochs and not st.stopped_early:
+            self._train_epoch(epoch, st)
+            epoch += 1
+            st.epoch, st.batch = epoch, 0
+            self._end_epoch(epoch - 1, st)
+        self._finish(st)
+        ctx.emit({"event": "done"})
+
+    def _train_epoch(self, epoch: int, st: "_State") -> None:
+        paddle, ctx, t = self.p, self.ctx, self.cfg.train
+        F = paddle.nn.functional
+        a = self.cfg.amp
+        self.model.train()
+        self.sampler.set_epoch(epoch, start=st.batch)
+        fault_nan = _fault_steps("PIPE_FAULT_NAN_STEPS")
+        t0, seen, losses = time.perf_counter(), 0, []
+        for b, (x, y) in enumerate(self.loader, start=st.batch):
+            with paddle.amp.auto_cast(enable=ctx.amp_active, level=a.level, dtype=a.dtype):
+                logits = self.model(x)
+            loss = F.cross_entropy(logits.astype("float32"), y, label_smoothing=t.label_smoothing)
+            if st.step + 1 in fault_nan:  # test hook: behave as if this step's loss were NaN
+                loss = loss * float("nan")
+            value = self._global_loss(loss)  # [sync] host sync every step: the NaN guard needs it
+            st.step += 1
+            if not math.isfinite(value):
+                self._skip(st)
+            else:
+                st.nonfinite_run = 0
+                self.scaler.scale(loss).backward()
+                self.scaler.step(self.opt)
+                self.scaler.update()
+                if ctx.amp_active and self.scaler._found_inf:
+                    st.skipped += 1
+                losses.append(value)
+            self.opt.clear_grad()
+            lr = self.opt.get_lr()
+            self.sched.step()
+            st.batch = b + 1
+            seen += t.batch_size
+            st.step_rows.append({"step": st.step, "epoch": epoch, "loss": value, "lr": lr})
+            ips = seen / max(1e-9, time.perf_counter() - t0)
+            if st.step % t.log_interval == 0:
+                ctx.emit({"event": "step", "step": st.step, "epoch": epoch, "epochs": t.epochs, "loss": value,
+                          "lr": lr, "ips": ips})
+            if t.checkpoint_every and st.step % t.checkpoint_every == 0 and st.batch < self.spe:
+                self._save(st, best=False)
+        st.epoch_loss = float(np.mean(losses)) if losses else float("nan")
+        st.epoch_ips = seen / max(1e-9, time.perf_counter() - t0)
+
+    def _global_loss(self, loss: Any) -> float:
+        if self.ctx.world == 1:
+            return float(loss)
+        import paddle.distributed as dist
+
+        v = loss.detach().clone()
+        dist.all_reduce(v)  # a NaN on any rank makes every rank skip: the ranks stay in step
+        return float(v) / self.ctx.world
+
+    def _skip(self, st: "_State") -> None:
+        st.skipped += 1
+        st.nonfinite_run += 1
+        k = self.cfg.train.max_nonfinite_steps
+        if st.nonfinite_run >= k:
+            first = st.step - st.nonfinite_run + 1
+            last = _read_pointer(self.ckpt_dir, "last") or "none"
+            raise DivergedError(f"loss NaN/Inf for {st.nonfinite_run} consecutive steps "
+                                f"({first}-{st.step}); last good: {last}")
+
+    def _end_epoch(self, epoch: int, st: "_State") -> None:
+        self._sync_buffers()
+        val_loss, val_acc = self._evaluate(self.data.val, shard=True)
+        improved = st.best_acc is None or val_acc > st.best_acc
+        if improved:
+            st.best_acc, st.bad_epochs = val_acc, 0
+        else:
+            st.bad_epochs += 1
+        t = self.cfg.train
+        if t.patience and st.bad_epochs >= t.patience:
+            st.stopped_early = True
+        scale = float(self.scaler._scale) if self.scaler._enable else ""
+        row = {"epoch": epoch, "step": st.step, "train_loss": st.epoch_loss, "val_loss": val_loss,
+               "val_acc": val_acc, "lr": self.opt.get_lr(), "img_per_s": st.epoch_ips, "loss_scale": scale,
+               "skipped_steps": st.skipped}
+        st.epoch_rows.append(row)
+        self.ctx.emit({"event": "epoch", **row, "epochs": t.epochs, "ips": st.epoch_ips, "best": improved})
+        self._save(st, best=improved)
+
+    def _sync_buffers(self) -> None:
+        """Average BatchNorm statistics over ranks (sync_batch_norm has no CPU kernel)."""
+        if self.ctx.world == 1:
+            return
+        import paddle.distributed as dist
+
+        for name, buf in self.net.state_dict().items():
+            if buf.stop_gradient and ("_mean" in name or "_variance" in name):
+                dist.all_reduce(buf)
+                buf.set_value(buf / self.ctx.world)
+
+    def _evaluate(self, split: data_mod.Split, shard: bool) -> tuple[float, float]:
+        paddle, F = self.p, self.p.nn.functional
+        idx = split.idx[self.ctx.rank::self.ctx.world] if shard else split.idx
+        self.net.eval()
+        loss_sum = correct = 0.0
+        with paddle.no_grad():
+            for i in range(0, len(idx), 256):
+                j = idx[i:i + 256]
+                x = paddle.to_tensor(data_mod.prepare(np.asarray(split.x[j]), self.data.preprocessing))
+                y = paddle.to_tensor(np.asarray(split.y[j]))
+                logits = self.net(x).astype("float32")
+                loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
+                correct += float((logits.argmax(axis=1) == y).astype("float32").sum())
+        totals = np.array([loss_sum, correct, len(idx)], np.float64)
+        if shard and self.ctx.world > 1:
+            import paddle.distributed as dist
+
+            tt = paddle.to_tensor(totals)
+            dist.all_reduce(tt)
+            totals = tt.numpy()
+        self.net.train()
+        return float(totals[0] / totals[2]), float(totals[1] / totals[2])
+
+    # ---- checkpoints
+    def _save(self, st: "_State", best: bool) -> None:
+        """[rank0] writes; every rank first checks the (identical) parameters are finite."""
+        paddle = self.p
+        if _fault_steps("PIPE_FAULT_NAN_PARAMS_AT_STEP") & {st.step}:  # test hook: poison one weight
+            p0 = self.net.parameters()[0]
+            p0.set_value(p0 * float("nan"))
+        for name, v in self.net.state_dict().items():
+            if not bool(paddle.isfinite(v).all()):
+                last = _read_pointer(self.ckpt_dir, "last") or "none"
+                raise DivergedError(f"parameter {name} is NaN/Inf at step {st.step}; "
+                                    f"no checkpoint written; last good: {last}")
+        if self.ctx.rank == 0:
+            name = f"step-{st.step:06d}"
+            with artifacts.write_stage(self.ckpt_dir / name, CHECKPOINT_STAGE, self.cfg.to_dict()) as w:
+                paddle.save(self.net.state_dict(), str(w.dir / "model.safetensors"), safetensors=True)
+                paddle.save(self._opt_tensors(), str(w.dir / "optimizer.safetensors"), safetensors=True)
+                (w.dir / "state.json").write_text(json.dumps(self._state_doc(st), indent=1))
+                _write_csv(w.dir / "steps.csv", _STEP_FIELDS, st.step_rows)
+                _write_csv(w.dir / "metrics.csv", _EPOCH_FIELDS, st.epoch_rows)
+                w.metrics = {"step": st.step, "epoch": st.epoch, "best_val_acc": st.best_acc}
+            artifacts.write_text_atomic(self.ckpt_dir / "last", name)
+            if best:
+                artifacts.write_text_atomic(self.ckpt_dir / "best", name)
+            self._prune()
+        if self.ctx.world > 1:
+            import paddle.distributed as dist
+
+            dist.barrier()  # others wait until rank 0 has committed
+
+    def _prune(self) -> None:
+        keep = {_read_pointer(self.ckpt_dir, "best"), _read_pointer(self.ckpt_dir, "last")}
+        ckpts = [p for p in _checkpoints(self.ckpt_dir)]
+        for p in ckpts[:-self.cfg.train.keep_last]:
+            if p.name not in keep:
+                shutil.rmtree(p)
+
+    def _opt_tensors(self) -> dict[str, Any]:
+        """Optimizer state keyed by parameter position ("3:moment1_0"): Paddle's keys embed
+        auto-generated names that shift when a process creates layers in another order."""
+        out = {}
+        names = sorted(enumerate(self.param_names), key=lambda kv: -len(kv[1]))
+        for key, value in self.opt.state_dict().items():
+            if key == "LR_Scheduler":
+                continue
+            if isinstance(value, dict):  # master_weights under O2
+                for k2, v2 in value.items():
+                    out[f"{key}/{self._param_index(k2, names)}"] = v2
+            else:
+                out[self._param_index(key, names)] = value
+        return out
+
+    @staticmethod
+    def _param_index(key: str, names: list[tuple[int, str]]) -> str:
+        for i, pname in names:
+            if key == pname:
+                return f"{i}:"
+            if key.startswith(pname + "_"):
+                return f"{i}:{key[len(pname) + 1:]}"
+        raise PipeError(f"optimizer state key {key!r} matches no parameter")
+
+    def _state_doc(self, st: "_State") -> dict[str, Any]:
+        paddle = self.p
+        return {
+            "step": st.step, "epoch": st.epoch, "batch": st.batch, "skipped": st.skipped,
+            "nonfinite_run": st.nonfinite_run, "best_acc": st.best_acc, "bad_epochs": st.bad_epochs,
+            "stopped_early": st.stopped_early, "world_size": self.ctx.world,
+            "scheduler": self.sched.state_dict(), "scaler": _jsonable(self.scaler.state_dict()),
+            "rng": {"paddle": [s.__getstate__() for s in paddle.get_rng_state()],
+                    "numpy": _jsonable(np.random.get_state()), "python": _jsonable(random.getstate())},
+            "param_names": self.param_names, "config": self.cfg.to_dict(),
+        }
+
+    def _load(self, path: Path) -> "_State":
+        paddle = self.p
+        art = artifacts.verify(path, (CHECKPOINT_STAGE,))
+        doc = json.loads(art.file("state.json").read_text())
+        if len(doc["param_names"]) != len(self.param_names):
+            raise InputError(f"--resume {path}: checkpoint has {len(doc['param_names'])} parameters, "
+                             f"the model has {len(self.param_names)}")
+        self.net.set_state_dict(paddle.load(str(art.file("model.safetensors")), safetensors=True))
+        saved = paddle.load(str(art.file("optimizer.safetensors")), safetensors=True)
+        opt_state: dict[str, Any] = {}
+        for key, value in saved.items():
+            head, _, rest = key.partition("/")
+            ref = rest if rest else head
+            i, _, suffix = ref.partition(":")
+            pname = self.param_names[int(i)]
+            full = f"{pname}_{suffix}" if suffix else pname
+            if rest:
+                opt_state.setdefault(head, {})[full] = value
+            else:
+                opt_state[full] = value
+        opt_state["LR_Scheduler"] = doc["scheduler"]
+        self.opt.set_state_dict(opt_state)
+        self.sched.set_state_dict(doc["scheduler"])
+        if doc["scaler"]:
+            self.scaler.load_state_dict(doc["scaler"])
+        states = paddle.get_rng_state()
+        for s, saved_state in zip(states, doc["rng"]["paddle"]):
+            s.__setstate__(tuple(saved_state))
+        paddle.set_rng_state(states)
+        np_state = doc["rng"]["numpy"]
+        np.random.set_state((np_state[0], np.asarray(np_state[1], np.uint32), *np_state[2:]))
+        py = doc["rng"]["python"]
+        random.setstate((py[0], tuple(py[1]), py[2]))
+        st = _State(step=doc["step"], epoch=doc["epoch"], batch=doc["batch"], skipped=doc["skipped"],
+                    nonfinite_run=doc["nonfinite_run"], best_acc=doc["best_acc"], bad_epochs=doc["bad_epochs"],
+                    stopped_early=doc["stopped_early"])
+        st.step_rows = _read_csv(art.file("steps.csv"))
+        st.epoch_rows = _read_csv(art.file("metrics.csv"))
+        return st
+
+    # ---- the artifact
+    def _finish(self, st: "_State") -> None:
+        """[rank0] evaluate the best checkpoint on the test split and write train/."""
+        if self.ctx.rank == 0:
+            best = _read_pointer(self.ckpt_dir, "best")
+            best_dir = artifacts.verify(self.ckpt_dir / best, (CHECKPOINT_STAGE,))
+            self.net.set_state_dict(self.p.load(str(best_dir.file("model.safetensors")), safetensors=True))
+            test_loss, test_acc = self._evaluate(self.data.test, shard=False)
+            val_loss, val_acc = self._evaluate(self.data.val, shard=False)
+            with artifacts.write_stage(self.out_dir, "train", self.cfg.to_dict()) as w:
+                shutil.copyfile(best_dir.file("model.safetensors"), w.dir / "model.safetensors")
+                _write_csv(w.dir / "metrics.csv", _EPOCH_FIELDS, st.epoch_rows)
+                _write_csv(w.dir / "steps.csv", _STEP_FIELDS, st.step_rows)
+                _plot(w.dir / "curves.png", st.step_rows, st.epoch_rows)
+                w.interface = {**self.data.interface(), "model": self.cfg.model.name}
+                ips = [r["img_per_s"] for r in st.epoch_rows if r["img_per_s"]]
+                w.metrics = {
+                    "test_acc": test_acc, "test_loss": test_loss, "val_acc": val_acc, "val_loss": val_loss,
+                    "best_checkpoint": best, "epochs_run": st.epoch, "steps": st.step,
+                    "skipped_steps": st.skipped, "stopped_early": st.stopped_early,
+                    "img_per_s": float(np.median([float(v) for v in ips])) if ips else None,
+                    "world_size": self.ctx.world,
+                    "samples": {"train": len(self.data.train), "val": len(self.data.val), "test": len(self.data.test)},
+                }
+                w.extra = {"amp": {"requested": self.cfg.amp.level, "active": self.ctx.amp_active,
+                                   "dtype": self.cfg.amp.dtype}, "format": "safetensors"}
+        if self.ctx.world > 1:
+            import paddle.distributed as dist
+
+            dist.barrier()
+
+
+@dataclass
+class _State:
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0
+    skipped: int = 0
+    nonfinite_run: int = 0
+    best_acc: float | None = None
+    bad_epochs: int = 0
+    stopped_early: bool = False
+    epoch_loss: float = float("nan")
+    epoch_ips: float = 0.0
+    step_rows: list[dict[str, Any]] = field(default_factory=list)
+    epoch_rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+class _GlobalBatchSampler:
+    """Global batch k of epoch e is `perm(seed, e)[k*B:(k+1)*B]`; rank r takes its r-th slice.
+
+    The order is a pure function of (seed, epoch), whatever the world size, so a resumed or
+    re-sharded run sees the same batches, and 1 process equals N at the same global batch."""
+
+    def __init__(self, n: int, global_batch: int, rank: int, world: int, seed: int):
+        self.n, self.global_batch, self.rank, self.world, self.seed = n, global_batch, rank, world, seed
+        self.local = global_batch // world
+        self.epoch, self.start = 0, 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.epoch, self.start = epoch, start
+
+    def __len__(self) -> int:
+        return self.n // self.global_batch
+
+    def __iter__(self):
+        perm = np.random.RandomState([self.seed, self.epoch]).permutation(self.n)
+        for k in range(self.start, len(self)):
+            lo = k * self.global_batch + self.rank * self.local
+            yield perm[lo:lo + self.local].tolist()
+
+
+class _ArrayDataset:
+    """Map-style dataset over a Split; samples are prepared exactly as export and serve will."""
+
+    def __init__(self, split: data_mod.Split, pre: dict[str, Any]):
+        self.split, self.pre = split, pre
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, i: int):
+        j = self.split.idx[i]
+        return data_mod.prepare(np.asarray(self.split.x[j:j + 1]), self.pre)[0], self.split.y[j]
+
+
+def _fault_steps(var: str) -> set[int]:
+    raw = os.environ.get(var, "")
+    return {int(s) for s in raw.split(",") if s.strip()}
+
+
+def _read_pointer(ckpt_dir: Path, name: str) -> str | None:
+    p = ckpt_dir / name
+    return p.read_text().strip() if p.is_file() else None
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if hasattr(v, "numpy"):
+        return v.numpy().tolist()
+    if isinstance(v, (np.integer, np.floating)):
+        return v.item()
+    return v
+
+
+def _write_csv(path: Path, fields: list[str], rows: list[dict[str, Any]]) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (repr(v) if isinstance(v, float) else v) for k, v in r.items()})
+
+
+def _read_csv(path: Path) -> list[dict[str, Any]]:
+    def parse(v: str) -> Any:
+        if v == "":
+            return ""
+        try:
+            return int(v)
+        except ValueError:
+            return float(v)
+
+    with open(path, newline="", encoding="utf-8") as f:
+        return [{k: parse(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def _plot(path: Path, steps: list[dict[str, Any]], epochs: list[dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    ax1.plot([r["step"] for r in steps], [r["loss"] for r in steps], lw=0.8, label="train (step)")
+    if epochs:
+        ax1.plot([r["step"] for r in epochs], [r["val_loss"] for r in epochs], "o-", label="val (epoch)")
+        ax2.plot([r["epoch"] + 1 for r in epochs], [r["val_acc"] for r in epochs], "o-", color="tab:green")
+    ax1.set(xlabel="step", ylabel="loss", title="loss")
+    ax1.legend()
+    ax2.set(xlabel="epoch", ylabel="accuracy", title="validation accuracy")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+
+
+def _worker_main(argv: list[str]) -> int:
+    """Entry of a rank started by paddle.distributed.launch."""
+    spec = json.loads(Path(argv[argv.index("--spec") + 1]).read_text())
+    log_dir = Path(spec["log_dir"])
+    rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
+    emit = file_emitter(log_dir / "events.jsonl") if rank == 0 else (lambda ev: None)
+    try:
+        cfg = config_mod.from_dict(spec["config"])
+        resume = Path(spec["resume_from"]) if spec["resume_from"] else None
+        _worker(cfg, Path(spec["out_dir"]), Path(spec["ckpt_dir"]), resume, emit)
+    except PipeError as e:
+        (log_dir / f"status.{rank}.json").write_text(json.dumps({"exit_code": e.exit_code, "message": str(e)}))
+        print(f"rank {rank}: {e}", file=sys.stderr)
+        return e.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main(sys.argv))
