@@ -14,6 +14,7 @@ which also does multi-node (`--nnodes K --master HOST:PORT`).
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import math
 import os
@@ -24,6 +25,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -364,6 +366,9 @@ class _Trainer:
         if resume_from is not None:
             st = self._load(resume_from)
         ctx, t = self.ctx, self.cfg.train
+        if ctx.rank == 0 and self.ckpt_dir.is_dir():
+            for junk in self.ckpt_dir.glob("*.tmp-*"):  # left by a crash mid-write; never read
+                shutil.rmtree(junk) if junk.is_dir() else junk.unlink()
         total_steps = t.epochs * self.spe
         ctx.emit({"event": "start", "total_steps": total_steps, "start_step": st.step, "epochs": t.epochs,
                   "resumed_from": str(resume_from) if resume_from else None})
@@ -510,10 +515,13 @@ class _Trainer:
                 _write_csv(w.dir / "steps.csv", _STEP_FIELDS, st.step_rows)
                 _write_csv(w.dir / "metrics.csv", _EPOCH_FIELDS, st.epoch_rows)
                 w.metrics = {"step": st.step, "epoch": st.epoch, "best_val_acc": st.best_acc}
+                time.sleep(float(os.environ.get("PIPE_FAULT_SLOW_CHECKPOINT", "0")))  # test hook: widen the window
             artifacts.write_text_atomic(self.ckpt_dir / "last", name)
             if best:
                 artifacts.write_text_atomic(self.ckpt_dir / "best", name)
             self._prune()
+            if st.step in _fault_steps("PIPE_FAULT_CRASH_AFTER_STEP"):  # test hook: die like a killed process
+                os._exit(137)
         if self.ctx.world > 1:
             import paddle.distributed as dist
 
@@ -583,8 +591,10 @@ class _Trainer:
             else:
                 opt_state[full] = value
         opt_state["LR_Scheduler"] = doc["scheduler"]
-        self.opt.set_state_dict(opt_state)
-        self.sched.set_state_dict(doc["scheduler"])
+        with warnings.catch_warnings():  # Paddle always warns "unused values in state_dict": it checks nothing
+            warnings.filterwarnings("ignore", message="There are some unused values")
+            self.opt.set_state_dict(opt_state)
+            self.sched.set_state_dict(doc["scheduler"])
         if doc["scaler"]:
             self.scaler.load_state_dict(doc["scaler"])
         states = paddle.get_rng_state()
@@ -603,8 +613,24 @@ class _Trainer:
         return st
 
     # ---- the artifact
+    def _rank_checksums(self) -> list[str]:
+        """Every rank's parameter checksum: data-parallel ranks must end bit-identical."""
+        h = hashlib.sha256()
+        for name, v in sorted(self.net.state_dict().items()):
+            h.update(name.encode())
+            h.update(np.ascontiguousarray(v.numpy()).tobytes())
+        mine = h.hexdigest()[:15]
+        if self.ctx.world == 1:
+            return [mine]
+        import paddle.distributed as dist
+
+        gathered: list[Any] = []
+        dist.all_gather(gathered, self.p.to_tensor([int(mine, 16)], dtype="int64"))
+        return [f"{int(t.numpy()[0]):015x}" for t in gathered]
+
     def _finish(self, st: "_State") -> None:
         """[rank0] evaluate the best checkpoint on the test split and write train/."""
+        checksums = self._rank_checksums()  # [sync] a collective: every rank takes part
         if self.ctx.rank == 0:
             best = _read_pointer(self.ckpt_dir, "best")
             best_dir = artifacts.verify(self.ckpt_dir / best, (CHECKPOINT_STAGE,))
@@ -624,6 +650,8 @@ class _Trainer:
                     "skipped_steps": st.skipped, "stopped_early": st.stopped_early,
                     "img_per_s": float(np.median([float(v) for v in ips])) if ips else None,
                     "world_size": self.ctx.world,
+                    "rank_param_checksums": checksums,
+                    "ranks_consistent": len(set(checksums)) == 1,
                     "samples": {"train": len(self.data.train), "val": len(self.data.val), "test": len(self.data.test)},
                 }
                 w.extra = {"amp": {"requested": self.cfg.amp.level, "active": self.ctx.amp_active,

@@ -1,0 +1,47 @@
+"""Shared fixtures: run the real CLI in-process and capture its one-line errors."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def cli(capsys):
+    """cli(*args) -> (exit_code, stdout, stderr) of `pipe args...` run in this process."""
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = main([str(a) for a in args])
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run
+
+
+def tree_hash(root: Path) -> str:
+    """One hash over every file's path and bytes under root: proves a directory was not touched."""
+    h = hashlib.sha256()
+    for dirpath, dirnames, names in sorted(os.walk(root)):
+        dirnames.sort()
+        for name in sorted(names):
+            p = Path(dirpath) / name
+            h.update(str(p.relative_to(root)).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="session")
+def trained_digits(tmp_path_factory) -> Path:
+    """One short digits training run shared by tests that only read its artifact (run dir)."""
+    run = tmp_path_factory.mktemp("digits-run")
+    code = main(["train", "--config", str(REPO / "examples/digits.yaml"), "--run", str(run),
+                 "--epochs", "2"])
+    assert code == 0
+    return run
