@@ -16,13 +16,15 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
+	rm -rf runs/demo
 	$(BIN)/pipe all --config examples/digits.yaml --run runs/demo
+	$(BIN)/pipe inspect runs/demo/export --verify
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
-	$(BIN)/python bench/run.py --out bench/results.md
+	$(BIN)/pipe bench --out bench/results.md
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

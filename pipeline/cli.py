@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from typer.exceptions import TyperException
 from rich.console import Console
-from rich.table import Table
+from typer.exceptions import TyperException
 
-from pipeline import __version__, artifacts, config as config_mod
+from pipeline import __version__
 from pipeline.errors import InputError, PipeError
 
 app = typer.Typer(
@@ -48,7 +47,9 @@ def _root(
         os.environ["PIPE_DEBUG"] = "1"
 
 
-def _cfg(config: Optional[Path], sets: Optional[list[str]], **flags: tuple[str, Any]) -> config_mod.RunConfig:
+def _cfg(config: Optional[Path], sets: Optional[list[str]], **flags: tuple[str, Any]) -> Any:
+    from pipeline import config as config_mod  # lazy: keeps `pipe --help` fast
+
     return config_mod.load(config, sets or (), flags)
 
 
@@ -156,6 +157,10 @@ def inspect(
     verify: bool = typer.Option(False, "--verify", help="Check every file's sha256 along the lineage."),
 ) -> None:
     """Print an artifact's manifest summary and its lineage back to training."""
+    from rich.table import Table
+
+    from pipeline import artifacts
+
     stages = ("train", "export", "compress", "package", "checkpoint")
     art = artifacts.verify(artifact_dir, stages) if verify else artifacts._load_unchecked(Path(artifact_dir))
     table = Table(title=f"{art.path}", show_header=True)
@@ -182,7 +187,7 @@ def _fmt(v: Any) -> str:
 
 
 def _summary(path: Path) -> None:
-    m = json.loads((Path(path) / artifacts.MANIFEST).read_text())
+    m = json.loads((Path(path) / "manifest.json").read_text())
     shown = {k: v for k, v in m["metrics"].items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
     out.print(f"[green]{m['stage']}[/green] -> {path}  " + "  ".join(f"{k}={_fmt(v)}" for k, v in list(shown.items())[:6]))
 

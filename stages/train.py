@@ -319,8 +319,9 @@ class _Trainer:
             raise InputError(f"train.batch_size {t.batch_size}: larger than the training split "
                              f"({len(self.data.train)} samples)")
         self.spe = len(self.sampler)
+        dataset = _ArrayDataset(self.data.train, self.data.preprocessing)
         self.loader = paddle.io.DataLoader(
-            _ArrayDataset(self.data.train, self.data.preprocessing), batch_sampler=self.sampler,
+            dataset, batch_sampler=self.sampler, collate_fn=dataset.collate,
             num_workers=cfg.data.num_workers, persistent_workers=cfg.data.persistent_workers and cfg.data.num_workers > 0,
         )
         self.sched = self._scheduler()
@@ -357,7 +358,7 @@ class _Trainer:
             sched = lr_mod.StepDecay(t.lr, step_size=t.step_epochs * self.spe, gamma=t.gamma)
         else:
             sched = lr_mod.LambdaDecay(t.lr, lambda _: 1.0)
-        return lr_mod.LinearWarmup(sched, warm, 0.0, t.lr) if warm > 0 else sched
+        return lr_mod.LinearWarmup(sched, warm, 0.0, t.lr) if warm > 0 and t.lr > 0 else sched
 
     # ---- the loop
     def fit(self, resume_from: Path | None) -> None:
@@ -703,7 +704,8 @@ class _GlobalBatchSampler:
 
 
 class _ArrayDataset:
-    """Map-style dataset over a Split; samples are prepared exactly as export and serve will."""
+    """Map-style dataset over a Split yielding raw samples; `collate` prepares a whole batch at once
+    (vectorised), exactly as export and serve prepare their inputs."""
 
     def __init__(self, split: data_mod.Split, pre: dict[str, Any]):
         self.split, self.pre = split, pre
@@ -713,7 +715,12 @@ class _ArrayDataset:
 
     def __getitem__(self, i: int):
         j = self.split.idx[i]
-        return data_mod.prepare(np.asarray(self.split.x[j:j + 1]), self.pre)[0], self.split.y[j]
+        return self.split.x[j], self.split.y[j]
+
+    def collate(self, batch: list[tuple[np.ndarray, np.int64]]) -> tuple[np.ndarray, np.ndarray]:
+        x = np.stack([b[0] for b in batch])
+        y = np.fromiter((b[1] for b in batch), np.int64, len(batch))
+        return data_mod.prepare(x, self.pre), y
 
 
 def _fault_steps(var: str) -> set[int]:
@@ -763,6 +770,7 @@ def _read_csv(path: Path) -> list[dict[str, Any]]:
 
 def _plot(path: Path, steps: list[dict[str, Any]], epochs: list[dict[str, Any]]) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -775,6 +783,7 @@ def _plot(path: Path, steps: list[dict[str, Any]], epochs: list[dict[str, Any]])
     ax1.set(xlabel="step", ylabel="loss", title="loss")
     ax1.legend()
     ax2.set(xlabel="epoch", ylabel="accuracy", title="validation accuracy")
+    ax2.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     fig.tight_layout()
     fig.savefig(path, dpi=100, metadata={"Software": None})
     plt.close(fig)

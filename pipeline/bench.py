@@ -1,0 +1,169 @@
+"""`pipe bench` / `make bench`: side-by-side measurements written as a Markdown table.
+
+    pipe bench --out bench/results.md
+
+Every ratio compares runs made in this one process (or back to back), interleaved, because the
+machine is shared and noisy: quote the ratios, not the absolute numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from pipeline import config as config_mod
+
+_DIGITS = "examples/digits.yaml"
+
+
+def run(out_file: Path, quick: bool = False) -> None:
+    repeats = 1 if quick else 3
+    rows: list[tuple[str, str, str, str]] = []
+    rows += _cli_startup(repeats=3 if quick else 7)
+    rows += _train_throughput(repeats)
+    rows += _data_parallel(repeats=1)
+    _write(out_file, rows, quick)
+
+
+# ------------------------------------------------------------------ CLI start-up
+
+
+def _cli_startup(repeats: int) -> list[tuple[str, str, str, str]]:
+    cmd = [sys.executable, "-c", "import sys; from pipeline.cli import main; main(['--help']); "
+           "sys.stdout.flush(); print('PADDLE' if 'paddle' in sys.modules else 'NO-PADDLE', file=sys.stderr)"]
+    times, imported = [], False
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        times.append(time.perf_counter() - t0)
+        imported |= "PADDLE" in r.stderr.replace("NO-PADDLE", "")
+    med = statistics.median(times)
+    return [("`pipe --help` wall time (median of %d)" % repeats, f"{med:.3f} s", "<= 0.3 s",
+             "met" if med <= 0.3 else "**missed**"),
+            ("`pipe --help` imports paddle", "yes" if imported else "no", "no", "met" if not imported else "**missed**")]
+
+
+# ------------------------------------------------------------------ training throughput
+
+
+def _train_throughput(repeats: int) -> list[tuple[str, str, str, str]]:
+    from pipeline import data as data_mod, models, runtime
+
+    paddle = runtime.import_paddle()
+    from stages import train as train_stage
+
+    epochs = 3
+    cfg = config_mod.load(Path(_DIGITS), [f"train.epochs={epochs}", "train.schedule=constant",
+                                          "train.warmup_epochs=0"])
+    ds = data_mod.load(cfg.data)
+    tr, pre, batch = ds.train, ds.preprocessing, cfg.train.batch_size
+
+    def pipe_run() -> float:
+        with tempfile.TemporaryDirectory() as d:
+            out = train_stage.run(cfg, Path(d) / "train", view=lambda ev: None)
+            rows = json.loads((out / "manifest.json").read_text())
+        return rows["metrics"]["img_per_s"]
+
+    def bare(loader_fed: bool) -> Callable[[], float]:
+        def go() -> float:
+            paddle.seed(0)
+            net = models.build(cfg.model.name, len(ds.labels), ds.input_shape)
+            opt = paddle.optimizer.AdamW(learning_rate=cfg.train.lr, parameters=net.parameters(),
+                                         weight_decay=cfg.train.weight_decay)
+            F = paddle.nn.functional
+            sampler = train_stage._GlobalBatchSampler(len(tr), batch, 0, 1, 0)
+            if loader_fed:
+                dset = train_stage._ArrayDataset(tr, pre)
+                loader = paddle.io.DataLoader(dset, batch_sampler=sampler, collate_fn=dset.collate)
+            else:
+                X = paddle.to_tensor(data_mod.prepare(np.asarray(tr.x[tr.idx]), pre))
+                Y = paddle.to_tensor(np.asarray(tr.y[tr.idx]))
+            per_epoch = []
+            for ep in range(epochs):
+                sampler.set_epoch(ep)
+                t0, seen = time.perf_counter(), 0
+                if loader_fed:
+                    batches = iter(loader)
+                else:
+                    perm = paddle.to_tensor(np.random.RandomState([0, ep]).permutation(len(tr)))
+                    Xe, Ye = paddle.gather(X, perm), paddle.gather(Y, perm)  # one shuffle per epoch
+                    batches = ((Xe[k * batch:(k + 1) * batch], Ye[k * batch:(k + 1) * batch])
+                               for k in range(len(sampler)))
+                for x, y in batches:
+                    loss = F.cross_entropy(net(x), y)
+                    loss.backward()
+                    opt.step()
+                    opt.clear_grad()
+                    seen += batch
+                float(loss)  # [sync] once per epoch
+                per_epoch.append(seen / (time.perf_counter() - t0))
+            return float(statistics.median(per_epoch))
+        return go
+
+    runs: dict[str, list[float]] = {"pipe": [], "loader": [], "preloaded": []}
+    fns = {"pipe": pipe_run, "loader": bare(True), "preloaded": bare(False)}
+    for _ in range(repeats):  # interleaved: the machine's noise hits all three alike
+        for name, fn in fns.items():
+            runs[name].append(fn())
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    r1 = med["pipe"] / med["loader"]
+    r2 = med["loader"] / med["preloaded"]
+    spread = {k: f"{min(v):.0f}-{max(v):.0f}" for k, v in runs.items()}
+    note = f"digits_cnn, batch {batch}, {epochs} epochs x {repeats} interleaved repeats, img/s median (range)"
+    return [
+        (f"train: pipe (full stage, 1 process) — {note}", f"{med['pipe']:.0f} ({spread['pipe']})", "", ""),
+        ("train: bare Paddle loop, same DataLoader", f"{med['loader']:.0f} ({spread['loader']})", "", ""),
+        ("train: bare Paddle loop, preloaded tensors", f"{med['preloaded']:.0f} ({spread['preloaded']})", "", ""),
+        ("ratio pipe / bare loop (same data path)", f"{r1:.3f}", ">= 0.97", "met" if r1 >= 0.97 else "**missed**"),
+        ("ratio loader-fed / preloaded (bare loop)", f"{r2:.3f}", ">= 0.95", "met" if r2 >= 0.95 else "**missed**"),
+    ]
+
+
+# ------------------------------------------------------------------ 1 vs 2 processes
+
+
+def _data_parallel(repeats: int) -> list[tuple[str, str, str, str]]:
+    out: dict[int, list[float]] = {1: [], 2: []}
+    for _ in range(repeats):
+        for n in (1, 2):
+            with tempfile.TemporaryDirectory() as d:
+                cmd = [sys.executable, "-m", "pipeline.cli", "train", "--config", _DIGITS, "--run", d,
+                       "--epochs", "4", "--nproc", str(n)]
+                subprocess.run(cmd, check=True, capture_output=True)
+                m = json.loads((Path(d) / "train" / "manifest.json").read_text())
+                out[n].append(m["metrics"]["img_per_s"])
+    one, two = statistics.median(out[1]), statistics.median(out[2])
+    return [
+        ("train: 1 process (2 threads), img/s", f"{one:.0f}", "", ""),
+        ("train: 2 processes via paddle.distributed.launch (1 thread each, gloo), img/s", f"{two:.0f}", "", ""),
+        ("ratio 2 processes / 1 process", f"{two / one:.2f}", "reported", ""),
+    ]
+
+
+def _write(out_file: Path, rows: list[tuple[str, str, str, str]], quick: bool) -> None:
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    lines = [
+        "# pipe benchmarks",
+        "",
+        f"Generated by `pipe bench{' --quick' if quick else ''}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
+        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}. "
+        "Shared machine: trust the side-by-side ratios more than absolute numbers.",
+        "",
+        "| measurement | result | goal | status |",
+        "|---|---|---|---|",
+        *[f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows],
+        "",
+    ]
+    out_file.write_text("\n".join(lines))
+    print("\n".join(lines))
+
