@@ -1,0 +1,285 @@
+"""pipe export: the trained model in the Paddle Inference format, parity-checked, as `<run>/export/`.
+
+    pipe export runs/exp1/train
+    pipe export runs/exp1/train --set export.parity_tol=1e-5 --out runs/exp1/export-strict
+
+Reads a verified `train/` artifact: `model.safetensors`, the resolved config (model, data) and the
+interface (input shape, labels, preprocessing). Writes `export/`:
+`model.json` + `model.pdiparams` (PIR program, what later stages serve), `preprocess.yaml` (input
+name/shape, layout, scale, mean, std, labels), `legacy/model.pdmodel` + `legacy/model.pdiparams` (the
+pre-PIR program PaddleSlim's int8 quantization needs) and `manifest.json`. No `.pdiparams.info` (a
+pickle Paddle Inference does not need) is shipped.
+
+Parity gate (exit 4, nothing written): a Paddle Inference predictor (oneDNN) on the first
+`export.parity_samples` test samples must match the dygraph model, max|diff| <= `export.parity_tol` *
+max|logit|; the legacy program is held to the same bound. The saved output cannot be named `logits`
+(PIR names unnamed fetches `fetch_name_<i>`; `Value.name` is settable only on persistable values):
+the interface records the predictor's real names with the public one as `alias`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import yaml
+
+from pipeline import artifacts, config as config_mod, data as data_mod, models, runtime
+from pipeline.config import ExportConfig, RunConfig
+from pipeline.errors import GateError, InputError, PipeError
+
+_SHIPPED = {"model.json", "model.pdiparams", "preprocess.yaml", "legacy/model.pdmodel", "legacy/model.pdiparams"}
+_EVAL_BATCH = 256
+_WARMUP, _TIMED = 10, 100  # batch-1 latency: runs discarded, runs timed
+_LEGACY_TIMEOUT = 600
+
+
+def run(cfg: RunConfig, in_dir: Path, out_dir: Path) -> Path:
+    """Export the train artifact `in_dir` to `out_dir`. Only `cfg.export` is read from `cfg`: the
+    model and the data are the ones recorded in the train manifest."""
+    out_dir = Path(out_dir)
+    src = artifacts.verify(in_dir, ("train",))
+    train_cfg = config_mod.from_dict(src.manifest["config"])
+    iface = src.manifest["interface"]
+    shape, labels, pre = _read_interface(src)
+    ds = data_mod.load(train_cfg.data)
+    _check_data(src, ds, shape, labels)
+    threads = runtime.threads_per_process(1)
+    paddle = runtime.import_paddle(threads)
+    paddle.set_device("cpu")
+    net = _load_model(paddle, src, train_cfg.model.name, len(labels), shape)
+    test, y = ds.test, np.asarray(ds.test.y[ds.test.idx])
+    n = min(cfg.export.parity_samples, len(test))
+    x_par = data_mod.prepare(np.asarray(test.x[test.idx[:n]]), pre)
+    # Reference logits first: to_static converts `net.forward` in place.
+    ref = np.concatenate([_dygraph_logits(paddle, net, xb) for xb in _batches(test, pre)])
+    ref_par = _dygraph_logits(paddle, net, x_par)
+    in_name = iface["inputs"][0]["name"]
+    doc = dataclasses.replace(train_cfg, export=cfg.export).to_dict()
+    with artifacts.write_stage(out_dir, "export", doc, src) as w:
+        _save_program(paddle, net, in_name, shape, w.dir / "model")
+        pred = _predictor(paddle, w.dir / "model.json", w.dir / "model.pdiparams", threads)
+        parity = _parity_gate(ref_par, _predict(pred, x_par), cfg.export, "predictor")
+        got = np.concatenate([_predict(pred, xb) for xb in _batches(test, pre)])
+        latency = _latency_ms(pred, x_par[:1])
+        _export_legacy(src, train_cfg.model.name, len(labels), shape, in_name, w.dir / "legacy", threads)
+        legacy = _predictor(paddle, w.dir / "legacy/model.pdmodel", w.dir / "legacy/model.pdiparams", threads)
+        legacy_parity = _parity_gate(ref_par, _predict(legacy, x_par), cfg.export, "legacy program")
+        io = {"inputs": pred.get_input_names(), "outputs": pred.get_output_names()}
+        w.interface = _with_io_names(iface, io)
+        _write_preprocess(w.dir / "preprocess.yaml", w.interface, pre)
+        _check_file_set(w.dir)
+        w.metrics = {
+            **parity,
+            "test_acc": float((got.argmax(1) == y).mean()),
+            "dygraph_test_acc": float((ref.argmax(1) == y).mean()),
+            "top1_agreement": float((got.argmax(1) == ref.argmax(1)).mean()),
+            "test_samples": int(len(y)),
+            "latency_ms_p50_bs1": latency,
+            "threads": threads,
+            "legacy_parity_max_abs_diff": legacy_parity["parity_max_abs_diff"],
+            "legacy_parity_rel": legacy_parity["parity_rel"],
+        }
+        w.extra = {"format": "pir", "onednn": True, "legacy": {
+            "format": "legacy", "model": "legacy/model.pdmodel", "params": "legacy/model.pdiparams",
+            "inputs": legacy.get_input_names(), "outputs": legacy.get_output_names()}}
+    return out_dir
+
+
+def _read_interface(src: artifacts.Artifact) -> tuple[list[int], list[str], dict[str, Any]]:
+    """(input shape with -1 batch, labels, preprocessing) from the train manifest, checked."""
+    where = src.path / artifacts.MANIFEST
+    iface = src.manifest["interface"]
+    try:
+        (inp,), (out,) = iface["inputs"], iface["outputs"]
+        shape = [int(d) for d in inp["shape"]]
+        labels, pre = [str(s) for s in iface["labels"]], iface["preprocessing"]
+        named = all(isinstance(io["name"], str) and io["name"] for io in (inp, out)) and isinstance(pre, dict)
+    except (KeyError, TypeError, ValueError):
+        named = False
+    if not named:
+        raise InputError(f"{where}: interface needs one named input and output, labels and preprocessing")
+    if len(shape) != 4 or shape[0] != -1 or min(shape[1:]) < 1:
+        raise InputError(f"{where}: interface input must be NCHW with a dynamic batch, got {shape}")
+    return shape, labels, pre
+
+
+def _check_data(src: artifacts.Artifact, ds: data_mod.Dataset, shape: list[int], labels: list[str]) -> None:
+    """The test split is re-read from `data.source`: it must still be the data the model was trained on."""
+    where = src.path / artifacts.MANIFEST
+    source = src.manifest["config"]["data"]["source"]
+    if list(ds.input_shape) != shape[1:] or list(ds.labels) != labels:
+        raise InputError(f"{where}: trained on {shape[1:]} inputs with {len(labels)} labels, but data.source "
+                         f"{source!r} now gives {list(ds.input_shape)} with {len(ds.labels)}; the data changed")
+    n_test = (src.manifest["metrics"].get("samples") or {}).get("test")
+    if n_test is not None and n_test != len(ds.test):
+        raise InputError(f"{where}: the test split had {n_test} samples, data.source {source!r} now gives "
+                         f"{len(ds.test)}; the data changed")
+
+
+def _load_model(paddle: Any, src: artifacts.Artifact, name: str, num_classes: int, shape: list[int]) -> Any:
+    path = src.file("model.safetensors")
+    net = models.build(name, num_classes, tuple(shape[1:]))
+    state = paddle.load(str(path), safetensors=True)
+    want = {k: list(v.shape) for k, v in net.state_dict().items()}
+    have = {k: list(v.shape) for k, v in state.items()}
+    if want != have:
+        bad = sorted(set(want) ^ set(have)) or sorted(k for k in want if want[k] != have[k])
+        raise InputError(f"{path}: weights do not fit model {name!r} (first mismatch: {bad[0]})")
+    net.set_state_dict(state)
+    net.eval()
+    return net
+
+
+def _batches(split: data_mod.Split, pre: dict[str, Any]) -> Iterator[np.ndarray]:
+    """Prepared model inputs of a split, `_EVAL_BATCH` at a time (the split may be a large memmap)."""
+    for i in range(0, len(split), _EVAL_BATCH):
+        yield data_mod.prepare(np.asarray(split.x[split.idx[i:i + _EVAL_BATCH]]), pre)
+
+
+def _dygraph_logits(paddle: Any, net: Any, x: np.ndarray) -> np.ndarray:
+    with paddle.no_grad():
+        return net(paddle.to_tensor(x)).astype("float32").numpy()
+
+
+def _save_program(paddle: Any, net: Any, in_name: str, shape: list[int], prefix: Path) -> None:
+    """jit.save: PIR `model.json` by default, `model.pdmodel` when FLAGS_enable_pir_api=0 (the child)."""
+    spec = paddle.static.InputSpec([-1, *shape[1:]], "float32", in_name)
+    static = paddle.jit.to_static(net, input_spec=[spec], full_graph=True)
+    paddle.jit.save(static, str(prefix))
+    # A pickle Paddle Inference does not need (jit.save writes it for legacy programs).
+    prefix.with_name(prefix.name + ".pdiparams.info").unlink(missing_ok=True)
+
+
+def _predictor(paddle: Any, model: Path, params: Path, threads: int) -> Any:
+    c = paddle.inference.Config(str(model), str(params))
+    if not c.onednn_enabled():
+        c.enable_onednn()
+    c.set_cpu_math_library_num_threads(threads)
+    c.disable_glog_info()  # else every IR pass prints a line on stderr
+    return paddle.inference.create_predictor(c)
+
+
+def _predict(pred: Any, x: np.ndarray) -> np.ndarray:
+    (name_in,), names_out = pred.get_input_names(), pred.get_output_names()
+    if len(names_out) != 1:
+        raise PipeError(f"the exported program has {len(names_out)} outputs, expected 1 (logits)")
+    h_in, h_out = pred.get_input_handle(name_in), pred.get_output_handle(names_out[0])
+    h_in.copy_from_cpu(np.ascontiguousarray(x))
+    pred.run()
+    return h_out.copy_to_cpu()
+
+
+def _parity_gate(ref: np.ndarray, got: np.ndarray, ecfg: ExportConfig, what: str) -> dict[str, Any]:
+    if got.shape != ref.shape:
+        raise GateError(f"parity gate: {what} returned shape {list(got.shape)}, the trained model "
+                        f"{list(ref.shape)}; nothing written")
+    diff = float(np.abs(got.astype(np.float64) - ref).max())
+    peak = float(np.abs(ref).max())
+    bound = ecfg.parity_tol * peak
+    if not diff <= bound:  # `not <=` also catches NaN
+        raise GateError(f"parity gate: {what} vs trained model max|diff| {diff:.3g} > export.parity_tol "
+                        f"{ecfg.parity_tol:g} x max|logit| {peak:.3g} = {bound:.3g} on {len(ref)} test samples; "
+                        "nothing written")
+    return {"parity_max_abs_diff": diff, "parity_max_abs_logit": peak,
+            "parity_rel": diff / peak if peak else 0.0, "parity_tol": ecfg.parity_tol,
+            "parity_samples": int(len(ref))}
+
+
+def _latency_ms(pred: Any, x1: np.ndarray) -> float:
+    """p50 of copy-in + run + copy-out at batch 1: what a server pays per request."""
+    h_in = pred.get_input_handle(pred.get_input_names()[0])
+    h_out = pred.get_output_handle(pred.get_output_names()[0])
+    times = []
+    for i in range(_WARMUP + _TIMED):
+        t0 = time.perf_counter()
+        h_in.copy_from_cpu(x1)
+        pred.run()
+        h_out.copy_to_cpu()
+        if i >= _WARMUP:
+            times.append(time.perf_counter() - t0)
+    return float(np.median(times) * 1e3)
+
+
+def _with_io_names(iface: dict[str, Any], io: dict[str, list[str]]) -> dict[str, Any]:
+    """The train interface with the predictor's real io names; the interface name stays as `alias`."""
+    out = dict(iface)
+    for key, names in io.items():
+        specs = iface[key]
+        if len(names) != len(specs):
+            raise PipeError(f"the exported program has {len(names)} {key}, the interface lists {len(specs)}")
+        out[key] = [{**s, "name": real, "alias": s["name"]} for s, real in zip(specs, names)]
+    return out
+
+
+def _write_preprocess(path: Path, iface: dict[str, Any], pre: dict[str, Any]) -> None:
+    inp, out = iface["inputs"][0], iface["outputs"][0]
+    doc = {
+        "input": {"name": inp["name"], "dtype": inp["dtype"], "shape": inp["shape"]},
+        "output": {"name": out["name"], "alias": out["alias"], "shape": out["shape"]},
+        "kind": pre["kind"], "layout": pre["layout"], "scale": pre["scale"],
+        "mean": pre["mean"], "std": pre["std"], "labels": iface["labels"],
+    }
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+
+
+def _check_file_set(d: Path) -> None:
+    """Ship exactly the allowlist: no `.pdiparams.info`, nothing else Paddle may start writing."""
+    found = {p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file()}
+    if found != _SHIPPED:
+        extra, missing = sorted(found - _SHIPPED), sorted(_SHIPPED - found)
+        raise PipeError(f"export wrote an unexpected file set (extra {extra}, missing {missing})")
+
+
+# ------------------------------------------------------------------ legacy program (child process)
+
+
+def _export_legacy(src: artifacts.Artifact, model: str, num_classes: int, shape: list[int], in_name: str,
+                   dest: Path, threads: int) -> None:
+    """FLAGS_enable_pir_api=0 only takes effect if set before paddle is imported: a child process."""
+    dest.mkdir()
+    spec = {"weights": str(src.file("model.safetensors").resolve()),
+            "sha256": src.manifest["files"]["model.safetensors"]["sha256"],
+            "model": model, "num_classes": num_classes, "shape": shape, "input": in_name,
+            "prefix": str((dest / "model").resolve())}
+    env = dict(os.environ, FLAGS_enable_pir_api="0", GLOG_minloglevel="2", OMP_NUM_THREADS=str(threads),
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # a module:factory model imports as here
+    try:
+        proc = subprocess.run([sys.executable, "-m", "stages.export", "--legacy", json.dumps(spec)],
+                              capture_output=True, text=True, env=env, timeout=_LEGACY_TIMEOUT, check=False)
+    except subprocess.TimeoutExpired:
+        raise PipeError(f"legacy export did not finish within {_LEGACY_TIMEOUT} s") from None
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        raise PipeError(f"legacy export failed (exit {proc.returncode}): {lines[-1] if lines else 'no output'}")
+    if not (dest / "model.pdmodel").is_file():
+        raise PipeError("legacy export wrote no model.pdmodel (FLAGS_enable_pir_api=0 had no effect)")
+
+
+def _legacy_main(spec: dict[str, Any]) -> int:
+    """Child: rebuild the model and jit.save it as a legacy program (paddle imported with PIR off)."""
+    weights = Path(spec["weights"])
+    if artifacts.sha256_file(weights) != spec["sha256"]:  # the file may have changed since the parent verified it
+        print(f"{weights}: sha256 mismatch", file=sys.stderr)
+        return 2
+    paddle = runtime.import_paddle(1)
+    paddle.set_device("cpu")
+    net = models.build(spec["model"], spec["num_classes"], tuple(spec["shape"][1:]))
+    net.set_state_dict(paddle.load(str(weights), safetensors=True))
+    net.eval()
+    _save_program(paddle, net, spec["input"], spec["shape"], Path(spec["prefix"]))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--legacy":
+        sys.exit(_legacy_main(json.loads(sys.argv[2])))
+    print("usage: python -m stages.export --legacy SPEC_JSON (internal; use `pipe export`)", file=sys.stderr)
+    sys.exit(2)
