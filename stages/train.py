@@ -283,15 +283,21 @@ def _worker(cfg: RunConfig, out_dir: Path, ckpt_dir: Path, resume_from: Path | N
 
         dist.init_parallel_env()
         rank, world = dist.get_rank(), dist.get_world_size()
-    if cfg.dist.gpus or (cfg.dist.nproc_per_node == 1 and paddle.device.cuda.device_count() > 0
-                         and paddle.is_compiled_with_cuda()):
-        paddle.set_device("gpu")
-    else:
-        paddle.set_device("cpu")
+    paddle.set_device(_device(cfg, paddle, world))
     if cfg.train.deterministic:
         paddle.set_flags({"FLAGS_cudnn_deterministic": True, "FLAGS_embedding_deterministic": 1})
     ctx = _Ctx(cfg, rank, world, emit if rank == 0 else (lambda ev: None), paddle)
     _Trainer(ctx, out_dir, ckpt_dir).fit(resume_from)
+
+
+def _device(cfg: RunConfig, paddle: Any, world: int) -> str:
+    """A GPU when one is asked for or (single process) simply there; the CPU otherwise."""
+    if not paddle.is_compiled_with_cuda() or paddle.device.cuda.device_count() == 0:
+        return "cpu"
+    if world > 1:
+        return f"gpu:{paddle.distributed.ParallelEnv().device_id}"  # the launcher's FLAGS_selected_gpus
+    gpus = [g for g in cfg.dist.gpus.split(",") if g.strip()]
+    return f"gpu:{gpus[0].strip()}" if gpus else "gpu:0"
 
 
 class _Trainer:
