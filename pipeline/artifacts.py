@@ -228,6 +228,8 @@ def verify(path: Path, stages: tuple[str, ...]) -> Artifact:
     if not isinstance(files, dict):
         raise InputError(f"{mpath}: files must be a mapping")
     for rel, info in sorted(files.items()):
+        if not isinstance(info, dict):
+            raise InputError(f"{mpath}: entry for {rel} must be a mapping with sha256 and bytes")
         fpath = path / rel
         if not fpath.is_file():
             raise InputError(f"{mpath}: missing file {rel}")

@@ -15,7 +15,6 @@ The split and preprocessing are recorded in the artifact; nothing here imports p
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 from dataclasses import dataclass
@@ -145,7 +144,9 @@ def _check_arrays(x: Any, y: Any, where: str) -> tuple[np.ndarray, np.ndarray]:
         raise InputError(f"{where}: x must be uint8 or float32, got {x.dtype}")
     if y.ndim != 1 or len(y) != len(x) or not np.issubdtype(y.dtype, np.integer):
         raise InputError(f"{where}: y must be N integer labels matching x, got {y.dtype} {y.shape}")
-    if len(y) and y.min() < 0:
+    if len(y) == 0:
+        raise InputError(f"{where}: no samples")
+    if y.min() < 0:
         raise InputError(f"{where}: labels must be >= 0")
     if x.dtype == np.float32 and not np.isfinite(x).all():
         raise InputError(f"{where}: x holds NaN or Inf")
@@ -174,12 +175,9 @@ def _from_npz(path: Path, cfg: DataConfig) -> Dataset:
 
 
 def _from_factory(spec: str, cfg: DataConfig) -> Dataset:
-    mod_name, _, fn_name = spec.partition(":")
-    try:
-        fn = getattr(importlib.import_module(mod_name), fn_name)
-    except (ImportError, AttributeError) as e:
-        raise InputError(f"--data {spec}: cannot import ({e})") from None
-    out = fn(cfg)
+    from pipeline.models import import_factory  # no paddle: models imports it inside build()
+
+    out = import_factory(spec, "--data")(cfg)
     if not isinstance(out, dict) or any(k not in out for k in _SPLIT_DIRS):
         raise InputError(f"--data {spec}: factory must return a dict with train, val and test (x, y) pairs")
     parts = [_check_arrays(*out[k], f"{spec} {k}") for k in _SPLIT_DIRS]
@@ -192,6 +190,8 @@ def _from_factory(spec: str, cfg: DataConfig) -> Dataset:
     split = np.concatenate([np.full(len(p[1]), k, np.uint8) for k, p in enumerate(parts)])
     n_classes = int(y.max()) + 1
     labels = tuple(str(s) for s in out.get("labels", range(n_classes)))
+    if len(labels) < n_classes:
+        raise InputError(f"--data {spec}: {len(labels)} labels but class ids go up to {n_classes - 1}")
     return _assemble(x, y, split, labels, spec)
 
 

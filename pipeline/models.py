@@ -8,6 +8,8 @@ float32 (N, C, H, W) batch to (N, K) logits. No pretrained weights are ever down
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import Any, Callable
 
 from pipeline.errors import InputError
@@ -19,11 +21,7 @@ def build(name: str, num_classes: int, input_shape: tuple[int, ...]) -> Any:
     import paddle
 
     if ":" in name:
-        mod_name, _, fn_name = name.partition(":")
-        try:
-            factory: Callable[..., Any] = getattr(importlib.import_module(mod_name), fn_name)
-        except (ImportError, AttributeError) as e:
-            raise InputError(f"--model {name}: cannot import ({e})") from None
+        factory = import_factory(name, "--model")
         model = factory(num_classes=num_classes, input_shape=tuple(input_shape))
         if not isinstance(model, paddle.nn.Layer):
             raise InputError(f"--model {name}: factory returned {type(model).__name__}, not a paddle.nn.Layer")
@@ -40,6 +38,24 @@ def build(name: str, num_classes: int, input_shape: tuple[int, ...]) -> Any:
 
         return getattr(vm, name)(pretrained=False, num_classes=num_classes)
     raise InputError(f"--model {name}: unknown model (built in: {', '.join(BUILTIN)}, or package.module:factory)")
+
+
+def import_factory(spec: str, flag: str) -> Callable[..., Any]:
+    """`package.module:factory` -> the callable, resolved from the working directory as `python -m` does.
+
+    The `pipe` console script runs with its own directory, not the cwd, as sys.path[0], so a
+    project's `examples.custom.model:build` would not import without this (also used by data.py)."""
+    mod_name, _, fn_name = spec.partition(":")
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        factory = getattr(importlib.import_module(mod_name), fn_name)
+    except (ImportError, AttributeError, ValueError) as e:  # ValueError: empty module name
+        raise InputError(f"{flag} {spec}: cannot import ({e})") from None
+    if not callable(factory):
+        raise InputError(f"{flag} {spec}: {fn_name} is not callable")
+    return factory
 
 
 def _digits_cnn(num_classes: int, channels: int) -> Any:
