@@ -253,6 +253,9 @@ def lineage(art: Artifact, check: bool = True) -> list[tuple[Artifact | None, st
     cur = art
     while cur.manifest.get("input"):
         ref = cur.manifest["input"]
+        if not isinstance(ref, dict) or not all(isinstance(ref.get(k), str) for k in ("path", "stage")):
+            chain.append((None, f"{cur.path / MANIFEST}: malformed input field"))
+            break
         p = (cur.path / ref["path"]).resolve()
         try:
             parent = verify(p, (ref["stage"],)) if check else _load_unchecked(p)

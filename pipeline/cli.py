@@ -43,8 +43,7 @@ def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks instead of one-line errors."),
 ) -> None:
-    if debug:
-        os.environ["PIPE_DEBUG"] = "1"
+    """`--debug` is read by `main` from the arguments (or PIPE_DEBUG=1), before Typer runs."""
 
 
 def _cfg(config: Optional[Path], sets: Optional[list[str]], **flags: tuple[str, Any]) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,8 +21,9 @@ import yaml
 from pipeline.errors import InputError
 
 
-def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None, min: float | None = None) -> Any:
-    return field(default=default, metadata={"help": help, "choices": choices, "min": min})
+def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None, min: float | None = None,
+         max: float | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "choices": choices, "min": min, "max": max})
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,13 @@ class ExportConfig:
 
 
 @dataclass(frozen=True)
+class DistillConfig:
+    teacher: str = _opt("", "a train artifact directory whose model teaches this one; '' = no distillation")
+    temperature: float = _opt(4.0, "softmax temperature T of the KL term (scaled by T^2)", min=0.01)
+    alpha: float = _opt(0.5, "weight of the KL term; the cross-entropy gets 1 - alpha", min=0, max=1)
+
+
+@dataclass(frozen=True)
 class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -101,6 +110,7 @@ class RunConfig:
     amp: AmpConfig = field(default_factory=AmpConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
@@ -128,13 +138,18 @@ def _coerce(key: str, value: Any, typ: Any, where: str) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     elif typ is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
+        if number is not None:
+            if not math.isfinite(number):  # an lr of NaN or a tolerance of inf is never meant
+                raise InputError(f"{where}{key}: must be a finite number, got {value!r}")
+            return number
     elif typ is str:
         if isinstance(value, str):
             return value
@@ -162,6 +177,9 @@ def _apply(values: dict[str, dict[str, Any]], key: str, raw: Any, where: str) ->
     low = spec.metadata.get("min")
     if low is not None and value < low:
         raise InputError(f"{where}{key}: must be >= {low}, got {value!r}")
+    high = spec.metadata.get("max")
+    if high is not None and value > high:
+        raise InputError(f"{where}{key}: must be <= {high}, got {value!r}")
     values.setdefault(section, {})[name] = value
 
 
@@ -194,6 +212,8 @@ def load(
     values: dict[str, dict[str, Any]] = {}
     if path is not None:
         for section, body in _read_yaml(path).items():
+            if body is None and section in _SECTIONS:
+                continue  # a section whose keys are all commented out
             if not isinstance(body, dict):
                 if section in _SECTIONS:
                     raise InputError(f"{path}: {section}: expected a mapping of keys")

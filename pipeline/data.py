@@ -165,8 +165,8 @@ def _from_npz(path: Path, cfg: DataConfig) -> Dataset:
             labels = tuple(str(s) for s in z["labels"]) if "labels" in z else None
     except (OSError, ValueError) as e:
         raise InputError(f"{path}: not a readable .npz ({e.__class__.__name__})") from None
-    if split.shape != y.shape:
-        raise InputError(f"{path}: split must have one entry (0/1/2) per sample")
+    if split.shape != y.shape or not np.isin(split, (0, 1, 2)).all():
+        raise InputError(f"{path}: split must have one entry per sample, each 0 (train), 1 (val) or 2 (test)")
     n_classes = int(y.max()) + 1
     labels = labels or tuple(str(i) for i in range(n_classes))
     if len(labels) < n_classes:
@@ -203,7 +203,7 @@ def _list_images(root: Path) -> tuple[list[tuple[Path, int, int]], list[str]]:
     subdirs = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not subdirs:
         raise InputError(f"--data {root}: no class folders (expected one sub-folder per class)")
-    has_splits = set(subdirs) >= {"train", "test"} and set(subdirs) <= set(_SPLIT_DIRS)
+    has_splits = "train" in subdirs and set(subdirs) <= set(_SPLIT_DIRS)
     if has_splits:
         classes = sorted(p.name for p in (root / "train").iterdir() if p.is_dir() and not p.name.startswith("."))
         parts = [(root / s, k) for k, s in enumerate(_SPLIT_DIRS) if (root / s).is_dir()]
@@ -273,12 +273,16 @@ def _from_image_folder(root: Path, cfg: DataConfig) -> Dataset:
     split = np.asarray(meta["split"], np.int64)
     if (split == -1).all():
         split = _stratified_split(y, cfg)
-    elif (split == 1).sum() == 0:  # train/test folders only: carve val out of train
-        tr = np.flatnonzero(split == 0)
-        sub = _stratified_split(y[tr], DataConfig(val_fraction=cfg.val_fraction, test_fraction=0.0,
-                                                  split_seed=cfg.split_seed))
-        split = split.copy()
-        split[tr[sub == 1]] = 1
+    else:  # train/ plus some of val/, test/: carve the missing ones out of train
+        missing_val, missing_test = not (split == 1).any(), not (split == 2).any()
+        if missing_val or missing_test:
+            tr = np.flatnonzero(split == 0)
+            sub = _stratified_split(y[tr], DataConfig(val_fraction=cfg.val_fraction * missing_val,
+                                                      test_fraction=cfg.test_fraction * missing_test,
+                                                      split_seed=cfg.split_seed))
+            split = split.copy()
+            split[tr[sub == 1]] = 1
+            split[tr[sub == 2]] = 2
     return _assemble(x, y, split, tuple(classes), str(root))
 
 

@@ -353,6 +353,24 @@ class _Trainer:
         )
         self.model = paddle.DataParallel(self.net) if ctx.world > 1 else self.net
         self.param_names = [p.name for p in params if not p.stop_gradient]
+        self.teacher = self._teacher() if cfg.distill.teacher else None
+
+    def _teacher(self) -> Any:
+        """The frozen teacher of knowledge distillation: a verified train artifact on the same data."""
+        src = artifacts.verify(Path(self.cfg.distill.teacher), ("train",))
+        iface = src.manifest["interface"]
+        shape = tuple(iface["inputs"][0]["shape"][1:])
+        if shape != self.data.input_shape or iface["labels"] != list(self.data.labels):
+            raise InputError(f"distill.teacher {src.path}: trained on inputs {list(shape)} with "
+                             f"{len(iface['labels'])} labels; this data has {list(self.data.input_shape)} "
+                             f"and {len(self.data.labels)}")
+        teacher = models.build(src.manifest["config"]["model"]["name"], len(self.data.labels), shape)
+        teacher.set_state_dict(self.p.load(str(src.file("model.safetensors")), safetensors=True))
+        teacher.eval()
+        for p in teacher.parameters():
+            p.stop_gradient = True
+        self.teacher_acc = src.manifest["metrics"].get("test_acc")
+        return teacher
 
     def _scheduler(self) -> Any:
         lr_mod, t = self.p.optimizer.lr, self.cfg.train
@@ -399,7 +417,7 @@ class _Trainer:
         for b, (x, y) in enumerate(self.loader, start=st.batch):
             with paddle.amp.auto_cast(enable=ctx.amp_active, level=a.level, dtype=a.dtype):
                 logits = self.model(x)
-            loss = F.cross_entropy(logits.astype("float32"), y, label_smoothing=t.label_smoothing)
+            loss = self._loss(logits.astype("float32"), x, y)
             if st.step + 1 in fault_nan:  # test hook: behave as if this step's loss were NaN
                 loss = loss * float("nan")
             value = self._global_loss(loss)  # [sync] host sync every step: the NaN guard needs it
@@ -428,6 +446,17 @@ class _Trainer:
                 self._save(st, best=False)
         st.epoch_loss = float(np.mean(losses)) if losses else float("nan")
         st.epoch_ips = seen / max(1e-9, time.perf_counter() - t0)
+
+    def _loss(self, logits: Any, x: Any, y: Any) -> Any:
+        F, t = self.p.nn.functional, self.cfg.train
+        ce = F.cross_entropy(logits, y, label_smoothing=t.label_smoothing)
+        if self.teacher is None:
+            return ce
+        d = self.cfg.distill
+        with self.p.no_grad():
+            soft = F.softmax(self.teacher(x).astype("float32") / d.temperature, axis=-1)
+        kd = F.kl_div(F.log_softmax(logits / d.temperature, axis=-1), soft, reduction="batchmean")
+        return d.alpha * kd * d.temperature ** 2 + (1 - d.alpha) * ce
 
     def _global_loss(self, loss: Any) -> float:
         if self.ctx.world == 1:
@@ -661,6 +690,8 @@ class _Trainer:
                     "ranks_consistent": len(set(checksums)) == 1,
                     "samples": {"train": len(self.data.train), "val": len(self.data.val), "test": len(self.data.test)},
                 }
+                if self.teacher is not None:
+                    w.metrics["teacher_test_acc"] = self.teacher_acc
                 w.extra = {"amp": {"requested": self.cfg.amp.level, "active": self.ctx.amp_active,
                                    "dtype": self.cfg.amp.dtype}, "format": "safetensors"}
         if self.ctx.world > 1:

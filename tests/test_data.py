@@ -379,7 +379,16 @@ def test_npz_not_a_zip(tmp_path):
 def test_npz_bad_split_length(tmp_path):
     x, y = _xy()
     path = _npz(tmp_path, x=x, y=y, split=np.zeros(3, np.uint8))
-    assert _error(DataConfig(source=str(path))) == f"{path}: split must have one entry (0/1/2) per sample"
+    assert _error(DataConfig(source=str(path))) == (
+        f"{path}: split must have one entry per sample, each 0 (train), 1 (val) or 2 (test)")
+
+
+def test_npz_split_value_out_of_range(tmp_path):
+    x, y = _xy()
+    split = np.zeros(len(y), np.uint8)
+    split[0] = 7
+    path = _npz(tmp_path, x=x, y=y, split=split)
+    assert "each 0 (train), 1 (val) or 2 (test)" in _error(DataConfig(source=str(path)))
 
 
 def test_npz_empty_split(tmp_path):
@@ -480,3 +489,12 @@ def test_prepare_is_per_channel(tmp_path):
 def test_prepare_refuses_an_unknown_kind():
     with pytest.raises(InputError, match="preprocessing kind 'text' is not supported"):
         data.prepare(np.zeros((1, 1, 2, 2), np.uint8), {"kind": "text"})
+
+
+def test_imagefolder_train_and_val_only_carves_test_from_train(tmp_path):
+    root = tmp_path / "data"
+    _folder(root / "train", n=10)
+    _folder(root / "val", n=2, split=1)
+    ds = data.load(_cfg(tmp_path, root))
+    assert ds.labels == ("cat", "dog", "emu")  # not ("train", "val")
+    assert len(ds.val) == 6 and len(ds.test) > 0 and len(ds.train) + len(ds.test) == 30

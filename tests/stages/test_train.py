@@ -263,3 +263,28 @@ def test_preflight_errors(tmp_path, cli):
         code, _, err = cli("train", "--run", tmp_path, "--master", f"127.0.0.1:{s.getsockname()[1]}")
     assert code == 2 and "already in use" in err
     assert not (tmp_path / "train").exists()
+
+
+def test_distillation_uses_the_teacher(tmp_path, cli, trained_digits):
+    """KD from the digits CNN into the MLP. Measured on digits (15 epochs): baseline MLP 0.955 test
+    accuracy, distilled 0.952 (T=4, alpha=0.5) and 0.944 (T=2, alpha=0.9): no gain on this easy task,
+    so this test checks the mechanics, not a gain."""
+    teacher = trained_digits / "train"
+    base, kd = tmp_path / "base", tmp_path / "kd"
+    args = ["--config", DIGITS, "--model", "mlp", "--epochs", "2"]
+    assert cli("train", *args, "--run", base)[0] == 0
+    code, _, err = cli("train", *args, "--run", kd, "--set", f"distill.teacher={teacher}")
+    assert code == 0, err
+    m = json.loads((kd / "train" / "manifest.json").read_text())
+    t = json.loads((teacher / "manifest.json").read_text())
+    assert m["metrics"]["teacher_test_acc"] == t["metrics"]["test_acc"]
+    assert m["config"]["distill"]["teacher"] == str(teacher)
+    a, b = _losses(base / "train"), _losses(kd / "train")
+    assert not np.allclose(a, b)  # the teacher term changes every step's loss
+    assert m["metrics"]["test_acc"] > 0.5
+
+
+def test_distillation_refuses_a_teacher_of_other_data(tmp_path, cli, trained_digits):
+    code, _, err = cli("train", "--config", REPO / "examples/custom/custom.yaml", "--run", tmp_path,
+                       "--epochs", "1", "--set", f"distill.teacher={trained_digits / 'train'}")
+    assert code == 2 and "distill.teacher" in err and "labels" in err
