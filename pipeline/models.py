@@ -1,8 +1,9 @@
 """Model builders. Called from inside a stage's `run`, after paddle has been imported.
 
 `model.name` is a built-in name or `package.module:factory`; a factory is called as
-`factory(num_classes=K, input_shape=(C, H, W))` and must return a `paddle.nn.Layer` mapping a
-float32 (N, C, H, W) batch to (N, K) logits. No pretrained weights are ever downloaded.
+`factory(num_classes=K, input_shape=(C, H, W))` (text: `input_shape=(max_len,)` and `vocab_size=V`)
+and must return a `paddle.nn.Layer` mapping a float32 (N, C, H, W) batch (text: int64 (N, L) ids,
+0 = padding) to (N, K) logits. No pretrained weights are ever downloaded.
 """
 
 from __future__ import annotations
@@ -14,18 +15,26 @@ from typing import Any, Callable
 
 from pipeline.errors import InputError
 
-BUILTIN = ("digits_cnn", "mlp", "resnet18", "mobilenet_v3_small")
+BUILTIN = ("digits_cnn", "mlp", "resnet18", "mobilenet_v3_small", "text_cnn", "bigru", "transformer")
+TEXT = ("text_cnn", "bigru", "transformer")
 
 
-def build(name: str, num_classes: int, input_shape: tuple[int, ...]) -> Any:
+def build(name: str, num_classes: int, input_shape: tuple[int, ...], vocab_size: int | None = None) -> Any:
     import paddle
 
     if ":" in name:
         factory = import_factory(name, "--model")
-        model = factory(num_classes=num_classes, input_shape=tuple(input_shape))
+        extra = {"vocab_size": vocab_size} if vocab_size else {}
+        model = factory(num_classes=num_classes, input_shape=tuple(input_shape), **extra)
         if not isinstance(model, paddle.nn.Layer):
             raise InputError(f"--model {name}: factory returned {type(model).__name__}, not a paddle.nn.Layer")
         return model
+    if (name in TEXT) != bool(vocab_size):
+        kind = "text" if vocab_size else "image"
+        raise InputError(f"--model {name}: not a model for {kind} data "
+                         f"({'text: ' + ', '.join(TEXT) if vocab_size else 'text models need text data'})")
+    if name in TEXT:
+        return _TEXT_BUILDERS[name](vocab_size, num_classes, int(input_shape[0]))
     if name == "digits_cnn":
         return _digits_cnn(num_classes, input_shape[0])
     if name == "mlp":
@@ -79,3 +88,94 @@ def _mlp(num_classes: int, input_shape: tuple[int, ...]) -> Any:
     for d in input_shape:
         n *= int(d)
     return nn.Sequential(nn.Flatten(), nn.Linear(n, 64), nn.ReLU(), nn.Linear(64, num_classes))
+
+
+# ------------------------------------------------------------------ text models (int64 ids, 0 = pad)
+
+
+def _text_cnn(vocab_size: int, num_classes: int, max_len: int) -> Any:
+    """Embedding + convolutions of widths 2, 3, 4 over time + max over time (Kim, 2014).
+
+    Each convolution is written as one matmul over k shifted copies of the sequence: on Paddle's CPU
+    kernels Conv1D's backward was ~5x slower than this, and Tensor.max's backward took 4.4 s on a
+    (64, 160, 128) batch, so pooling uses adaptive_max_pool1d."""
+    import paddle
+    from paddle import nn
+
+    widths = (2, 3, 4)
+
+    class TextCNN(nn.Layer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(vocab_size, 64, padding_idx=0)
+            self.convs = nn.LayerList([nn.Linear(k * 64, 96) for k in widths])
+            self.drop = nn.Dropout(0.3)
+            self.fc = nn.Linear(len(widths) * 96, num_classes)
+
+        def forward(self, x: Any) -> Any:
+            e = self.embed(x)  # (N, L, E)
+            length = paddle.shape(x)[1]
+            pad = paddle.zeros([paddle.shape(x)[0], max(widths) - 1, 64], e.dtype)
+            e = paddle.concat([e, pad], axis=1)
+            pooled = []
+            for k, conv in zip(widths, self.convs):
+                windows = paddle.concat([e[:, i:i + length] for i in range(k)], axis=-1)  # (N, L, k*E)
+                h = nn.functional.relu(conv(windows)).transpose([0, 2, 1])  # (N, C, L)
+                pooled.append(nn.functional.adaptive_max_pool1d(h, 1).squeeze(-1))
+            return self.fc(self.drop(paddle.concat(pooled, axis=1)))
+
+    return TextCNN()
+
+
+def _masked_mean(h: Any, x: Any) -> Any:
+    import paddle
+
+    mask = (x != 0).astype(h.dtype).unsqueeze(-1)
+    return (h * mask).sum(axis=1) / paddle.clip(mask.sum(axis=1), min=1.0)
+
+
+def _bigru(vocab_size: int, num_classes: int, max_len: int) -> Any:
+    """Embedding + one bidirectional GRU layer + masked mean pooling."""
+    from paddle import nn
+
+    class BiGRU(nn.Layer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(vocab_size, 64, padding_idx=0)
+            self.gru = nn.GRU(64, 64, direction="bidirect")
+            self.fc = nn.Linear(2 * 64, num_classes)
+
+        def forward(self, x: Any) -> Any:
+            out, _ = self.gru(self.embed(x))
+            return self.fc(_masked_mean(out, x))
+
+    return BiGRU()
+
+
+def _transformer(vocab_size: int, num_classes: int, max_len: int) -> Any:
+    """A small Transformer encoder: 2 layers, d=128, 4 heads, learned positions, masked mean pooling."""
+    import paddle
+    from paddle import nn
+
+    class Encoder(nn.Layer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(vocab_size, 128, padding_idx=0)
+            self.pos = nn.Embedding(max_len, 128)
+            layer = nn.TransformerEncoderLayer(128, 4, 256, dropout=0.1)
+            self.encoder = nn.TransformerEncoder(layer, 2)
+            self.norm = nn.LayerNorm(128)
+            self.fc = nn.Linear(128, num_classes)
+
+        def forward(self, x: Any) -> Any:
+            positions = paddle.arange(x.shape[1], dtype="int64").unsqueeze(0)
+            h = self.embed(x) + self.pos(positions)
+            keep = (x != 0).astype("float32")  # (N, L): 1 = token, 0 = padding
+            attn_mask = ((1.0 - keep) * -1e4).unsqueeze(1).unsqueeze(1)  # added to attention scores
+            h = self.encoder(h, src_mask=attn_mask)
+            return self.fc(_masked_mean(self.norm(h), x))
+
+    return Encoder()
+
+
+_TEXT_BUILDERS = {"text_cnn": _text_cnn, "bigru": _bigru, "transformer": _transformer}

@@ -46,6 +46,7 @@ _RESUME_SAFE = {
     "train.max_nonfinite_steps", "data.num_workers", "data.persistent_workers", "data.cache_dir",
     "dist.nproc_per_node", "dist.gpus", "dist.nnodes", "dist.master", "dist.node_rank", "dist.peer_timeout",
 }
+_TRAINING_SECTIONS = ("data", "model", "train", "amp", "dist", "distill")  # later stages' keys don't matter
 _STEP_FIELDS = ["step", "epoch", "loss", "lr"]
 _EPOCH_FIELDS = ["epoch", "step", "train_loss", "val_loss", "val_acc", "lr", "img_per_s", "loss_scale",
                  "skipped_steps"]
@@ -150,7 +151,7 @@ def _check_resume_config(saved: dict[str, Any], cfg: RunConfig, path: Path) -> N
         for key, old in body.items():
             name = f"{section}.{key}"
             new = now.get(section, {}).get(key)
-            if name not in _RESUME_SAFE and section != "export" and old != new:
+            if section in _TRAINING_SECTIONS and name not in _RESUME_SAFE and old != new:
                 raise InputError(f"--resume {path}: {name} was {old!r}, now {new!r}; "
                                  "it changes the model or the data, start a new run instead")
 
@@ -316,7 +317,8 @@ class _Trainer:
         paddle.seed(t.seed)
         np.random.seed(t.seed)
         random.seed(t.seed)
-        net = models.build(cfg.model.name, self.num_classes, self.data.input_shape)
+        self.vocab_size = len(self.data.preprocessing["vocab"]) if self.data.is_text else None
+        net = models.build(cfg.model.name, self.num_classes, self.data.input_shape, self.vocab_size)
         paddle.seed(t.seed * 1000 + ctx.rank)  # dropout masks differ per rank
         self.net = net
         self.per_rank = t.batch_size // ctx.world
@@ -360,11 +362,16 @@ class _Trainer:
         src = artifacts.verify(Path(self.cfg.distill.teacher), ("train",))
         iface = src.manifest["interface"]
         shape = tuple(iface["inputs"][0]["shape"][1:])
-        if shape != self.data.input_shape or iface["labels"] != list(self.data.labels):
+        if iface != {**iface, **self.data.interface()} or iface["labels"] != list(self.data.labels):
             raise InputError(f"distill.teacher {src.path}: trained on inputs {list(shape)} with "
                              f"{len(iface['labels'])} labels; this data has {list(self.data.input_shape)} "
                              f"and {len(self.data.labels)}")
-        teacher = models.build(src.manifest["config"]["model"]["name"], len(self.data.labels), shape)
+        if self.data.is_text:
+            vocab = json.loads(src.file("vocab.json").read_text(encoding="utf-8"))
+            if vocab != self.data.preprocessing["vocab"]:
+                raise InputError(f"distill.teacher {src.path}: its vocabulary differs from this data's")
+        teacher = models.build(src.manifest["config"]["model"]["name"], len(self.data.labels),
+                               self.data.input_shape, self.vocab_size)
         teacher.set_state_dict(self.p.load(str(src.file("model.safetensors")), safetensors=True))
         teacher.eval()
         for p in teacher.parameters():
@@ -678,6 +685,9 @@ class _Trainer:
                 _write_csv(w.dir / "metrics.csv", _EPOCH_FIELDS, st.epoch_rows)
                 _write_csv(w.dir / "steps.csv", _STEP_FIELDS, st.step_rows)
                 _plot(w.dir / "curves.png", st.step_rows, st.epoch_rows)
+                if self.data.is_text:
+                    (w.dir / "vocab.json").write_text(json.dumps(self.data.preprocessing["vocab"], ensure_ascii=False),
+                                                      encoding="utf-8")
                 w.interface = {**self.data.interface(), "model": self.cfg.model.name}
                 ips = [r["img_per_s"] for r in st.epoch_rows if r["img_per_s"]]
                 w.metrics = {

@@ -1,0 +1,102 @@
+"""The text task: the built-in Chinese sentiment corpus, text files, the vocabulary, text models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline import artifacts, data
+from pipeline.config import DataConfig
+from pipeline.errors import InputError
+
+
+def test_chinese_sentiment_is_deduplicated_before_the_split():
+    ds = data.load(DataConfig(source="chinese_sentiment"))
+    pre = ds.preprocessing
+    # 35,123 lines hold 17,410 distinct texts, 47 of them under both labels (dropped)
+    assert pre["duplicates_removed"] == 35123 - 17410 and pre["dropped_conflicting"] == 47
+    assert len(ds.texts) == 17410 - 47 == len(ds.train) + len(ds.val) + len(ds.test)
+    splits = [{ds.texts[i] for i in s.idx} for s in (ds.train, ds.val, ds.test)]
+    assert not (splits[0] & splits[1]) and not (splits[0] & splits[2]) and not (splits[1] & splits[2])
+    assert ds.labels == ("negative", "positive")
+    assert ds.train.x.dtype == np.int64 and ds.train.x.shape[1] == pre["max_len"] == 160
+    iface = ds.interface()
+    assert iface["inputs"] == [{"name": "x", "dtype": "int64", "shape": [-1, -1]}]
+    assert iface["preprocessing"]["vocab_file"] == "vocab.json" and "vocab" not in iface["preprocessing"]
+
+
+def test_vocabulary_comes_from_the_training_split_only(tmp_path):
+    rows = ["text\tlabel"] + [f"好好好{i % 3}\tpos" for i in range(30)] + [f"坏坏坏{i % 3}\tneg" for i in range(30)]
+    rows += ["独一无二的句子\tpos"]
+    path = tmp_path / "d.tsv"
+    path.write_text("\n".join(rows), encoding="utf-8")
+    ds = data.load(DataConfig(source=str(path), min_count=1, max_len=6))
+    vocab = ds.preprocessing["vocab"]
+    assert vocab[:2] == ["[PAD]", "[UNK]"]
+    train_chars = {c for i in ds.train.idx for c in ds.texts[i]}
+    assert set(vocab[2:]) == train_chars
+    # encoding: truncated to max_len, padded with 0, unknown -> 1
+    ids = data.encode_texts(["好坏X好坏好坏好"], {c: i for i, c in enumerate(vocab)}, 6)
+    assert ids.shape == (1, 6) and ids[0, 2] == 1 and (ids[0] > 0).all()
+    assert data.encode_texts(["好"], {c: i for i, c in enumerate(vocab)}, 6)[0, 1:].tolist() == [0] * 5
+
+
+@pytest.mark.parametrize("name,body,message", [
+    ("a.tsv", "txt\tlabel\n好\tpos\n", "no column 'text'"),
+    ("a.csv", "text,lab\n好,pos\n", "no column 'label'"),
+    ("a.tsv", "text\tlabel\n\tpos\n好\tneg\n", "line 2: empty text"),
+    ("a.jsonl", '{"text": "好", "label": "pos"}\n{"text": "坏"}\n', "line 2 has no 'label'"),
+    ("a.jsonl", '{"text": "好", "label": "pos"}\nnot json\n', "line 2 is not JSON"),
+    ("a.tsv", "text\tlabel\n好\tpos\n坏\tpos\n", "needs at least 2 labels"),
+])
+def test_text_file_errors_name_the_file_and_line(tmp_path, name, body, message):
+    path = tmp_path / name
+    path.write_text(body, encoding="utf-8")
+    with pytest.raises(InputError) as e:
+        data.load(DataConfig(source=str(path)))
+    assert str(e.value).startswith(f"--data {path}") and message in str(e.value)
+
+
+def test_text_file_must_be_utf8(tmp_path):
+    path = tmp_path / "gbk.tsv"
+    path.write_bytes("text\tlabel\n很好\tpos\n".encode("gbk"))
+    with pytest.raises(InputError, match="not UTF-8"):
+        data.load(DataConfig(source=str(path)))
+
+
+def _reviews(tmp_path: Path) -> Path:
+    """A small, learnable two-class review file (deterministic)."""
+    rng = np.random.RandomState(0)
+    good, bad, filler = "好棒赞喜爱满意优", "差烂坏糟失望慢", "这个东西我们的买了一次还是很"
+    rows = []
+    for i in range(240):
+        label = i % 2
+        chars = [filler[j] for j in rng.randint(0, len(filler), 12)]
+        for _ in range(3):
+            chars.insert(rng.randint(0, len(chars)), (good if label else bad)[rng.randint(0, 7)])
+        rows.append({"text": "".join(chars) + str(i), "label": ["neg", "pos"][label]})
+    path = tmp_path / "reviews.jsonl"
+    path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("model", ["text_cnn", "bigru", "transformer"])
+def test_text_models_train_and_carry_the_vocabulary(tmp_path, cli, model):
+    src = _reviews(tmp_path)
+    code, _, err = cli("train", "--data", src, "--model", model, "--run", tmp_path / "run", "--epochs", "3",
+                       "--batch-size", "32", "--set", "data.max_len=24", "--set", "data.min_count=1")
+    assert code == 0, err
+    art = artifacts.verify(tmp_path / "run" / "train", ("train",))
+    assert {p.name for p in art.path.iterdir()} >= {"vocab.json", "model.safetensors", "manifest.json"}
+    vocab = json.loads((art.path / "vocab.json").read_text(encoding="utf-8"))
+    assert vocab[:2] == ["[PAD]", "[UNK]"] and art.manifest["interface"]["preprocessing"]["vocab_size"] == len(vocab)
+    assert art.manifest["interface"]["inputs"][0]["dtype"] == "int64"
+    assert art.manifest["metrics"]["test_acc"] >= 0.8, art.manifest["metrics"]
+
+
+def test_text_model_on_image_data_is_refused(tmp_path, cli):
+    code, _, err = cli("train", "--model", "text_cnn", "--run", tmp_path, "--epochs", "1")
+    assert code == 2 and "--model text_cnn: not a model for image data" in err
