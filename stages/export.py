@@ -1,6 +1,7 @@
 """pipe export: the trained model in the Paddle Inference format, parity-checked, as `<run>/export/`.
 
     pipe export runs/exp1/train
+    pipe export runs/exp1/train --onnx
     pipe export runs/exp1/train --set export.parity_tol=1e-5 --out runs/exp1/export-strict
 
 Reads a verified `train/` artifact: `model.safetensors`, the resolved config (model, data) and the
@@ -15,6 +16,9 @@ Parity gate (exit 4, nothing written): a Paddle Inference predictor (oneDNN) on 
 max|logit|; the legacy program is held to the same bound. The saved output cannot be named `logits`
 (PIR names unnamed fetches `fetch_name_<i>`; `Value.name` is settable only on persistable values):
 the interface records the predictor's real names with the public one as `alias`.
+
+`--onnx` also writes `model.onnx` (paddle2onnx of the PIR program, opset 13, in a child process: it can
+abort on a program it cannot convert), held to the same parity bound in onnxruntime.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -35,15 +41,17 @@ from pipeline import artifacts, config as config_mod, data as data_mod, models, 
 from pipeline.config import ExportConfig, RunConfig
 from pipeline.errors import GateError, InputError, PipeError
 
-_SHIPPED = {"model.json", "model.pdiparams", "preprocess.yaml", "legacy/model.pdmodel", "legacy/model.pdiparams"}
+_SHIPPED = {"model.json", "model.pdiparams", "preprocess.yaml"}
+_LEGACY = {"legacy/model.pdmodel", "legacy/model.pdiparams"}
 _EVAL_BATCH = 256
 _WARMUP, _TIMED = 10, 100  # batch-1 latency: runs discarded, runs timed
 _LEGACY_TIMEOUT = 600
+_ONNX_OPSET = 13
 
 
-def run(cfg: RunConfig, in_dir: Path, out_dir: Path) -> Path:
+def run(cfg: RunConfig, in_dir: Path, out_dir: Path, onnx: bool = False) -> Path:
     """Export the train artifact `in_dir` to `out_dir`. Only `cfg.export` is read from `cfg`: the
-    model and the data are the ones recorded in the train manifest."""
+    model and the data are the ones recorded in the train manifest. `onnx`: also `model.onnx`."""
     out_dir = Path(out_dir)
     src = artifacts.verify(in_dir, ("train",))
     train_cfg = config_mod.from_dict(src.manifest["config"])
@@ -54,7 +62,9 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path) -> Path:
     threads = runtime.threads_per_process(1)
     paddle = runtime.import_paddle(threads)
     paddle.set_device("cpu")
-    net = _load_model(paddle, src, train_cfg.model.name, len(labels), shape)
+    model = {"name": train_cfg.model.name, "num_classes": len(labels), "shape": _model_shape(shape, pre),
+             "vocab_size": pre.get("vocab_size"), "dtype": iface["inputs"][0]["dtype"]}
+    net = _load_model(paddle, src, model)
     test, y = ds.test, np.asarray(ds.test.y[ds.test.idx])
     n = min(cfg.export.parity_samples, len(test))
     x_par = data_mod.prepare(np.asarray(test.x[test.idx[:n]]), pre)
@@ -64,18 +74,23 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path) -> Path:
     in_name = iface["inputs"][0]["name"]
     doc = dataclasses.replace(train_cfg, export=cfg.export).to_dict()
     with artifacts.write_stage(out_dir, "export", doc, src) as w:
-        _save_program(paddle, net, in_name, shape, w.dir / "model")
+        _save_program(paddle, net, in_name, shape, model["dtype"], w.dir / "model")
         pred = _predictor(paddle, w.dir / "model.json", w.dir / "model.pdiparams", threads)
         parity = _parity_gate(ref_par, _predict(pred, x_par), cfg.export, "predictor")
         got = np.concatenate([_predict(pred, xb) for xb in _batches(test, pre)])
         latency = _latency_ms(pred, x_par[:1])
-        _export_legacy(src, train_cfg.model.name, len(labels), shape, in_name, w.dir / "legacy", threads)
-        legacy = _predictor(paddle, w.dir / "legacy/model.pdmodel", w.dir / "legacy/model.pdiparams", threads)
-        legacy_parity = _parity_gate(ref_par, _predict(legacy, x_par), cfg.export, "legacy program")
+        legacy_error = _export_legacy(src, model, shape, in_name, w.dir / "legacy", threads)
+        legacy_parity = {"parity_max_abs_diff": None, "parity_rel": None}
+        if legacy_error is None:
+            legacy = _predictor(paddle, w.dir / "legacy/model.pdmodel", w.dir / "legacy/model.pdiparams", threads)
+            legacy_parity = _parity_gate(ref_par, _predict(legacy, x_par), cfg.export, "legacy program")
         io = {"inputs": pred.get_input_names(), "outputs": pred.get_output_names()}
         w.interface = _with_io_names(iface, io)
         _write_preprocess(w.dir / "preprocess.yaml", w.interface, pre)
-        _check_file_set(w.dir)
+        if pre["kind"] == "text":  # the tokenizer travels with the model
+            shutil.copyfile(src.file(pre["vocab_file"]), w.dir / pre["vocab_file"])
+        onnx_parity = _export_onnx(w.dir, ref_par, x_par, cfg.export, threads) if onnx else None
+        _check_file_set(w.dir, onnx, pre, legacy_error is None)
         w.metrics = {
             **parity,
             "test_acc": float((got.argmax(1) == y).mean()),
@@ -87,9 +102,16 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path) -> Path:
             "legacy_parity_max_abs_diff": legacy_parity["parity_max_abs_diff"],
             "legacy_parity_rel": legacy_parity["parity_rel"],
         }
+        if onnx_parity is not None:
+            w.metrics["onnx_parity_max_abs_diff"] = onnx_parity["parity_max_abs_diff"]
+            w.metrics["onnx_parity_rel"] = onnx_parity["parity_rel"]
         w.extra = {"format": "pir", "onednn": True, "legacy": {
             "format": "legacy", "model": "legacy/model.pdmodel", "params": "legacy/model.pdiparams",
-            "inputs": legacy.get_input_names(), "outputs": legacy.get_output_names()}}
+            "inputs": legacy.get_input_names(), "outputs": legacy.get_output_names()} if legacy_error is None
+            else {"available": False, "reason": legacy_error}}
+        if onnx_parity is not None:
+            w.extra["onnx"] = {"format": "onnx", "model": "model.onnx", "opset": _ONNX_OPSET,
+                               "inputs": onnx_parity["inputs"], "outputs": onnx_parity["outputs"]}
     return out_dir
 
 
@@ -106,6 +128,10 @@ def _read_interface(src: artifacts.Artifact) -> tuple[list[int], list[str], dict
         named = False
     if not named:
         raise InputError(f"{where}: interface needs one named input and output, labels and preprocessing")
+    if pre.get("kind") == "text":
+        if shape != [-1, -1] or inp.get("dtype") != "int64" or not isinstance(pre.get("vocab_size"), int):
+            raise InputError(f"{where}: a text interface takes int64 ids of shape [-1, -1] and a vocab_size")
+        return shape, labels, pre
     if len(shape) != 4 or shape[0] != -1 or min(shape[1:]) < 1:
         raise InputError(f"{where}: interface input must be NCHW with a dynamic batch, got {shape}")
     return shape, labels, pre
@@ -115,18 +141,25 @@ def _check_data(src: artifacts.Artifact, ds: data_mod.Dataset, shape: list[int],
     """The test split is re-read from `data.source`: it must still be the data the model was trained on."""
     where = src.path / artifacts.MANIFEST
     source = src.manifest["config"]["data"]["source"]
-    if list(ds.input_shape) != shape[1:] or list(ds.labels) != labels:
+    now = ds.interface()["inputs"][0]["shape"]
+    if now != shape or list(ds.labels) != labels:
         raise InputError(f"{where}: trained on {shape[1:]} inputs with {len(labels)} labels, but data.source "
-                         f"{source!r} now gives {list(ds.input_shape)} with {len(ds.labels)}; the data changed")
+                         f"{source!r} now gives {now[1:]} with {len(ds.labels)}; the data changed")
     n_test = (src.manifest["metrics"].get("samples") or {}).get("test")
     if n_test is not None and n_test != len(ds.test):
         raise InputError(f"{where}: the test split had {n_test} samples, data.source {source!r} now gives "
                          f"{len(ds.test)}; the data changed")
 
 
-def _load_model(paddle: Any, src: artifacts.Artifact, name: str, num_classes: int, shape: list[int]) -> Any:
+def _model_shape(shape: list[int], pre: dict[str, Any]) -> list[int]:
+    """The per-sample shape the model is built for (text: the training max_len, not the dynamic -1)."""
+    return [int(pre["max_len"])] if pre["kind"] == "text" else shape[1:]
+
+
+def _load_model(paddle: Any, src: artifacts.Artifact, model: dict[str, Any]) -> Any:
     path = src.file("model.safetensors")
-    net = models.build(name, num_classes, tuple(shape[1:]))
+    name = model["name"]
+    net = models.build(name, model["num_classes"], tuple(model["shape"]), model["vocab_size"])
     state = paddle.load(str(path), safetensors=True)
     want = {k: list(v.shape) for k, v in net.state_dict().items()}
     have = {k: list(v.shape) for k, v in state.items()}
@@ -149,9 +182,9 @@ def _dygraph_logits(paddle: Any, net: Any, x: np.ndarray) -> np.ndarray:
         return net(paddle.to_tensor(x)).astype("float32").numpy()
 
 
-def _save_program(paddle: Any, net: Any, in_name: str, shape: list[int], prefix: Path) -> None:
+def _save_program(paddle: Any, net: Any, in_name: str, shape: list[int], dtype: str, prefix: Path) -> None:
     """jit.save: PIR `model.json` by default, `model.pdmodel` when FLAGS_enable_pir_api=0 (the child)."""
-    spec = paddle.static.InputSpec([-1, *shape[1:]], "float32", in_name)
+    spec = paddle.static.InputSpec(list(shape), dtype, in_name)
     static = paddle.jit.to_static(net, input_spec=[spec], full_graph=True)
     paddle.jit.save(static, str(prefix))
     # A pickle Paddle Inference does not need (jit.save writes it for legacy programs).
@@ -224,30 +257,39 @@ def _write_preprocess(path: Path, iface: dict[str, Any], pre: dict[str, Any]) ->
     doc = {
         "input": {"name": inp["name"], "dtype": inp["dtype"], "shape": inp["shape"]},
         "output": {"name": out["name"], "alias": out["alias"], "shape": out["shape"]},
-        "kind": pre["kind"], "layout": pre["layout"], "scale": pre["scale"],
-        "mean": pre["mean"], "std": pre["std"], "labels": iface["labels"],
+        "kind": pre["kind"], "labels": iface["labels"],
     }
+    if pre["kind"] == "text":
+        doc.update({k: pre[k] for k in ("tokenizer", "max_len", "pad_id", "unk_id", "vocab_file", "vocab_size")})
+    else:
+        doc.update({k: pre[k] for k in ("layout", "scale", "mean", "std")})
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
 
 
-def _check_file_set(d: Path) -> None:
+def _check_file_set(d: Path, onnx: bool, pre: dict[str, Any], legacy: bool) -> None:
     """Ship exactly the allowlist: no `.pdiparams.info`, nothing else Paddle may start writing."""
     found = {p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file()}
-    if found != _SHIPPED:
-        extra, missing = sorted(found - _SHIPPED), sorted(_SHIPPED - found)
+    want = (_SHIPPED | (_LEGACY if legacy else set()) | ({"model.onnx"} if onnx else set())
+            | ({pre["vocab_file"]} if pre["kind"] == "text" else set()))
+    if found != want:
+        extra, missing = sorted(found - want), sorted(want - found)
         raise PipeError(f"export wrote an unexpected file set (extra {extra}, missing {missing})")
 
 
 # ------------------------------------------------------------------ legacy program (child process)
 
 
-def _export_legacy(src: artifacts.Artifact, model: str, num_classes: int, shape: list[int], in_name: str,
-                   dest: Path, threads: int) -> None:
-    """FLAGS_enable_pir_api=0 only takes effect if set before paddle is imported: a child process."""
+def _export_legacy(src: artifacts.Artifact, model: dict[str, Any], shape: list[int], in_name: str,
+                   dest: Path, threads: int) -> str | None:
+    """FLAGS_enable_pir_api=0 only takes effect if set before paddle is imported: a child process.
+
+    Returns None, or why Paddle could not write a legacy program for this model (then `legacy/` is
+    left out and only PaddleSlim's int8 route is unavailable; e.g. nn.GRU fails in legacy to_static
+    with `ValueError: Unknown place type: Place(undefined:0)` in Paddle 3.3.1)."""
     dest.mkdir()
     spec = {"weights": str(src.file("model.safetensors").resolve()),
             "sha256": src.manifest["files"]["model.safetensors"]["sha256"],
-            "model": model, "num_classes": num_classes, "shape": shape, "input": in_name,
+            "model": model, "shape": shape, "input": in_name,
             "prefix": str((dest / "model").resolve())}
     env = dict(os.environ, FLAGS_enable_pir_api="0", GLOG_minloglevel="2", OMP_NUM_THREADS=str(threads),
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # a module:factory model imports as here
@@ -256,11 +298,15 @@ def _export_legacy(src: artifacts.Artifact, model: str, num_classes: int, shape:
                               capture_output=True, text=True, env=env, timeout=_LEGACY_TIMEOUT, check=False)
     except subprocess.TimeoutExpired:
         raise PipeError(f"legacy export did not finish within {_LEGACY_TIMEOUT} s") from None
+    if proc.returncode == 2:  # the weights changed under us: not a model limitation
+        raise InputError(proc.stderr.strip().splitlines()[-1])
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-        raise PipeError(f"legacy export failed (exit {proc.returncode}): {lines[-1] if lines else 'no output'}")
+        shutil.rmtree(dest, ignore_errors=True)
+        return f"legacy to_static failed: {lines[-1] if lines else 'no output'}"[:300]
     if not (dest / "model.pdmodel").is_file():
         raise PipeError("legacy export wrote no model.pdmodel (FLAGS_enable_pir_api=0 had no effect)")
+    return None
 
 
 def _legacy_main(spec: dict[str, Any]) -> int:
@@ -271,15 +317,60 @@ def _legacy_main(spec: dict[str, Any]) -> int:
         return 2
     paddle = runtime.import_paddle(1)
     paddle.set_device("cpu")
-    net = models.build(spec["model"], spec["num_classes"], tuple(spec["shape"][1:]))
+    m = spec["model"]
+    net = models.build(m["name"], m["num_classes"], tuple(m["shape"]), m["vocab_size"])
     net.set_state_dict(paddle.load(str(weights), safetensors=True))
     net.eval()
-    _save_program(paddle, net, spec["input"], spec["shape"], Path(spec["prefix"]))
+    _save_program(paddle, net, spec["input"], spec["shape"], m["dtype"], Path(spec["prefix"]))
+    return 0
+
+
+# ------------------------------------------------------------------ ONNX (child process)
+
+
+def _export_onnx(d: Path, ref: np.ndarray, x: np.ndarray, ecfg: ExportConfig, threads: int) -> dict[str, Any]:
+    """paddle2onnx of the PIR program just written, then the parity gate in onnxruntime."""
+    spec = {"model": str((d / "model.json").resolve()), "params": str((d / "model.pdiparams").resolve()),
+            "dest": str((d / "model.onnx").resolve())}
+    env = dict(os.environ, FLAGS_enable_pir_api="1", GLOG_minloglevel="2", OMP_NUM_THREADS=str(threads),
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    with tempfile.TemporaryDirectory(prefix="pipe-export-") as cwd:  # nothing the converter drops survives
+        try:
+            proc = subprocess.run([sys.executable, "-m", "stages.export", "--onnx", json.dumps(spec)],
+                                  capture_output=True, text=True, env=env, cwd=cwd, timeout=_LEGACY_TIMEOUT,
+                                  check=False)
+        except subprocess.TimeoutExpired:
+            raise PipeError(f"paddle2onnx did not finish within {_LEGACY_TIMEOUT} s") from None
+    if proc.returncode != 0 or not (d / "model.onnx").is_file():
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        raise PipeError(f"paddle2onnx failed (exit {proc.returncode}): {lines[-1] if lines else 'no model.onnx'}")
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.log_severity_level = threads, 3
+    sess = ort.InferenceSession(str(d / "model.onnx"), so, providers=["CPUExecutionProvider"])
+    inputs, outputs = [i.name for i in sess.get_inputs()], [o.name for o in sess.get_outputs()]
+    if len(inputs) != 1 or len(outputs) != 1:
+        raise PipeError(f"model.onnx has {len(inputs)} inputs and {len(outputs)} outputs, expected 1 and 1")
+    got = sess.run(outputs, {inputs[0]: np.ascontiguousarray(x)})[0]
+    return {**_parity_gate(ref, got, ecfg, "onnxruntime (model.onnx)"), "inputs": inputs, "outputs": outputs}
+
+
+def _onnx_main(spec: dict[str, Any]) -> int:
+    """Child: paddle2onnx without its optimizer pass (its default, polygraphy, sets
+    POLYGRAPHY_AUTOINSTALL_DEPS=1, i.e. may pip-install at run time; onnxruntime optimizes anyway)."""
+    runtime.import_paddle(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    import paddle2onnx
+
+    paddle2onnx.export(spec["model"], spec["params"], spec["dest"], opset_version=_ONNX_OPSET,
+                       enable_onnx_checker=True, optimize_tool="none")
     return 0
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--legacy":
         sys.exit(_legacy_main(json.loads(sys.argv[2])))
-    print("usage: python -m stages.export --legacy SPEC_JSON (internal; use `pipe export`)", file=sys.stderr)
+    if len(sys.argv) == 3 and sys.argv[1] == "--onnx":
+        sys.exit(_onnx_main(json.loads(sys.argv[2])))
+    print("usage: python -m stages.export --legacy|--onnx SPEC_JSON (internal; use `pipe export`)", file=sys.stderr)
     sys.exit(2)

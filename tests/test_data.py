@@ -487,8 +487,8 @@ def test_prepare_is_per_channel(tmp_path):
 
 
 def test_prepare_refuses_an_unknown_kind():
-    with pytest.raises(InputError, match="preprocessing kind 'text' is not supported"):
-        data.prepare(np.zeros((1, 1, 2, 2), np.uint8), {"kind": "text"})
+    with pytest.raises(InputError, match="preprocessing kind 'audio' is not supported"):
+        data.prepare(np.zeros((1, 1, 2, 2), np.uint8), {"kind": "audio"})
 
 
 def test_imagefolder_train_and_val_only_carves_test_from_train(tmp_path):

@@ -100,3 +100,31 @@ def test_text_models_train_and_carry_the_vocabulary(tmp_path, cli, model):
 def test_text_model_on_image_data_is_refused(tmp_path, cli):
     code, _, err = cli("train", "--model", "text_cnn", "--run", tmp_path, "--epochs", "1")
     assert code == 2 and "--model text_cnn: not a model for image data" in err
+
+
+@pytest.mark.parametrize("model,legacy", [("text_cnn", True), ("bigru", False)])
+def test_text_export_takes_int64_ids_of_any_length(tmp_path, cli, model, legacy):
+    src = _reviews(tmp_path)
+    run = tmp_path / "run"
+    assert cli("train", "--data", src, "--model", model, "--run", run, "--epochs", "1", "--batch-size", "32",
+               "--set", "data.max_len=24", "--set", "data.min_count=1")[0] == 0
+    code, _, err = cli("export", run / "train")
+    assert code == 0, err
+    art = artifacts.verify(run / "export", ("export",))
+    assert art.manifest["interface"]["inputs"][0] == {"name": "x", "alias": "x", "dtype": "int64", "shape": [-1, -1]}
+    assert art.manifest["metrics"]["parity_rel"] <= 1e-4
+    assert (run / "export" / "vocab.json").read_bytes() == (run / "train" / "vocab.json").read_bytes()
+    # nn.GRU cannot be written as a legacy program by Paddle 3.3.1: recorded, not fatal
+    assert (run / "export" / "legacy").is_dir() == legacy
+    assert art.manifest["legacy"].get("available", True) == legacy
+
+    from pipeline import runtime
+
+    paddle = runtime.import_paddle()
+    config = paddle.inference.Config(str(run / "export/model.json"), str(run / "export/model.pdiparams"))
+    pred = paddle.inference.create_predictor(config)
+    for length in (5, 24):  # dynamic sequence length
+        h = pred.get_input_handle("x")
+        h.copy_from_cpu(np.full((2, length), 3, np.int64))
+        pred.run()
+        assert pred.get_output_handle(pred.get_output_names()[0]).copy_to_cpu().shape == (2, 2)

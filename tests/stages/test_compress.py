@@ -1,0 +1,310 @@
+"""`pipe compress --int8` on the shared digits run: file set, manifest variants and their numbers, the
+int8 accuracy drop, the files loading in their engines, the gate (exit 4) and the ways it must refuse
+bad input (exit 2), writing nothing. Real PaddleSlim, paddle2onnx and onnxruntime; no mocks.
+
+Every test works on a copy of the `trained_digits` run dir (2 epochs): the shared fixture is never written to.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline import artifacts
+from pipeline.cli import main
+from tests.conftest import REPO, tree_hash
+
+EXPECTED_FILES = {
+    "manifest.json", "int8-paddle/model.pdmodel", "int8-paddle/model.pdiparams",
+    "onnx-fp32/model.onnx", "int8-onnx/model.onnx",
+}
+VARIANT_KEYS = {
+    "format", "precision", "engine", "files", "source", "inputs", "outputs", "size_bytes", "supported",
+    "accuracy", "top1_agreement", "max_abs_diff", "latency_ms_p50_bs1", "latency_ms_p99_bs1",
+    "items_per_s_bs32", "speedup_bs1", "speedup_bs32", "faster_than_fp32", "note",
+}
+MEASURED = ("accuracy", "top1_agreement", "max_abs_diff", "latency_ms_p50_bs1", "latency_ms_p99_bs1",
+            "items_per_s_bs32", "speedup_bs1", "speedup_bs32")
+
+
+def _files(root: Path) -> set[str]:
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+
+
+def _leftovers(run: Path) -> list[str]:
+    return sorted(p.name for p in run.iterdir() if ".tmp-" in p.name or ".old-" in p.name)
+
+
+def _manifest(path: Path) -> dict:
+    return json.loads((path / "manifest.json").read_text())
+
+
+def _cpu_has_bf16() -> bool:
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return any(f in text.split() for f in ("avx512_bf16", "amx_bf16"))
+
+
+@pytest.fixture(scope="module")
+def exported(trained_digits, tmp_path_factory) -> Path:
+    """A copy of the shared run with `export/`, made with `--onnx` (no compress yet)."""
+    run = tmp_path_factory.mktemp("compress") / "run"
+    shutil.copytree(trained_digits, run)
+    assert main(["export", str(run / "train"), "--onnx"]) == 0
+    return run
+
+
+def test_export_onnx(exported):
+    """`pipe export --onnx` (kept here beside the other ONNX checks): model.onnx is committed, recorded with
+    its io names, and held to the export parity bound in onnxruntime; a fresh session reproduces it."""
+    import onnxruntime as ort
+
+    from pipeline import config as config_mod, data as data_mod
+
+    out = exported / "export"
+    assert _files(out) == {"manifest.json", "model.json", "model.pdiparams", "model.onnx", "preprocess.yaml",
+                           "legacy/model.pdmodel", "legacy/model.pdiparams"}
+    m = _manifest(out)
+    assert m["onnx"] == {"format": "onnx", "model": "model.onnx", "opset": 13,
+                         "inputs": ["x"], "outputs": [m["interface"]["outputs"][0]["name"]]}
+    met = m["metrics"]
+    assert 0.0 <= met["onnx_parity_max_abs_diff"] <= met["parity_tol"] * met["parity_max_abs_logit"]
+    assert met["onnx_parity_rel"] == pytest.approx(met["onnx_parity_max_abs_diff"] / met["parity_max_abs_logit"])
+    ds = data_mod.load(config_mod.from_dict(m["config"]).data)
+    x, y = ds.test.arrays()
+    x = data_mod.prepare(x, m["interface"]["preprocessing"])
+    got = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert abs(float((got.argmax(1) == y).mean()) - met["test_acc"]) <= 1 / len(y)
+
+
+@pytest.fixture(scope="module")
+def compressed(exported, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """`pipe compress RUN/export --int8` as a user runs it (a fresh process: stdout, stderr, exit code)."""
+    run = tmp_path_factory.mktemp("compressed") / "run"
+    shutil.copytree(exported, run)
+    before = tree_hash(run / "export")
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "compress", str(run / "export"), "--int8"],
+                          capture_output=True, text=True, cwd=REPO, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="200"))
+    assert proc.returncode == 0, proc.stderr
+    assert tree_hash(run / "export") == before, "compress must not touch its input"
+    return run, proc
+
+
+def test_file_set_and_manifest(compressed):
+    run, _ = compressed
+    out = run / "compress"
+    assert _files(out) == EXPECTED_FILES  # no .pdiparams.info, no calibration cache, no pickle
+    m = _manifest(out)
+    assert m["stage"] == "compress" and m["format"] == "variants"
+    assert set(m["files"]) == EXPECTED_FILES - {"manifest.json"}
+    assert m["config"]["compress"] == {
+        "int8": True, "backend": "both", "algo": "avg", "calib_batches": 10, "calib_batch_size": 32,
+        "calib_seed": 0, "max_drop": 1.0, "latency_runs": 200, "throughput_runs": 30}
+    exp = _manifest(run / "export")
+    assert {k: v for k, v in m["config"].items() if k != "compress"} == \
+        {k: v for k, v in exp["config"].items() if k != "compress"}
+    assert m["interface"] == exp["interface"]
+    assert set(m["tools"]) == {"paddle2onnx", "onnx"}
+    assert {"paddleslim", "onnxruntime", "paddlepaddle"} <= set(m["versions"])
+    chain = artifacts.lineage(artifacts.verify(out, ("compress",)))
+    assert [(a.stage, note) for a, note in chain] == [("compress", ""), ("export", ""), ("train", "")]
+
+    variants = m["metrics"]["variants"]
+    assert list(variants) == ["fp32", "bf16", "int8-paddle", "onnx-fp32", "int8-onnx"]
+    for name, v in variants.items():
+        assert set(v) == VARIANT_KEYS | ({"reason"} if not v["supported"] else set()), name
+        for rel in v["files"]:
+            assert rel in m["files"], f"{name}: {rel} is not a committed file"
+    assert (variants["fp32"]["files"], variants["fp32"]["source"]) == ([], "export")
+    assert (variants["bf16"]["files"], variants["bf16"]["source"]) == ([], "export")
+    assert variants["int8-paddle"]["files"] == ["int8-paddle/model.pdmodel", "int8-paddle/model.pdiparams"]
+    assert [(v["format"], v["precision"], v["engine"]) for v in variants.values()] == [
+        ("pir", "fp32", "paddle_inference"), ("pir", "bf16", "paddle_inference"),
+        ("legacy", "int8", "paddle_inference"), ("onnx", "fp32", "onnxruntime"), ("onnx", "int8", "onnxruntime")]
+    calib = m["metrics"]["calibration"]
+    assert (calib["split"], calib["batches"], calib["batch_size"], calib["paddleslim_algo"]) == ("train", 10, 32, "avg")
+
+
+def test_numbers_present_and_int8_drop_within_one_point(compressed):
+    """Every supported variant carries measured numbers; the best int8 variant loses <= 1.0 point.
+
+    Measured on this machine (2-epoch fixture, 269 test samples): fp32 95.91%, int8-paddle and int8-onnx
+    95.54% each (one sample flipped, 0.37 points); the assert message prints this run's numbers."""
+    run, _ = compressed
+    m = _manifest(run / "compress")["metrics"]
+    exp = _manifest(run / "export")["metrics"]
+    variants, n = m["variants"], m["test_samples"]
+    assert n == exp["test_samples"] == 269
+    assert variants["fp32"]["accuracy"] == pytest.approx(exp["test_acc"], abs=1 / n + 1e-12)
+    for name, v in variants.items():
+        if not v["supported"]:
+            continue
+        assert all(isinstance(v[k], float) and np.isfinite(v[k]) for k in MEASURED), name
+        assert 0.0 < v["latency_ms_p50_bs1"] <= v["latency_ms_p99_bs1"], name
+        assert v["items_per_s_bs32"] > 0 and v["size_bytes"] > 0, name
+    if _cpu_has_bf16():
+        assert variants["bf16"]["supported"] and variants["bf16"]["top1_agreement"] >= 0.98
+    else:
+        assert not variants["bf16"]["supported"] and "avx512_bf16" in variants["bf16"]["reason"]
+
+    accs = {k: round(v["accuracy"] * 100, 2) for k, v in variants.items() if v["supported"]}
+    assert m["int8_drop_points"] <= 1.0, f"int8 drop {m['int8_drop_points']:.2f} points > 1.0: {accs}"
+    assert m["int8_drop_points"] == pytest.approx((m["fp32_accuracy"] - m["best_int8_accuracy"]) * 100)
+    assert m["best_int8"] in ("int8-paddle", "int8-onnx")
+    for name in ("int8-paddle", "int8-onnx"):
+        drop = (m["fp32_accuracy"] - variants[name]["accuracy"]) * 100
+        assert drop <= 1.0, f"{name} drops {drop:.2f} points: {accs}"
+        assert variants[name]["top1_agreement"] >= 0.98, accs
+    # The conversion to ONNX is held to the export's parity bound.
+    assert m["onnx_parity_max_abs_diff"] == variants["onnx-fp32"]["max_abs_diff"]
+    assert variants["onnx-fp32"]["max_abs_diff"] <= 1e-4 * exp["parity_max_abs_logit"] * 2
+    assert variants["int8-onnx"]["size_bytes"] < variants["onnx-fp32"]["size_bytes"] / 2
+
+
+def test_table_and_plain_speed_verdict(compressed):
+    """The table is printed; whether int8 is faster is a measured verdict, stated in the manifest and on screen."""
+    run, proc = compressed
+    m = _manifest(run / "compress")["metrics"]
+    assert proc.stderr == "", proc.stderr  # no pass logs, ORT warnings or paddle import noise
+    assert "fp32 vs each variant: 269 test samples" in proc.stdout
+    for name in ("fp32", "bf16", "int8-paddle", "onnx-fp32", "int8-onnx"):
+        assert f"│ {name} " in proc.stdout, name
+    margin = 1.05
+    for name, v in m["variants"].items():
+        if name == "fp32" or not v["supported"]:
+            continue
+        assert v["faster_than_fp32"] == (min(v["speedup_bs1"], v["speedup_bs32"]) >= margin), name
+        assert f"{name}: {v['note']}" in proc.stdout
+    int8_fast = [k for k in ("int8-paddle", "int8-onnx") if m["variants"][k]["faster_than_fp32"]]
+    assert m["int8_faster_than_fp32"] == bool(int8_fast)
+    assert ("int8 is not faster than fp32 here" in proc.stdout) == (not int8_fast)
+
+
+def test_variants_load_in_their_engines(compressed):
+    """A fresh predictor / session on the committed files reports the recorded io names and reproduces
+    the recorded int8 accuracies exactly (CPU inference is deterministic here)."""
+    import onnxruntime as ort
+    import paddle
+
+    from pipeline import config as config_mod, data as data_mod
+
+    run, _ = compressed
+    out, m = run / "compress", _manifest(run / "compress")
+    variants = m["metrics"]["variants"]
+    ds = data_mod.load(config_mod.from_dict(m["config"]).data)
+    x, y = ds.test.arrays()
+    x = data_mod.prepare(x, m["interface"]["preprocessing"])
+
+    c = paddle.inference.Config(str(out / "int8-paddle/model.pdmodel"), str(out / "int8-paddle/model.pdiparams"))
+    c.enable_onednn()
+    c.enable_onednn_int8()
+    c.disable_glog_info()
+    pred = paddle.inference.create_predictor(c)
+    v = variants["int8-paddle"]
+    assert (pred.get_input_names(), pred.get_output_names()) == (v["inputs"], v["outputs"])
+    h = pred.get_input_handle(v["inputs"][0])
+    h.copy_from_cpu(np.ascontiguousarray(x))
+    pred.run()
+    got = pred.get_output_handle(v["outputs"][0]).copy_to_cpu()
+    assert float((got.argmax(1) == y).mean()) == pytest.approx(v["accuracy"], abs=1 / len(y) + 1e-12)
+
+    for name in ("onnx-fp32", "int8-onnx"):
+        v = variants[name]
+        sess = ort.InferenceSession(str(out / v["files"][0]), providers=["CPUExecutionProvider"])
+        assert [i.name for i in sess.get_inputs()] == v["inputs"] == ["x"]
+        assert [o.name for o in sess.get_outputs()] == v["outputs"]
+        got = sess.run(None, {"x": x})[0]
+        assert float((got.argmax(1) == y).mean()) == pytest.approx(v["accuracy"], abs=1e-12), name
+
+
+def test_no_pickle_in_artifact(compressed):
+    run, _ = compressed
+    for rel in EXPECTED_FILES:
+        assert not rel.endswith((".info", ".pkl", ".npy", ".pdparams"))
+        assert (run / "compress" / rel).read_bytes()[:1] != b"\x80", f"{rel} looks like a pickle"
+
+
+def test_gate_fails_exit_4_and_writes_nothing(compressed, exported, tmp_path, cli):
+    """A real failing gate: no mock, no fault hook.
+
+    On the 2-epoch fixture int8 genuinely flips one of 269 test samples (0.37 points, measured by the
+    passing run above, onnxruntime route). `--max-drop 0` admits no drop at all, so the same
+    quantization must now fail with those numbers. The test first asserts the drop is non-zero, so it
+    cannot pass vacuously if a later stack quantizes this model losslessly (then find another honest
+    failure, e.g. a less trained fixture). --backend onnxruntime keeps it quick; an existing compress
+    dir stays as it was."""
+    m = _manifest(compressed[0] / "compress")["metrics"]
+    onnx = m["variants"]["int8-onnx"]
+    drop = (m["fp32_accuracy"] - onnx["accuracy"]) * 100
+    assert drop > 0, "int8-onnx lost nothing on this fixture: the gate needs another honest failure"
+
+    run = tmp_path / "run"
+    shutil.copytree(exported, run)
+    shutil.copytree(compressed[0] / "compress", run / "compress")
+    before = tree_hash(run / "compress")
+    code, out, err = cli("compress", run / "export", "--int8", "--backend", "onnxruntime", "--max-drop", "0")
+    assert code == 4, err
+    assert err.startswith("pipe compress: int8 gate: best int8 variant int8-onnx "), err
+    assert f"{onnx['accuracy']:.2%} vs fp32 {m['fp32_accuracy']:.2%} on 269 test samples" in err
+    assert f"drop {drop:.2f} points > max_drop 0; nothing written" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "int8-onnx" in out  # the table still shows what was measured
+    assert tree_hash(run / "compress") == before and _leftovers(run) == []
+
+
+@pytest.mark.parametrize("target, expect", [
+    ("train", "stage is 'train', expected export"),
+    ("tampered", "sha256 mismatch for legacy/model.pdiparams"),
+    ("missing", "missing file model.json"),
+])
+def test_wrong_input_exits_2_naming_the_file(exported, tmp_path, cli, target, expect):
+    run = tmp_path / "run"
+    shutil.copytree(exported, run, ignore=shutil.ignore_patterns("checkpoints", "logs"))
+    if target == "tampered":
+        params = run / "export" / "legacy" / "model.pdiparams"
+        blob = bytearray(params.read_bytes())
+        blob[len(blob) // 2] ^= 0x01
+        params.write_bytes(bytes(blob))
+        src = run / "export"
+    elif target == "missing":
+        (run / "export" / "model.json").unlink()
+        src = run / "export"
+    else:
+        src = run / "train"
+    code, _, err = cli("compress", src, "--int8")
+    assert code == 2, err
+    assert err.startswith(f"pipe compress: error: {src / 'manifest.json'}: ") and expect in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (run / "compress").exists() and _leftovers(run) == []
+
+
+@pytest.mark.parametrize("args, expect", [
+    ([], "nothing to do: pass --int8"),
+    (["--int8", "--max-drop", "-1"], "--max-drop: must be >= 0, got -1.0"),
+    (["--int8", "--backend", "tensorrt"], "--backend: must be one of paddle, onnxruntime, both, got 'tensorrt'"),
+    (["--int8", "--algo", "max"], "--algo: must be one of avg, KL, hist, mse, got 'max'"),
+    (["--int8", "--calib-batches", "1000"], "calib_batch_size = 32000 samples, but the train split has"),
+])
+def test_bad_flags_exit_2(exported, tmp_path, cli, args, expect):
+    run = tmp_path / "run"
+    shutil.copytree(exported / "export", run / "export")
+    code, _, err = cli("compress", run / "export", *args)
+    assert code == 2, err
+    assert expect in err and err.count("\n") == 1, err
+    assert not (run / "compress").exists() and _leftovers(run) == []
+
+
+def test_compress_help_imports_no_engine():
+    code = ("import sys; from pipeline.cli import main; main(['compress', '--help']); "
+            "print('paddle' in sys.modules, 'onnxruntime' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "--int8" in proc.stdout and "--max-drop" in proc.stdout
+    assert proc.stdout.strip().endswith("False False")
