@@ -96,31 +96,79 @@ def export(
     config: Optional[Path] = ConfigOpt,
     set_: Optional[list[str]] = SetOpt,
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Write here instead of beside the input (RUN/export)."),
+    onnx: bool = typer.Option(False, "--onnx", help="Also write model.onnx (paddle2onnx), parity-checked in onnxruntime."),
 ) -> None:
     """paddle.jit.save to the Paddle inference format, parity-checked against the trained model."""
     cfg = _cfg(config, set_)
     from stages import export as stage
 
-    path = stage.run(cfg, train_dir, _stage_out(train_dir, out_dir, "export"))
+    path = stage.run(cfg, train_dir, _stage_out(train_dir, out_dir, "export"), onnx=onnx)
     _summary(path)
 
 
 @app.command()
-def compress(export_dir: Path = typer.Argument(..., help="An export artifact directory.")) -> None:
-    """int8 post-training quantization and distillation, gated on accuracy (not in this version)."""
-    raise PipeError("not available in this version of pipe (tracked in issue 4)")
+def compress(
+    export_dir: Path = typer.Argument(..., help="An export artifact directory, e.g. runs/exp/export."),
+    config: Optional[Path] = ConfigOpt,
+    set_: Optional[list[str]] = SetOpt,
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Write here instead of beside the input (RUN/compress)."),
+    int8: bool = typer.Option(False, "--int8", help="Post-training int8 quantization (calibrated on the train split)."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="paddle (PaddleSlim + oneDNN), onnxruntime, or both (default)."),
+    algo: Optional[str] = typer.Option(None, "--algo", help="Calibration: avg (default), KL, hist or mse."),
+    calib_batches: Optional[int] = typer.Option(None, "--calib-batches", help="Calibration batches of 32 (default 10)."),
+    max_drop: Optional[float] = typer.Option(None, "--max-drop", help="Gate: max int8 test accuracy drop in points (default 1.0; exit 4)."),
+) -> None:
+    """int8 post-training quantization (PaddleSlim and/or onnxruntime), measured against fp32 and gated on accuracy."""
+    cfg = _cfg(config, set_, **{
+        "compress.int8": ("--int8", True if int8 else None), "compress.backend": ("--backend", backend),
+        "compress.algo": ("--algo", algo), "compress.calib_batches": ("--calib-batches", calib_batches),
+        "compress.max_drop": ("--max-drop", max_drop),
+    })
+    from stages import compress as stage
+
+    path = stage.run(cfg, export_dir, _stage_out(export_dir, out_dir, "compress"))
+    _summary(path)
 
 
 @app.command()
-def package(model_dir: Path = typer.Argument(..., help="A compress or export artifact directory.")) -> None:
-    """Build a self-contained Paddle Inference serving package (not in this version)."""
-    raise PipeError("not available in this version of pipe (tracked in issue 5)")
+def package(
+    model_dir: Path = typer.Argument(..., help="A compress or export artifact directory."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Write here instead of beside the input (RUN/package)."),
+    precision: Optional[str] = typer.Option(None, "--precision", help="fp32 (default), bf16, or int8 (compress input)."),
+    name: Optional[str] = typer.Option(None, "--name", help="Model name (Triton repository); default: the model's."),
+    max_batch_size: int = typer.Option(32, "--max-batch-size", help="Dynamic batching: samples per predictor run."),
+    max_wait_ms: float = typer.Option(2.0, "--max-wait-ms", help="Dynamic batching: wait for more requests (ms)."),
+    triton: bool = typer.Option(True, "--triton/--no-triton", help="Also write the Triton model repository (ONNX)."),
+) -> None:
+    """Build a self-contained serving package: model, serving.yaml, Paddle Serving and Triton configs."""
+    from stages import package as stage
+
+    cfg = stage.PackageConfig(precision=precision or "", name=name or "", max_batch_size=max_batch_size,
+                              max_wait_ms=max_wait_ms, triton=triton)
+    _summary(stage.run(cfg, model_dir, _stage_out(model_dir, out_dir, "package")))
 
 
 @app.command()
-def serve(package_dir: Path = typer.Argument(..., help="A package directory.")) -> None:
-    """Serve a package over HTTP on 127.0.0.1 (not in this version)."""
-    raise PipeError("not available in this version of pipe (tracked in issue 5)")
+def serve(
+    package_dir: Path = typer.Argument(..., help="A package directory (pipe package)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; anything but 127.0.0.1 warns."),
+    port: int = typer.Option(8000, "--port", help="TCP port (0 = any free port, printed at start)."),
+    predictors: Optional[int] = typer.Option(None, "--predictors", help="Paddle Inference predictors in the pool."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads per predictor (0 = cores-1 / predictors)."),
+    max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help="Samples per run (package default)."),
+    max_wait_ms: Optional[float] = typer.Option(None, "--max-wait-ms", help="Batching wait in ms (package default)."),
+    queue_size: Optional[int] = typer.Option(None, "--queue-size", help="Waiting requests before 503."),
+    timeout_s: Optional[float] = typer.Option(None, "--timeout", help="Per-request timeout in s (504)."),
+    max_body_bytes: Optional[int] = typer.Option(None, "--max-body-bytes", help="Request body cap (413)."),
+    drain_s: Optional[float] = typer.Option(None, "--drain", help="SIGTERM: seconds to finish in-flight requests."),
+) -> None:
+    """Serve a package over HTTP (FastAPI + uvicorn) with dynamic batching; 127.0.0.1 unless --host."""
+    from stages import serve as stage
+
+    cfg = stage.ServeConfig(host=host, port=port, predictors=predictors, threads=threads,
+                            max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, queue_size=queue_size,
+                            timeout_s=timeout_s, max_body_bytes=max_body_bytes, drain_s=drain_s)
+    stage.run(cfg, package_dir)
 
 
 @app.command()
@@ -164,21 +212,39 @@ def inspect(
     art = artifacts.verify(artifact_dir, stages) if verify else artifacts._load_unchecked(Path(artifact_dir))
     table = Table(title=f"{art.path}", show_header=True)
     for col in ("stage", "path", "created", "key metrics", "status"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for item, note in artifacts.lineage(art, check=verify):
         if item is None:
             table.add_row("?", "", "", "", f"[red]{note}[/red]")
             continue
         m = item.manifest
-        metrics = ", ".join(f"{k}={_fmt(v)}" for k, v in m.get("metrics", {}).items() if isinstance(v, (int, float)))
+        metrics = m.get("metrics", {})
+        shown = [f"{k}={_fmt(metrics[k])}" for k in _KEY_METRICS.get(m.get("stage"), ()) if k in metrics]
         status = note or ("verified" if verify else "")
-        table.add_row(m.get("stage", "?"), str(item.path), m.get("created", ""), metrics[:80], status)
-    out.print(table)
+        table.add_row(m.get("stage", "?"), _short(item.path), m.get("created", "").replace("T", " "),
+                      "\n".join(shown), status)
+    (out if out.is_terminal else Console(width=110)).print(table)  # logs and pipes: not 80 columns
     iface = art.manifest.get("interface") or {}
     for io in iface.get("inputs", []):
         out.print(f"input  {io['name']}: {io['dtype']} {io['shape']}")
     if iface.get("labels"):
         out.print(f"labels {len(iface['labels'])}: {', '.join(iface['labels'][:12])}")
+
+
+_KEY_METRICS = {
+    "train": ("test_acc", "epochs_run", "world_size"),
+    "export": ("test_acc", "parity_rel"),
+    "compress": ("fp32_accuracy", "best_int8", "int8_drop_points"),
+    "package": ("precision", "variant_accuracy"),
+    "checkpoint": ("step", "epoch"),
+}
+
+
+def _short(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _fmt(v: Any) -> str:

@@ -1,0 +1,555 @@
+"""pipe package: a self-contained serving package, `<run>/package/`, from an export or compress artifact.
+
+    pipe package runs/exp1/export
+    pipe package runs/exp1/compress --precision int8 --max-batch-size 64
+
+Reads a verified `export/` (fp32, or bf16: the same PIR program run with oneDNN bf16) or `compress/`
+artifact (`--precision` picks a variant from its manifest's `metrics.variants`; fp32/bf16 variants point
+back to the export through the manifest's input lineage). Writes `package/`, copied from an allowlist
+(inference-format files only, never a pickle):
+
+    model.json | model.pdmodel, model.pdiparams   the Paddle Inference program and weights
+    serving.yaml                                  input/output spec, preprocessing, labels, batching, limits
+    serving_client_conf.prototxt                  Paddle Serving client config (feed/fetch vars)
+    triton/<name>/config.pbtxt, 1/model.onnx,     a Triton model repository (onnxruntime backend);
+    triton/<name>/labels.txt                      the ONNX is the compress stage's, else paddle2onnx's
+    README.md, manifest.json                      how to call it; sha256 of every file
+
+`pipe serve package/` needs nothing outside this directory. The paddle2onnx conversion is checked in
+onnxruntime against the Paddle predictor on a fixed random batch: max|diff| <= `onnx_parity_tol` x
+max|logit| or the stage fails with exit 4, writing nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from pipeline import artifacts, runtime
+from pipeline.errors import GateError, InputError, PipeError
+
+PRECISIONS = ("fp32", "bf16", "int8")
+# Paddle dtype name -> (Paddle Serving feed/fetch type, Serving Tensor data field, Triton data type).
+DTYPES = {
+    "float32": (1, "float_data", "TYPE_FP32"),
+    "int64": (0, "int64_data", "TYPE_INT64"),
+    "int32": (2, "int_data", "TYPE_INT32"),
+}
+# The files a package may hold besides the Triton directory (its name depends on the model).
+MODEL_FILES = {"pir": "model.json", "legacy": "model.pdmodel"}
+PARAMS_FILE = "model.pdiparams"
+DOC_FILES = ("serving.yaml", "serving_client_conf.prototxt", "README.md")
+TRITON_FILES = ("config.pbtxt", "1/model.onnx", "labels.txt")
+SERVING_SCHEMA = 1
+# Server defaults written into serving.yaml; `pipe serve` flags override them.
+SERVER_DEFAULTS = {
+    "predictors": 1, "threads": 0, "queue_size": 64, "timeout_s": 30.0, "max_body_bytes": 8 << 20,
+    "max_json_depth": 32, "max_image_pixels": 4096 * 4096, "drain_s": 30.0,
+}
+_CHECK_BATCH = 8
+_CHECK_SEED = 0
+_P2O_TIMEOUT = 600
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# compress variant names by precision, in order of preference (see stages/compress.py's manifest).
+_VARIANTS = {"fp32": ("fp32",), "bf16": ("bf16",), "int8": ("int8-paddle", "int8")}
+_ONNX_VARIANTS = {"fp32": ("onnx-fp32",), "bf16": ("onnx-fp32",), "int8": ("int8-onnx", "onnx-fp32")}
+
+
+@dataclass(frozen=True)
+class PackageConfig:
+    """What `pipe package` was asked for (recorded in the manifest under `config.package`)."""
+
+    precision: str = ""
+    """fp32, bf16 or int8; '' = fp32 (an export dir offers fp32 and bf16; int8 needs a compress dir)."""
+    name: str = ""
+    """Model name in serving.yaml and the Triton repository; '' = the trained model's name, sanitised."""
+    max_batch_size: int = 32
+    """Most samples one predictor run takes (dynamic batching), also the per-request cap and Triton's."""
+    max_wait_ms: float = 2.0
+    """How long a batch waits for more requests after its first one arrived."""
+    triton: bool = True
+    """Write the Triton model repository (needs paddle2onnx + onnxruntime unless compress has an ONNX)."""
+    onnx_parity_tol: float = 1e-4
+    """paddle2onnx gate: ONNX vs Paddle max|diff| allowed, relative to max|logit|."""
+
+
+@dataclass
+class _Source:
+    """The model chosen for the package, and where its fp32 program and ONNX come from."""
+
+    program: Path
+    params: Path
+    format: str
+    precision: str
+    variant: str
+    interface: dict[str, Any]
+    fp32_program: Path
+    fp32_params: Path
+    onnx: Path | None = None
+    onnx_variant: str = ""
+    onnx_precision: str = ""
+    variant_metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
+    """Package the export or compress artifact `in_dir` into `out_dir`."""
+    out_dir = Path(out_dir)
+    _check_config(cfg)
+    src = artifacts.verify(in_dir, ("export", "compress"))
+    source = _select(src, cfg.precision or "fp32", cfg.triton)
+    iface = source.interface
+    inp, outp = _io_spec(src, iface)
+    name = cfg.name or _sanitise(str(iface.get("model") or "model"))
+    x_check = _check_batch(inp)
+    threads = runtime.threads_per_process(1)
+    paddle = runtime.import_paddle(threads)
+    io_names, y_ref = _probe(paddle, source.fp32_program, source.fp32_params, x_check, threads)
+    if source.program != source.fp32_program:
+        io_names, _ = _probe(paddle, source.program, source.params, x_check, threads)
+    inp, outp = {**inp, "name": io_names[0]}, {**outp, "name": io_names[1]}
+    doc = {**src.manifest["config"], "package": dataclasses.asdict(cfg)}
+    with artifacts.write_stage(out_dir, "package", doc, src) as w:
+        model_file = MODEL_FILES[source.format]
+        _copy_model(source.program, w.dir / model_file)
+        _copy_model(source.params, w.dir / PARAMS_FILE)
+        metrics: dict[str, Any] = {"precision": source.precision, "variant": source.variant}
+        metrics.update({f"variant_{k}": v for k, v in source.variant_metrics.items()
+                        if isinstance(v, (int, float, str)) and not isinstance(v, bool)})
+        triton = None
+        if cfg.triton:
+            triton = _triton(w.dir / "triton" / name, name, source, inp, outp, iface["labels"], cfg,
+                             x_check, y_ref, threads)
+            metrics.update(triton.pop("metrics"))
+        spec = _serving_spec(name, source, model_file, inp, outp, iface, cfg, triton)
+        (w.dir / "serving.yaml").write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+        (w.dir / "serving_client_conf.prototxt").write_text(_client_conf(inp, outp), encoding="utf-8")
+        (w.dir / "README.md").write_text(_readme(spec, inp, outp), encoding="utf-8")
+        _check_file_set(w.dir, allowlist(source.format, name if cfg.triton else None))
+        w.interface = {**iface, "inputs": [inp], "outputs": [outp]}
+        w.metrics = metrics
+        w.extra = {"format": source.format, "precision": source.precision, "name": name,
+                   "serving": "serving.yaml"}
+    return out_dir
+
+
+def allowlist(fmt: str, triton_name: str | None) -> set[str]:
+    """Every file a package holds (manifest.json included): the test and `serve` check against it."""
+    files = {MODEL_FILES[fmt], PARAMS_FILE, *DOC_FILES, artifacts.MANIFEST}
+    if triton_name:
+        files |= {f"triton/{triton_name}/{f}" for f in TRITON_FILES}
+    return files
+
+
+# ------------------------------------------------------------------ choosing the model
+
+
+def _check_config(cfg: PackageConfig) -> None:
+    if cfg.precision and cfg.precision not in PRECISIONS:
+        raise InputError(f"--precision: must be one of {', '.join(PRECISIONS)}, got {cfg.precision!r}")
+    if cfg.name and not _NAME_RE.match(cfg.name):
+        raise InputError(f"--name: letters, digits, '_', '.', '-' (at most 64, starting with a letter or "
+                         f"digit), got {cfg.name!r}")
+    if not 1 <= cfg.max_batch_size <= 4096:
+        raise InputError(f"--max-batch-size: must be 1..4096, got {cfg.max_batch_size}")
+    if not 0 <= cfg.max_wait_ms <= 1000:
+        raise InputError(f"--max-wait-ms: must be 0..1000, got {cfg.max_wait_ms:g}")
+
+
+def _sanitise(name: str) -> str:
+    """A model name usable as a Triton model directory: `pkg.mod:factory` -> `pkg.mod_factory`."""
+    clean = re.sub(r"[^A-Za-z0-9_.-]", "_", name).strip("._-")[:64]
+    return clean if clean and _NAME_RE.match(clean) else "model"
+
+
+def _select(src: artifacts.Artifact, precision: str, want_onnx: bool) -> _Source:
+    if src.stage == "export":
+        if precision == "int8":
+            raise InputError(f"{src.path}: --precision int8 needs a compress artifact (pipe compress "
+                             f"{src.path} --int8), this is an export")
+        return _from_export(src, precision)
+    return _from_compress(src, precision, want_onnx)
+
+
+def _from_export(exp: artifacts.Artifact, precision: str, variant: str = "") -> _Source:
+    if exp.manifest.get("format") != "pir":
+        raise InputError(f"{exp.path / artifacts.MANIFEST}: format {exp.manifest.get('format')!r}, "
+                         "expected a PIR export (model.json)")
+    program, params = exp.file("model.json"), exp.file("model.pdiparams")
+    source = _Source(program, params, "pir", precision, variant or f"export-{precision}", exp.manifest["interface"],
+                     program, params)
+    if "model.onnx" in exp.manifest["files"]:  # `pipe export --onnx`: already parity-gated there
+        source.onnx, source.onnx_variant, source.onnx_precision = exp.file("model.onnx"), "export", "fp32"
+    return source
+
+
+def _from_compress(comp: artifacts.Artifact, precision: str, want_onnx: bool) -> _Source:
+    """A compress variant (see the module docstring). Untested until `pipe compress` lands."""
+    where = comp.path / artifacts.MANIFEST
+    variants = (comp.manifest.get("metrics") or {}).get("variants")
+    if not isinstance(variants, dict) or not variants:
+        raise InputError(f"{where}: metrics.variants is missing; not a compress artifact this pipe reads")
+    exp = _lineage_export(comp)
+    name = next((n for n in _VARIANTS[precision] if n in variants), None)
+    if name is None:
+        hint = ("pipe serve runs Paddle Inference: re-run pipe compress --int8 --backend paddle (or both)"
+                if precision == "int8" else "re-run pipe compress")
+        raise InputError(f"{where}: no {precision} Paddle variant ({' or '.join(_VARIANTS[precision])}; it has "
+                         f"{', '.join(sorted(variants))}); {hint}")
+    var = variants[name]
+    if not isinstance(var, dict):
+        raise InputError(f"{where}: metrics.variants.{name} must be a mapping")
+    if var.get("supported") is False:
+        raise InputError(f"{where}: the {name} variant could not run where it was made "
+                         f"({var.get('reason') or 'unsupported'}); pick another --precision")
+    files = var.get("files") or []
+    if not files:
+        if var.get("source") != "export":
+            raise InputError(f"{where}: metrics.variants.{name} lists no files and no source")
+        source = _from_export(exp, precision, variant=name)
+    else:
+        program, params = _variant_files(comp, name, files)
+        fmt = "pir" if program.suffix == ".json" else "legacy"
+        source = _Source(program, params, fmt, precision, name, exp.manifest["interface"],
+                         exp.file("model.json"), exp.file("model.pdiparams"))
+    source.variant_metrics = {k: v for k, v in var.items()
+                              if k not in ("files", "format", "engine", "source", "inputs", "outputs")}
+    if want_onnx:
+        onnx_name = next((n for n in _ONNX_VARIANTS[precision] if isinstance(variants.get(n), dict)
+                          and variants[n].get("supported") is not False), None)
+        if onnx_name is not None:
+            onnx_files = [f for f in variants[onnx_name].get("files") or [] if str(f).endswith(".onnx")]
+            if len(onnx_files) != 1:
+                raise InputError(f"{where}: metrics.variants.{onnx_name} must list one .onnx file")
+            source.onnx, source.onnx_variant = comp.file(str(onnx_files[0])), f"compress:{onnx_name}"
+            source.onnx_precision = "int8" if onnx_name.startswith("int8") else "fp32"
+    return source
+
+
+def _lineage_export(comp: artifacts.Artifact) -> artifacts.Artifact:
+    ref = comp.manifest.get("input") or {}
+    if ref.get("stage") != "export":
+        raise InputError(f"{comp.path / artifacts.MANIFEST}: input is not an export artifact")
+    exp = artifacts.verify((comp.path / ref["path"]).resolve(), ("export",))
+    if exp.manifest_sha256 != ref.get("manifest_sha256"):
+        raise InputError(f"{exp.path / artifacts.MANIFEST}: changed since {comp.path} was made from it "
+                         "(re-run pipe compress)")
+    return exp
+
+
+def _variant_files(comp: artifacts.Artifact, name: str, files: list[Any]) -> tuple[Path, Path]:
+    where = comp.path / artifacts.MANIFEST
+    programs = [f for f in files if str(f).endswith((".pdmodel", ".json"))]
+    params = [f for f in files if str(f).endswith(".pdiparams")]
+    if len(programs) != 1 or len(params) != 1:
+        raise InputError(f"{where}: metrics.variants.{name} must list one .pdmodel/.json and one .pdiparams")
+    return comp.file(str(programs[0])), comp.file(str(params[0]))
+
+
+def _io_spec(src: artifacts.Artifact, iface: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The single input and output of the interface, checked: dtype we can serve, dynamic batch."""
+    where = src.path / artifacts.MANIFEST
+    try:
+        (inp,), (outp,) = iface["inputs"], iface["outputs"]
+        labels = iface["labels"]
+        shape_in, shape_out = [int(d) for d in inp["shape"]], [int(d) for d in outp["shape"]]
+        ok = isinstance(labels, list) and isinstance(iface.get("preprocessing"), dict)
+    except (KeyError, TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise InputError(f"{where}: interface needs one input, one output, labels and preprocessing")
+    for what, io, shape in (("input", inp, shape_in), ("output", outp, shape_out)):
+        if io.get("dtype") not in DTYPES:
+            raise InputError(f"{where}: {what} dtype {io.get('dtype')!r} is not servable "
+                             f"(pipe serves {', '.join(DTYPES)})")
+        if len(shape) < 2 or shape[0] != -1 or min(shape[1:]) < 1:
+            raise InputError(f"{where}: {what} shape must be a dynamic batch and fixed dims, got {shape}")
+    if outp["dtype"] != "float32" or len(shape_out) != 2 or shape_out[1] != len(labels):
+        raise InputError(f"{where}: output must be float32 [-1, {len(labels)}] logits, got "
+                         f"{outp['dtype']} {shape_out}")
+    keys = ("name", "alias", "dtype", "shape")
+    return ({k: inp.get(k, inp["name"]) for k in keys}, {k: outp.get(k, outp["name"]) for k in keys})
+
+
+def _check_batch(inp: dict[str, Any]) -> np.ndarray:
+    """A fixed random batch in the model's input space (parity needs the same function, not real data)."""
+    rng = np.random.RandomState(_CHECK_SEED)
+    shape = (_CHECK_BATCH, *inp["shape"][1:])
+    if inp["dtype"] == "float32":
+        return rng.standard_normal(shape).astype(np.float32)
+    return rng.randint(0, 2, size=shape).astype(inp["dtype"])  # ids 0/1 exist in any vocabulary
+
+
+def _probe(paddle: Any, program: Path, params: Path, x: np.ndarray, threads: int) -> tuple[tuple[str, str], np.ndarray]:
+    """Load the program in a fresh predictor: its real io names, and its output on `x`."""
+    c = paddle.inference.Config(str(program), str(params))
+    if not c.onednn_enabled():
+        c.enable_onednn()
+    c.set_cpu_math_library_num_threads(threads)
+    c.disable_glog_info()
+    try:
+        pred = paddle.inference.create_predictor(c)
+    except Exception as e:  # a broken program: name the file, not Paddle's C++ stack
+        raise InputError(f"{program}: Paddle Inference cannot load it ({e.__class__.__name__})") from None
+    ins, outs = pred.get_input_names(), pred.get_output_names()
+    if len(ins) != 1 or len(outs) != 1:
+        raise InputError(f"{program}: has {len(ins)} inputs and {len(outs)} outputs; pipe serves 1 and 1")
+    pred.get_input_handle(ins[0]).copy_from_cpu(np.ascontiguousarray(x))
+    pred.run()
+    return (ins[0], outs[0]), pred.get_output_handle(outs[0]).copy_to_cpu()
+
+
+def _copy_model(src: Path, dest: Path) -> None:
+    """Copy a model file, refusing anything that looks like a pickle (protocol 2+ starts with 0x80)."""
+    with open(src, "rb") as f:
+        head = f.read(2)
+    if len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        raise InputError(f"{src}: looks like a pickle; a package holds inference-format files only")
+    shutil.copyfile(src, dest)
+
+
+# ------------------------------------------------------------------ Triton repository
+
+
+def _triton(root: Path, name: str, source: _Source, inp: dict[str, Any], outp: dict[str, Any],
+            labels: list[str], cfg: PackageConfig, x: np.ndarray, y_ref: np.ndarray, threads: int) -> dict[str, Any]:
+    (root / "1").mkdir(parents=True)
+    onnx_path = root / "1" / "model.onnx"
+    metrics: dict[str, Any] = {}
+    if source.onnx is not None:
+        shutil.copyfile(source.onnx, onnx_path)
+        origin, precision = source.onnx_variant, source.onnx_precision
+    else:
+        _paddle2onnx(source.fp32_program, source.fp32_params, onnx_path, threads)
+        origin, precision = "paddle2onnx", "fp32"
+    ort_in, ort_out, y_onnx = _run_onnx(onnx_path, x, inp, threads)
+    diff = float(np.abs(y_onnx.astype(np.float64) - y_ref).max())
+    peak = float(np.abs(y_ref).max())
+    metrics.update({"onnx_max_abs_diff": diff, "onnx_max_abs_logit": peak, "onnx_source": origin,
+                    "onnx_precision": precision})
+    if precision == "fp32":  # an int8 ONNX is measured against fp32 by compress, not held to parity
+        bound = cfg.onnx_parity_tol * peak
+        if not diff <= bound:  # `not <=` also catches NaN
+            raise GateError(f"onnx parity: onnxruntime ({origin}) vs Paddle fp32 predictor max|diff| {diff:.3g} > "
+                            f"onnx_parity_tol {cfg.onnx_parity_tol:g} x max|logit| {peak:.3g} = {bound:.3g} "
+                            f"on {len(x)} check samples; nothing written (or pass --no-triton)")
+        metrics["onnx_parity_tol"] = cfg.onnx_parity_tol
+    (root / "labels.txt").write_text("".join(f"{lab}\n" for lab in labels), encoding="utf-8")
+    (root / "config.pbtxt").write_text(_triton_config(name, ort_in, ort_out, cfg), encoding="utf-8")
+    return {"model": name, "onnx_source": origin, "onnx_precision": precision, "repository": "triton",
+            "metrics": metrics}
+
+
+def _paddle2onnx(program: Path, params: Path, dest: Path, threads: int) -> None:
+    """paddle2onnx in a child process: it imports paddle itself and can abort the process on bad ops.
+
+    `--optimize_tool None`: the default (polygraphy) sets POLYGRAPHY_AUTOINSTALL_DEPS=1 and pip-installs
+    packages into the running environment; the onnxoptimizer path fails on a misspelt pass name."""
+    import importlib.util
+
+    for mod in ("paddle2onnx", "onnxruntime"):
+        if importlib.util.find_spec(mod) is None:
+            raise InputError(f"the Triton repository needs {mod} (pip install paddle2onnx onnxruntime), "
+                             "or pass --no-triton")
+    cmd = [sys.executable, "-m", "paddle2onnx.command", "--model_dir", str(program.parent),
+           "--model_filename", program.name, "--params_filename", params.name, "--save_file", str(dest),
+           "--opset_version", "13", "--optimize_tool", "None"]
+    env = dict(os.environ, GLOG_minloglevel="2", OMP_NUM_THREADS=str(threads), POLYGRAPHY_AUTOINSTALL_DEPS="0")
+    with tempfile.TemporaryDirectory(prefix="pipe-package-") as cwd:  # whatever the converter drops, goes
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=_P2O_TIMEOUT,
+                                  check=False)
+        except subprocess.TimeoutExpired:
+            raise PipeError(f"paddle2onnx did not finish within {_P2O_TIMEOUT} s") from None
+    if proc.returncode != 0 or not dest.is_file():
+        lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip() and "ccache" not in ln]
+        raise PipeError(f"paddle2onnx failed (exit {proc.returncode}): {lines[-1] if lines else 'no output'} "
+                        "(or pass --no-triton)")
+
+
+def _run_onnx(path: Path, x: np.ndarray, inp: dict[str, Any], threads: int) -> tuple[Any, Any, np.ndarray]:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3  # unused-initializer warnings from paddle2onnx graphs
+    so.intra_op_num_threads = threads
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    ins, outs = sess.get_inputs(), sess.get_outputs()
+    if len(ins) != 1 or len(outs) != 1:
+        raise InputError(f"{path}: ONNX model has {len(ins)} inputs and {len(outs)} outputs, expected 1 and 1")
+    want = [*inp["shape"][1:]]
+    got = [d if isinstance(d, int) else -1 for d in ins[0].shape[1:]]
+    if got != want:
+        raise InputError(f"{path}: ONNX input shape [N, {', '.join(map(str, got))}] does not match the "
+                         f"model's [N, {', '.join(map(str, want))}]")
+    y = sess.run(None, {ins[0].name: x})[0]
+    return ins[0], outs[0], y
+
+
+_ONNX_TYPES = {"tensor(float)": "TYPE_FP32", "tensor(int64)": "TYPE_INT64", "tensor(int32)": "TYPE_INT32"}
+
+
+def _triton_config(name: str, ort_in: Any, ort_out: Any, cfg: PackageConfig) -> str:
+    """config.pbtxt for Triton's onnxruntime backend; the first dim is the batch (max_batch_size)."""
+    def dims(shape: list[Any]) -> str:
+        return ", ".join(str(d) if isinstance(d, int) and d > 0 else "-1" for d in shape[1:])
+
+    def dtype(t: str) -> str:
+        if t not in _ONNX_TYPES:
+            raise InputError(f"ONNX tensor type {t} has no Triton mapping here")
+        return _ONNX_TYPES[t]
+
+    delay_us = int(round(cfg.max_wait_ms * 1000))
+    return (
+        f'name: "{name}"\n'
+        'backend: "onnxruntime"\n'
+        f"max_batch_size: {cfg.max_batch_size}\n"
+        "input [\n  {\n"
+        f'    name: "{ort_in.name}"\n    data_type: {dtype(ort_in.type)}\n    dims: [ {dims(ort_in.shape)} ]\n'
+        "  }\n]\n"
+        "output [\n  {\n"
+        f'    name: "{ort_out.name}"\n    data_type: {dtype(ort_out.type)}\n    dims: [ {dims(ort_out.shape)} ]\n'
+        '    label_filename: "labels.txt"\n'
+        "  }\n]\n"
+        f"dynamic_batching {{\n  max_queue_delay_microseconds: {delay_us}\n}}\n"
+        "instance_group [\n  {\n    count: 1\n    kind: KIND_CPU\n  }\n]\n"
+    )
+
+
+# ------------------------------------------------------------------ documents
+
+
+def _serving_spec(name: str, source: _Source, model_file: str, inp: dict[str, Any], outp: dict[str, Any],
+                  iface: dict[str, Any], cfg: PackageConfig, triton: dict[str, Any] | None) -> dict[str, Any]:
+    return {
+        "schema": SERVING_SCHEMA,
+        "name": name,
+        "precision": source.precision,
+        "model": {"format": source.format, "program": model_file, "params": PARAMS_FILE,
+                  "variant": source.variant},
+        "input": inp,
+        "output": outp,
+        "labels": [str(lab) for lab in iface["labels"]],
+        "preprocessing": iface["preprocessing"],
+        "batching": {"max_batch_size": cfg.max_batch_size, "max_wait_ms": cfg.max_wait_ms},
+        "server": dict(SERVER_DEFAULTS),
+        "triton": triton,
+    }
+
+
+def _client_conf(inp: dict[str, Any], outp: dict[str, Any]) -> str:
+    """Paddle Serving's GeneralModelConfig text format; shapes exclude the batch dim."""
+    def var(kind: str, io: dict[str, Any]) -> str:
+        dims = "\n  ".join(f"shape: {d}" for d in io["shape"][1:])
+        return (f'{kind}_var {{\n  name: "{io["name"]}"\n  alias_name: "{io["alias"]}"\n'
+                f"  is_lod_tensor: false\n  {kind}_type: {DTYPES[io['dtype']][0]}\n  {dims}\n}}\n")
+
+    return var("feed", inp) + var("fetch", outp)
+
+
+def _readme(spec: dict[str, Any], inp: dict[str, Any], outp: dict[str, Any]) -> str:
+    sample = list(inp["shape"][1:])
+    zeros = "0.0" if inp["dtype"] == "float32" else "0"
+    nested = zeros
+    for d in reversed(sample):
+        nested = "[" + ", ".join([nested] * d) + "]"
+    tensor_json = json.dumps({"inputs": [json.loads(nested)]}, separators=(",", ":"))
+    if len(tensor_json) > 600:
+        tensor_json = None
+    image = spec["preprocessing"].get("kind") == "image"
+    b = spec["batching"]
+    x_line = (f"x = np.zeros(({', '.join(['1'] + [str(d) for d in sample])}), np.{inp['dtype']})  "
+              "# one sample, already preprocessed")
+    lines = [
+        f"# {spec['name']}: a pipe serving package",
+        "",
+        f"Precision {spec['precision']}, {spec['model']['format']} program `{spec['model']['program']}`. "
+        f"Input `{inp['alias']}` {inp['dtype']} {inp['shape']} (first dim: batch), output `{outp['alias']}` "
+        f"{outp['shape']}, {len(spec['labels'])} labels. Every file's sha256 is in `manifest.json`; "
+        "`pipe serve` refuses to start if one does not match.",
+        "",
+        "## Serve",
+        "",
+        "```sh",
+        "pipe serve .                 # http://127.0.0.1:8000, docs at /docs",
+        "pipe serve . --port 9000 --max-batch-size 64",
+        "```",
+        "",
+        f"Concurrent requests are batched: up to {b['max_batch_size']} samples per run, waiting at most "
+        f"{b['max_wait_ms']} ms for more. Health: `GET /livez`, `GET /readyz`; metadata `GET /v1/model`; "
+        "Prometheus metrics `GET /metrics`. It listens on 127.0.0.1 only unless `--host` is given: it has "
+        "no authentication or TLS, so put it behind a proxy before exposing it.",
+        "",
+        "## curl",
+        "",
+        "```sh",
+    ]
+    if tensor_json:
+        lines += ["curl -s http://127.0.0.1:8000/v1/predict -H 'Content-Type: application/json' \\",
+                  f"     -d '{tensor_json}'"]
+    if image:
+        lines += ["# a PNG or JPEG, resized and normalised as at training time:",
+                  "curl -s http://127.0.0.1:8000/v1/predict -H 'Content-Type: application/json' \\",
+                  "     -d '{\"images\": [\"'$(base64 -w0 picture.png)'\"]}'"]
+    lines += [
+        "```",
+        "",
+        "The answer: `{\"labels\": [...], \"scores\": [...], \"logits\": [[...]]}` (one entry per sample; "
+        "`scores` is the softmax probability of the label). Errors: "
+        "`{\"error\": {\"code\": 422, \"type\": \"invalid_tensor\", \"message\": \"...\"}}`.",
+        "",
+        "## Python",
+        "",
+        "```python",
+        "import httpx, numpy as np",
+        "",
+        x_line,
+        "r = httpx.post(\"http://127.0.0.1:8000/v1/predict\", json={\"inputs\": x.tolist()})",
+        "r.raise_for_status()",
+        "print(r.json()[\"labels\"])",
+        "```",
+        "",
+        "Paddle Serving clients (`paddle-serving-client` 0.9.0, Python <= 3.9) work unchanged against "
+        "`pipe serve`, in protobuf and JSON mode:",
+        "",
+        "```python",
+        "import numpy as np",
+        "from paddle_serving_client import HttpClient",
+        "",
+        x_line,
+        "client = HttpClient()",
+        "client.load_client_config(\"serving_client_conf.prototxt\")",
+        "client.connect([\"127.0.0.1:8000\"])          # dotted IPv4 only",
+        f"out = client.predict(feed={{\"{inp['alias']}\": x}}, fetch=[\"{outp['alias']}\"], batch=True)",
+        "print(out.outputs[0].tensor[0].float_data)  # after client.set_http_proto(False): a dict",
+        "```",
+        "",
+    ]
+    if spec.get("triton"):
+        t = spec["triton"]
+        lines += [
+            "## Triton",
+            "",
+            f"`triton/` is a Triton model repository (onnxruntime backend, model `{t['model']}`, ONNX from "
+            f"{t['onnx_source']}): `tritonserver --model-repository $PWD/triton`.",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def _check_file_set(d: Path, want: set[str]) -> None:
+    found = {p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file()} | {artifacts.MANIFEST}
+    if found != want:
+        extra, missing = sorted(found - want), sorted(want - found)
+        raise PipeError(f"package wrote an unexpected file set (extra {extra}, missing {missing})")

@@ -1,0 +1,303 @@
+"""`pipe package` on the shared digits run: the exact file set (the allowlist: inference-format files
+only), manifest and lineage, serving.yaml, the Paddle Serving client config, the Triton repository
+(parsed with Triton's own ModelConfig protobuf, its ONNX run in onnxruntime against the Paddle predictor)
+and the refusals (exit 2, nothing written).
+
+The export comes from `tests/serving_helpers.exported_run` (one export of the shared `trained_digits`
+run per session, in a copy); tests that package again write to their own directories.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from pipeline import artifacts, data as data_mod
+from pipeline.cli import main
+from stages import package as package_mod
+from tests.conftest import tree_hash
+from tests.serving_helpers import packaged_run
+
+ALLOWLIST_PIR = {
+    "manifest.json", "model.json", "model.pdiparams", "serving.yaml", "serving_client_conf.prototxt", "README.md",
+    "triton/digits_cnn/config.pbtxt", "triton/digits_cnn/1/model.onnx", "triton/digits_cnn/labels.txt",
+}
+
+
+def _files(root: Path) -> set[str]:
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+
+
+def _manifest(path: Path) -> dict:
+    return json.loads((path / "manifest.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def run(trained_digits, tmp_path_factory) -> Path:
+    return packaged_run(trained_digits, tmp_path_factory.mktemp("serving"))
+
+
+def _predictor(paddle, model: Path, params: Path):
+    c = paddle.inference.Config(str(model), str(params))
+    c.disable_glog_info()
+    c.set_cpu_math_library_num_threads(1)
+    return paddle.inference.create_predictor(c)
+
+
+def _predict(pred, x: np.ndarray) -> np.ndarray:
+    pred.get_input_handle(pred.get_input_names()[0]).copy_from_cpu(np.ascontiguousarray(x))
+    pred.run()
+    return pred.get_output_handle(pred.get_output_names()[0]).copy_to_cpu()
+
+
+def _test_inputs(run: Path) -> np.ndarray:
+    """The digits test split, preprocessed as the export recorded it."""
+    m = _manifest(run / "export")
+    ds = data_mod.load(data_mod.DataConfig(source="digits"))
+    x, _ = ds.test.arrays()
+    return data_mod.prepare(x, m["interface"]["preprocessing"])
+
+
+def test_file_set_is_the_allowlist(run):
+    pkg = run / "package"
+    assert _files(pkg) == ALLOWLIST_PIR == package_mod.allowlist("pir", "digits_cnn")
+    for rel in _files(pkg):  # no pickle anywhere (protocol 2+ starts with 0x80)
+        assert (pkg / rel).read_bytes()[:1] != b"\x80", rel
+    art = artifacts.verify(pkg, ("package",))
+    assert set(art.manifest["files"]) == ALLOWLIST_PIR - {"manifest.json"}
+    # The model files are the export's, byte for byte.
+    exp = _manifest(run / "export")["files"]
+    assert art.manifest["files"]["model.json"] == exp["model.json"]
+    assert art.manifest["files"]["model.pdiparams"] == exp["model.pdiparams"]
+
+
+def test_manifest_and_lineage(run):
+    m, exp = _manifest(run / "package"), _manifest(run / "export")
+    assert m["stage"] == "package" and m["format"] == "pir" and m["precision"] == "fp32" and m["name"] == "digits_cnn"
+    assert m["input"]["stage"] == "export" and m["input"]["path"] == "../export"
+    assert m["input"]["manifest_sha256"] == artifacts.verify(run / "export", ("export",)).manifest_sha256
+    assert m["config"]["package"] == {"precision": "", "name": "", "max_batch_size": 32, "max_wait_ms": 2.0,
+                                      "triton": True, "onnx_parity_tol": 1e-4}
+    assert {k: v for k, v in m["config"].items() if k != "package"} == exp["config"]
+    assert m["interface"]["inputs"] == exp["interface"]["inputs"]
+    assert m["interface"]["outputs"] == exp["interface"]["outputs"]
+    chain = [a.stage for a, _ in artifacts.lineage(artifacts.verify(run / "package", ("package",)))]
+    assert chain == ["package", "export", "train"]
+
+
+def test_serving_yaml(run):
+    doc = yaml.safe_load((run / "package" / "serving.yaml").read_text())
+    iface = _manifest(run / "export")["interface"]
+    assert doc["schema"] == 1 and doc["name"] == "digits_cnn" and doc["precision"] == "fp32"
+    assert doc["model"] == {"format": "pir", "program": "model.json", "params": "model.pdiparams",
+                            "variant": "export-fp32"}
+    assert doc["input"] == {"name": "x", "alias": "x", "dtype": "float32", "shape": [-1, 1, 8, 8]}
+    assert doc["output"] == {"name": iface["outputs"][0]["name"], "alias": "logits", "dtype": "float32",
+                             "shape": [-1, 10]}
+    assert doc["labels"] == iface["labels"] and doc["preprocessing"] == iface["preprocessing"]
+    assert doc["batching"] == {"max_batch_size": 32, "max_wait_ms": 2.0}
+    assert doc["server"] == package_mod.SERVER_DEFAULTS
+    assert doc["triton"] == {"model": "digits_cnn", "onnx_source": "paddle2onnx", "onnx_precision": "fp32",
+                             "repository": "triton"}
+    readme = (run / "package" / "README.md").read_text()
+    assert "curl -s http://127.0.0.1:8000/v1/predict" in readme and "HttpClient" in readme
+
+
+def test_serving_client_conf_parses(run):
+    """serving_client_conf.prototxt against Paddle Serving's GeneralModelConfig schema (proto2), built here."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
+
+    F = descriptor_pb2.FieldDescriptorProto
+    fd = descriptor_pb2.FileDescriptorProto(name="t/general_model_config.proto",
+                                            package="baidu.paddle_serving.configure", syntax="proto2")
+    for var, kind in (("FeedVar", "feed_type"), ("FetchVar", "fetch_type")):
+        m = fd.message_type.add(name=var)
+        for name, num, typ, label in (("name", 1, F.TYPE_STRING, F.LABEL_OPTIONAL),
+                                      ("alias_name", 2, F.TYPE_STRING, F.LABEL_OPTIONAL),
+                                      ("is_lod_tensor", 3, F.TYPE_BOOL, F.LABEL_OPTIONAL),
+                                      (kind, 4, F.TYPE_INT32, F.LABEL_OPTIONAL),
+                                      ("shape", 5, F.TYPE_INT32, F.LABEL_REPEATED)):
+            m.field.add(name=name, number=num, type=typ, label=label)
+    g = fd.message_type.add(name="GeneralModelConfig")
+    g.field.add(name="feed_var", number=1, type=F.TYPE_MESSAGE, label=F.LABEL_REPEATED,
+                type_name=".baidu.paddle_serving.configure.FeedVar")
+    g.field.add(name="fetch_var", number=2, type=F.TYPE_MESSAGE, label=F.LABEL_REPEATED,
+                type_name=".baidu.paddle_serving.configure.FetchVar")
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(fd.SerializeToString())
+    name = "baidu.paddle_serving.configure.GeneralModelConfig"
+    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName(name))
+    conf = text_format.Parse((run / "package" / "serving_client_conf.prototxt").read_text(), cls())
+    (feed,), (fetch,) = conf.feed_var, conf.fetch_var
+    out_name = _manifest(run / "export")["interface"]["outputs"][0]["name"]
+    assert (feed.name, feed.alias_name, feed.feed_type, list(feed.shape)) == ("x", "x", 1, [1, 8, 8])
+    assert (fetch.name, fetch.alias_name, fetch.fetch_type, list(fetch.shape)) == (out_name, "logits", 1, [10])
+
+
+def _triton_model_config():
+    """Triton's ModelConfig message from tritonclient, loaded by file path: `import tritonclient.grpc`
+    needs the grpc extra, whose protobuf pin conflicts with paddle's."""
+    tc = importlib.util.find_spec("tritonclient")
+    if tc is None:
+        pytest.skip("tritonclient is not installed (test extra)")
+    path = Path(tc.submodule_search_locations[0]) / "grpc" / "model_config_pb2.py"
+    spec = importlib.util.spec_from_file_location("pipe_test_triton_model_config_pb2", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.ModelConfig
+
+
+def test_triton_config_parses_with_tritons_schema(run):
+    from google.protobuf import text_format
+
+    root = run / "package" / "triton" / "digits_cnn"
+    conf = text_format.Parse((root / "config.pbtxt").read_text(), _triton_model_config()())
+    assert conf.name == "digits_cnn" and conf.backend == "onnxruntime" and conf.max_batch_size == 32
+    (inp,), (out,) = conf.input, conf.output
+    assert (inp.name, list(inp.dims)) == ("x", [1, 8, 8]) and out.label_filename == "labels.txt"
+    assert list(out.dims) == [10]
+    dt = type(conf).DESCRIPTOR.fields_by_name["input"].message_type.fields_by_name["data_type"].enum_type
+    assert dt.values_by_number[inp.data_type].name == "TYPE_FP32"
+    assert conf.dynamic_batching.max_queue_delay_microseconds == 2000
+    assert conf.instance_group[0].count == 1
+    assert (root / "labels.txt").read_text().split() == [str(i) for i in range(10)]
+    # An unknown field is a ParseError: the check has teeth.
+    with pytest.raises(text_format.ParseError):
+        text_format.Parse("name: \"m\"\nnot_a_field: 1\n", _triton_model_config()())
+
+
+def test_onnx_matches_the_predictor_on_test_data(run):
+    """The Triton ONNX in onnxruntime vs the packaged Paddle program on the 269 digits test samples.
+
+    Measured: max|diff| ~1e-6 against logits up to ~9 (gate 1e-4 x max|logit|); top-1 identical."""
+    import onnxruntime as ort
+    import paddle
+
+    pkg = run / "package"
+    x = _test_inputs(run)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(str(pkg / "triton/digits_cnn/1/model.onnx"), so, providers=["CPUExecutionProvider"])
+    y_onnx = sess.run(None, {"x": x})[0]
+    y_pd = _predict(_predictor(paddle, pkg / "model.json", pkg / "model.pdiparams"), x)
+    peak = float(np.abs(y_pd).max())
+    assert float(np.abs(y_onnx - y_pd).max()) <= 1e-4 * peak
+    assert (y_onnx.argmax(1) == y_pd.argmax(1)).all()
+    m = _manifest(pkg)["metrics"]
+    assert 0 <= m["onnx_max_abs_diff"] <= m["onnx_parity_tol"] * m["onnx_max_abs_logit"]
+
+
+def test_bf16_and_flags(run, tmp_path):
+    """--precision bf16 from an export: the same PIR files, precision recorded; --no-triton drops the
+    Triton directory; --name and batching flags land in serving.yaml and Triton's config."""
+    out = tmp_path / "bf16"
+    assert main(["package", str(run / "export"), "--out", str(out), "--precision", "bf16", "--no-triton",
+                 "--name", "digits-bf16", "--max-batch-size", "8", "--max-wait-ms", "0.5"]) == 0
+    assert _files(out) == package_mod.allowlist("pir", None)
+    doc = yaml.safe_load((out / "serving.yaml").read_text())
+    assert (doc["precision"], doc["name"], doc["triton"]) == ("bf16", "digits-bf16", None)
+    assert doc["batching"] == {"max_batch_size": 8, "max_wait_ms": 0.5}
+    assert _manifest(out)["precision"] == "bf16"
+
+
+def test_export_onnx_is_reused(run, tmp_path):
+    """`pipe export --onnx` already wrote (and parity-gated) model.onnx: the package takes it as is."""
+    exp = tmp_path / "export"
+    assert main(["export", str(run / "train"), "--out", str(exp), "--onnx"]) == 0
+    out = tmp_path / "package"
+    assert main(["package", str(exp), "--out", str(out)]) == 0
+    assert (out / "triton/digits_cnn/1/model.onnx").read_bytes() == (exp / "model.onnx").read_bytes()
+    assert yaml.safe_load((out / "serving.yaml").read_text())["triton"]["onnx_source"] == "export"
+    assert _files(out) == ALLOWLIST_PIR  # the export's model.onnx is not copied beside the program
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--precision", "int8"], "needs a compress artifact"),
+    (["--precision", "fp16"], "--precision: must be one of fp32, bf16, int8"),
+    (["--name", "../evil"], "--name:"),
+    (["--max-batch-size", "0"], "--max-batch-size: must be 1..4096"),
+])
+def test_bad_flags_exit_2(run, tmp_path, cli, args, needle):
+    before = tree_hash(run / "export")
+    code, _, err = cli("package", run / "export", "--out", tmp_path / "p", *args)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "p").exists() and tree_hash(run / "export") == before
+
+
+def test_wrong_stage_and_tampered_input_exit_2(run, tmp_path, cli):
+    code, _, err = cli("package", run / "train", "--out", tmp_path / "p")
+    assert code == 2 and "stage is 'train', expected export or compress" in err
+    bad = tmp_path / "export"
+    shutil.copytree(run / "export", bad)
+    raw = bytearray((bad / "model.pdiparams").read_bytes())
+    raw[100] ^= 0xFF
+    (bad / "model.pdiparams").write_bytes(bytes(raw))
+    code, _, err = cli("package", bad, "--out", tmp_path / "p")
+    assert code == 2 and "sha256 mismatch for model.pdiparams" in err and "Traceback" not in err
+    assert not (tmp_path / "p").exists()
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+def _stand_in_compress(run: Path, dest: Path) -> Path:
+    """A compress artifact laid out as `pipe compress` writes it (metrics.variants), built through the
+    artifact contract from the export's own files, in a second instead of a real run's ~90 s: the legacy
+    fp32 program stands in for int8-paddle (its content is not what is tested here; PaddleSlim is not
+    installed here), the package's ONNX for onnx-fp32, and bf16 is marked unsupported."""
+    exp = artifacts.verify(run / "export", ("export",))
+    with artifacts.write_stage(dest, "compress", exp.manifest["config"], exp) as w:
+        (w.dir / "int8-paddle").mkdir()
+        shutil.copyfile(run / "export/legacy/model.pdmodel", w.dir / "int8-paddle/model.pdmodel")
+        shutil.copyfile(run / "export/legacy/model.pdiparams", w.dir / "int8-paddle/model.pdiparams")
+        (w.dir / "onnx-fp32").mkdir()
+        shutil.copyfile(run / "package/triton/digits_cnn/1/model.onnx", w.dir / "onnx-fp32/model.onnx")
+        w.interface = exp.manifest["interface"]
+        pd, ort = {"engine": "paddle_inference", "supported": True}, {"engine": "onnxruntime", "supported": True}
+        w.metrics = {"variants": {  # the keys stages/compress.py writes (checked against a real run)
+            "fp32": {**pd, "format": "pir", "precision": "fp32", "files": [], "source": "export", "accuracy": 0.99},
+            "bf16": {**pd, "format": "pir", "precision": "bf16", "files": [], "source": "export",
+                     "supported": False, "reason": "no avx512_bf16 (stand-in)"},
+            "int8-paddle": {**pd, "format": "legacy", "precision": "int8", "source": "compress", "accuracy": 0.98,
+                            "top1_agreement": 0.99,
+                            "files": ["int8-paddle/model.pdmodel", "int8-paddle/model.pdiparams"]},
+            "onnx-fp32": {**ort, "format": "onnx", "precision": "fp32", "source": "compress",
+                          "files": ["onnx-fp32/model.onnx"]},
+        }}
+    return dest
+
+
+def test_compress_layout_int8_and_fp32(run, tmp_path):
+    comp = _stand_in_compress(run, tmp_path / "compress")
+    int8 = tmp_path / "pkg-int8"
+    assert main(["package", str(comp), "--out", str(int8), "--precision", "int8"]) == 0
+    assert _files(int8) == package_mod.allowlist("legacy", "digits_cnn")
+    doc = yaml.safe_load((int8 / "serving.yaml").read_text())
+    legacy_out = _manifest(run / "export")["legacy"]["outputs"][0]
+    assert doc["precision"] == "int8" and doc["model"]["variant"] == "int8-paddle"
+    assert doc["model"]["program"] == "model.pdmodel" and doc["output"]["name"] == legacy_out
+    assert doc["triton"]["onnx_source"] == "compress:onnx-fp32" and doc["triton"]["onnx_precision"] == "fp32"
+    assert _manifest(int8)["metrics"]["variant_accuracy"] == 0.98
+    fp32 = tmp_path / "pkg-fp32"
+    assert main(["package", str(comp), "--out", str(fp32), "--no-triton"]) == 0
+    assert (fp32 / "model.json").read_bytes() == (run / "export/model.json").read_bytes()
+    assert yaml.safe_load((fp32 / "serving.yaml").read_text())["model"]["variant"] == "fp32"
+    assert _manifest(fp32)["input"]["stage"] == "compress"
+
+
+def test_compress_refuses_a_changed_export(run, tmp_path, cli):
+    work = tmp_path / "run"
+    shutil.copytree(run / "train", work / "train")
+    shutil.copytree(run / "export", work / "export")
+    shutil.copytree(run / "package", work / "package")
+    comp = _stand_in_compress(work, work / "compress")
+    code, _, err = cli("package", comp, "--out", tmp_path / "p", "--precision", "bf16")
+    assert code == 2 and "the bf16 variant could not run where it was made (no avx512_bf16 (stand-in))" in err
+    (work / "export" / "preprocess.yaml").write_text("changed: true\n")
+    code, _, err = cli("package", comp, "--out", tmp_path / "p")
+    assert code == 2 and "mismatch for preprocess.yaml" in err
+    assert not (tmp_path / "p").exists()
