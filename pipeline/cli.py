@@ -117,12 +117,16 @@ def compress(
     algo: Optional[str] = typer.Option(None, "--algo", help="Calibration: avg (default), KL, hist or mse."),
     calib_batches: Optional[int] = typer.Option(None, "--calib-batches", help="Calibration batches of 32 (default 10)."),
     max_drop: Optional[float] = typer.Option(None, "--max-drop", help="Gate: max int8 test accuracy drop in points (default 1.0; exit 4)."),
+    distill: bool = typer.Option(False, "--distill", help="Distil the export's model into --student first (uses train.*, distill.*)."),
+    student: Optional[str] = typer.Option(None, "--student", help="Student model for --distill, e.g. mlp."),
+    baseline: bool = typer.Option(False, "--baseline", help="--distill: also train the student alone, to measure the gain."),
 ) -> None:
-    """int8 post-training quantization (PaddleSlim and/or onnxruntime), measured against fp32 and gated on accuracy."""
+    """int8 post-training quantization (PaddleSlim and/or onnxruntime) and distillation, measured against fp32 and gated."""
     cfg = _cfg(config, set_, **{
         "compress.int8": ("--int8", True if int8 else None), "compress.backend": ("--backend", backend),
         "compress.algo": ("--algo", algo), "compress.calib_batches": ("--calib-batches", calib_batches),
-        "compress.max_drop": ("--max-drop", max_drop),
+        "compress.max_drop": ("--max-drop", max_drop), "compress.distill": ("--distill", True if distill else None),
+        "compress.student": ("--student", student), "compress.baseline": ("--baseline", True if baseline else None),
     })
     from stages import compress as stage
 

@@ -121,6 +121,10 @@ class CompressConfig:
                                 "points below fp32", min=0)
     latency_runs: int = _opt(200, "timed batch-1 runs per variant after warm-up, interleaved across variants", min=1)
     throughput_runs: int = _opt(30, "timed batch-32 runs per variant after warm-up, interleaved", min=1)
+    distill: bool = _opt(False, "train `student` from the export's model (knowledge distillation), export it, "
+                                "and compress the student (--distill)")
+    student: str = _opt("", "the student model for --distill: a built-in name or module:factory")
+    baseline: bool = _opt(False, "--distill: also train the student without the teacher, to measure the gain")
 
 
 @dataclass(frozen=True)

@@ -71,10 +71,14 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path) -> Path:
     """Quantize the export artifact `in_dir` into `out_dir`. Only `cfg.compress` is read from `cfg`:
     model, data and parity tolerance are the ones recorded in the export manifest."""
     ccfg, out_dir = cfg.compress, Path(out_dir)
-    if not ccfg.int8:
-        raise InputError("nothing to do: pass --int8 (compress.int8); distillation runs in `pipe train` "
-                         "(distill.teacher)")
+    if not ccfg.int8 and not ccfg.distill:
+        raise InputError("nothing to do: pass --int8 (compress.int8) and/or --distill --student NAME")
+    if ccfg.distill and not ccfg.student:
+        raise InputError("--distill: name the student model with --student (e.g. --student mlp)")
     src = artifacts.verify(in_dir, ("export",))
+    distilled = None
+    if ccfg.distill:  # from here on, the student's export is what gets measured and quantized
+        src, distilled = _distill(cfg, src, out_dir.parent)
     exp_cfg = config_mod.from_dict(src.manifest["config"])
     io = _read_export(src)
     ds = data_mod.load(exp_cfg.data)
@@ -84,6 +88,7 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path) -> Path:
     threads = runtime.threads_per_process(1)
     paddle = runtime.import_paddle(threads)
     backends = ("paddle", "onnxruntime") if ccfg.backend == "both" else (ccfg.backend,)
+    backends = backends if ccfg.int8 else ()
     doc = dataclasses.replace(exp_cfg, compress=ccfg).to_dict()
     with artifacts.write_stage(out_dir, "compress", doc, src) as w:
         if "paddle" in backends:
@@ -97,10 +102,59 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path) -> Path:
         parity = _onnx_parity(variants, exp_cfg.export.parity_tol)
         _print_table(variants, len(y_test))
         w.metrics = _metrics(variants, parity, ccfg, calib, len(y_test), threads)
-        _gate(w.metrics, variants, ccfg, len(y_test))
+        if distilled is not None:
+            w.metrics["distill"] = distilled
+        if ccfg.int8:
+            _gate(w.metrics, variants, ccfg, len(y_test))
         w.interface = src.manifest["interface"]
         w.extra = {"format": "variants", "tools": _tool_versions()}
     return out_dir
+
+
+def _distill(cfg: RunConfig, teacher: artifacts.Artifact, run_dir: Path) -> tuple[artifacts.Artifact, dict[str, Any]]:
+    """Train `compress.student` from the export's trained model through `pipe train` (ranks, checkpoints,
+    resume, AMP: the `train`, `amp`, `dist` and `distill` sections of this config), export it
+    (parity-gated) into `RUN/student-NAME/`, and with `compress.baseline` train it alone too."""
+    from stages import export as export_stage
+
+    ref = teacher.manifest["input"]
+    teacher_train = artifacts.verify((teacher.path / ref["path"]).resolve(), ("train",))
+    exp_cfg = config_mod.from_dict(teacher.manifest["config"])
+    name = cfg.compress.student
+    student_cfg = dataclasses.replace(
+        exp_cfg, model=dataclasses.replace(exp_cfg.model, name=name), train=cfg.train, amp=cfg.amp, dist=cfg.dist,
+        distill=dataclasses.replace(cfg.distill, teacher=str(teacher_train.path.resolve())))
+    tag = "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
+    student_dir = run_dir / f"student-{tag}"
+    student = _train_once(student_cfg, student_dir / "train")
+    exported = artifacts.verify(export_stage.run(student_cfg, student.path, student_dir / "export"), ("export",))
+    out = {"student": name, "teacher_model": exp_cfg.model.name, "temperature": cfg.distill.temperature,
+           "alpha": cfg.distill.alpha, "teacher_test_acc": teacher_train.manifest["metrics"]["test_acc"],
+           "student_test_acc": student.manifest["metrics"]["test_acc"], "student_dir": str(student_dir)}
+    if cfg.compress.baseline:
+        alone = dataclasses.replace(student_cfg, distill=dataclasses.replace(cfg.distill, teacher=""))
+        base = _train_once(alone, run_dir / f"student-{tag}-baseline" / "train")
+        out["baseline_test_acc"] = base.manifest["metrics"]["test_acc"]
+        out["gain_points"] = (out["student_test_acc"] - out["baseline_test_acc"]) * 100
+    print(f"distill: teacher {exp_cfg.model.name} {out['teacher_test_acc']:.2%} -> student {name} "
+          f"{out['student_test_acc']:.2%}" + (f" (alone: {out['baseline_test_acc']:.2%}, gain "
+                                             f"{out['gain_points']:+.2f} points)" if "gain_points" in out else ""))
+    return exported, out
+
+
+def _train_once(cfg: RunConfig, out: Path) -> artifacts.Artifact:
+    """Reuse a finished training with the same config; else train (resuming its own checkpoints)."""
+    from stages import train as train_stage
+
+    try:
+        done = artifacts.verify(out, ("train",))
+        if done.manifest["config"] == cfg.to_dict():
+            print(f"{out}: already trained with this config, reused")
+            return done
+    except InputError:
+        pass
+    resume = "auto" if (out.parent / "checkpoints").is_dir() else None
+    return artifacts.verify(train_stage.run(cfg, out, resume=resume), ("train",))
 
 
 def _tool_versions() -> dict[str, str]:
@@ -481,14 +535,14 @@ def _metrics(variants: dict[str, dict[str, Any]], parity: dict[str, Any], ccfg: 
              calib: np.ndarray, n_test: int, threads: int) -> dict[str, Any]:
     base = variants["fp32"]
     int8 = _int8_names(variants)
-    best = max(int8, key=lambda n: (variants[n]["correct"], -variants[n]["latency_ms_p50_bs1"]))
-    drop = (base["correct"] - variants[best]["correct"]) / n_test * 100
+    best = max(int8, key=lambda n: (variants[n]["correct"], -variants[n]["latency_ms_p50_bs1"])) if int8 else None
+    drop = (base["correct"] - variants[best]["correct"]) / n_test * 100 if best else None
     live = [n for n, v in variants.items() if v["supported"]]
     method, extra = _ORT_CALIB[ccfg.algo]
     return {
         "fp32_accuracy": base["accuracy"],
         "best_int8": best,
-        "best_int8_accuracy": variants[best]["accuracy"],
+        "best_int8_accuracy": variants[best]["accuracy"] if best else None,
         "int8_drop_points": drop,
         "max_drop": ccfg.max_drop,
         "int8_faster_than_fp32": any(variants[n]["faster_than_fp32"] for n in int8),
@@ -546,7 +600,7 @@ def _print_table(variants: dict[str, dict[str, Any]], n: int) -> None:
         if name != "fp32" and v["note"]:
             console.print(f"{name}: {v['note']}")
     int8 = _int8_names(variants)
-    if not any(variants[k]["faster_than_fp32"] for k in int8):
+    if int8 and not any(variants[k]["faster_than_fp32"] for k in int8):
         console.print(f"[bold yellow]int8 is not faster than fp32 here[/bold yellow] (faster = at least "
                       f"{_SPEED_MARGIN:.2f}x at both batch 1 and batch 32): {', '.join(int8)}")
 

@@ -106,7 +106,8 @@ def test_file_set_and_manifest(compressed):
     assert set(m["files"]) == EXPECTED_FILES - {"manifest.json"}
     assert m["config"]["compress"] == {
         "int8": True, "backend": "both", "algo": "avg", "calib_batches": 10, "calib_batch_size": 32,
-        "calib_seed": 0, "max_drop": 1.0, "latency_runs": 200, "throughput_runs": 30}
+        "calib_seed": 0, "max_drop": 1.0, "latency_runs": 200, "throughput_runs": 30, "distill": False,
+        "student": "", "baseline": False}
     exp = _manifest(run / "export")
     assert {k: v for k, v in m["config"].items() if k != "compress"} == \
         {k: v for k, v in exp["config"].items() if k != "compress"}
@@ -308,3 +309,40 @@ def test_compress_help_imports_no_engine():
     assert proc.returncode == 0, proc.stderr
     assert "--int8" in proc.stdout and "--max-drop" in proc.stdout
     assert proc.stdout.strip().endswith("False False")
+
+
+def test_distill_then_int8_quantizes_the_student(exported, tmp_path, cli):
+    """`--distill --student mlp --baseline --int8`: the student is trained from the export's model through
+    `pipe train`, exported (parity-gated), measured against its own baseline and quantized. The gain is
+    recorded as measured: on digits the MLP student did not beat its baseline (see the README)."""
+    run = tmp_path / "run"
+    shutil.copytree(exported, run)
+    args = ["compress", run / "export", "--distill", "--student", "mlp", "--baseline", "--int8",
+            "--backend", "onnxruntime", "--set", "train.epochs=2", "--set", "compress.latency_runs=20",
+            "--set", "compress.throughput_runs=5"]
+    code, out, err = cli(*args)
+    assert code == 0, err
+    m = _manifest(run / "compress")
+    d = m["metrics"]["distill"]
+    teacher = _manifest(run / "train")["metrics"]["test_acc"]
+    student = _manifest(run / "student-mlp" / "train")
+    baseline = _manifest(run / "student-mlp-baseline" / "train")
+    assert d["teacher_test_acc"] == teacher and d["student_test_acc"] == student["metrics"]["test_acc"]
+    assert d["baseline_test_acc"] == baseline["metrics"]["test_acc"]
+    assert d["gain_points"] == pytest.approx((d["student_test_acc"] - d["baseline_test_acc"]) * 100)
+    assert student["config"]["distill"]["teacher"] == str((run / "train").resolve())
+    assert baseline["config"]["distill"]["teacher"] == ""
+    # what was quantized is the student: compress -> student export -> student train
+    chain = [a.path.resolve() for a, _ in artifacts.lineage(artifacts.verify(run / "compress", ("compress",)))]
+    assert chain == [(run / p).resolve() for p in ("compress", "student-mlp/export", "student-mlp/train")]
+    assert m["metrics"]["fp32_accuracy"] == pytest.approx(student["metrics"]["test_acc"])
+    assert "int8-onnx" in m["metrics"]["variants"] and "distill: teacher digits_cnn" in out
+    # a second run reuses both trainings instead of refusing their checkpoints
+    code, out, err = cli(*args)
+    assert code == 0, err
+    assert out.count("already trained with this config, reused") == 2
+
+
+def test_distill_needs_a_student(exported, cli):
+    code, _, err = cli("compress", exported / "export", "--distill")
+    assert code == 2 and "--student" in err

@@ -1,0 +1,248 @@
+"""`pipe bench` serving rows: `pipe serve` under concurrent batch-1 load vs a bare predictor one by one.
+
+    python -c "from pipeline import bench_serving; print(bench_serving.rows(quick=True))"
+
+Builds a digits package in a temp dir, starts `pipe serve` on a free port on 127.0.0.1 and loads it with
+keep-alive clients from this process (a fixed count, then a fixed time: every load stops by itself). On
+a 2-core machine the clients, the HTTP server and the predictor share the CPU: quote the ratio with that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import yaml
+
+from pipeline import runtime
+from pipeline.errors import PipeError
+
+_REPO = Path(__file__).resolve().parents[1]
+_START_S = 180.0  # the server's paddle import and warm-up on a busy machine
+_STOP_S = 40.0  # longer than the server's 30 s drain
+_HTTP_TIMEOUT_S = 30.0
+
+
+def rows(quick: bool) -> list[tuple[str, str, str, str]]:
+    """Measurement rows (measurement, result, goal, status) for `pipe bench`'s table."""
+    clients, total = 16, 400 if quick else 2000
+    load_clients, load_s = (8, 5.0) if quick else (32, 30.0)
+    tmp = Path(tempfile.mkdtemp(prefix="pipe-bench-serve-"))
+    proc = None
+    try:
+        package = _build_package(tmp, quick)
+        proc, url, threads = _start_server(package, tmp / "serve.log")
+        spec = yaml.safe_load((package / "serving.yaml").read_text())
+        x = np.random.RandomState(0).standard_normal((64, *spec["input"]["shape"][1:])).astype(np.float32)
+        bodies = [json.dumps({"inputs": x[i:i + 1].tolist()}).encode() for i in range(len(x))]
+        rss_ready = _usage(proc.pid)[0]
+
+        # Interleaved: bare, served, bare; the machine's noise hits both sides.
+        n_bare = max(total, 2000)  # ~1 s: shorter loops are all noise on a shared machine
+        bare_loop = _bare_predictor(package, spec, threads)
+        bare = [bare_loop(x, n_bare)]
+        before, (_, cpu0) = _batches(url), _usage(proc.pid)
+        served = _load(url, bodies, clients, count=total // clients)
+        after, (_, cpu1) = _batches(url), _usage(proc.pid)
+        bare.append(bare_loop(x, n_bare))
+
+        rss_before = _usage(proc.pid)[0]
+        load = _load(url, bodies, load_clients, seconds=load_s)
+        rss_after = _usage(proc.pid)[0]
+    finally:
+        if proc is not None:
+            _stop(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    bare_rate = float(np.mean(bare))
+    ratio = served["rate"] / bare_rate
+    samples, runs = after[0] - before[0], after[1] - before[1]
+    cpu = [b - a for a, b in zip(cpu0, cpu1)]
+    return [
+        (f"serve: {clients} keep-alive clients x {total // clients} batch-1 requests, requests/s (p50/p99 ms)",
+         f"{served['rate']:.0f} ({served['p50']:.1f}/{served['p99']:.1f})"
+         + (f", {served['errors']} errors" if served["errors"] else ""), "", ""),
+        (f"bare Paddle Inference predictor, batch 1 one by one (oneDNN, {threads} thread(s)), items/s "
+         "(before/after the served run)", f"{bare_rate:.0f} ({bare[0]:.0f}/{bare[1]:.0f})", "", ""),
+        (f"serve / bare predictor one by one ({os.cpu_count()} cores shared by clients, HTTP server, predictor)",
+         f"{ratio:.2f}x", ">= 2x", "met" if ratio >= 2 and not served["errors"] else "**missed**"),
+        ("serve: average batch size from /metrics (predictor runs)", f"{samples / max(runs, 1):.2f} ({runs:.0f})",
+         "", ""),
+        ("serve: CPU seconds in the served run: clients (this process) / HTTP server / predictor(s)",
+         f"{cpu[0]:.2f} / {cpu[1]:.2f} / {cpu[2]:.2f} ({served['wall']:.2f} s wall)", "", ""),
+        (f"serve load run: {load_clients} clients x {load_s:g} s on 127.0.0.1, requests (requests/s, p99 ms)",
+         f"{load['done']} ({load['rate']:.0f}/s, {load['p99']:.1f})", "", ""),
+        ("serve load run: errors (non-200 or transport)", str(load["errors"]), "0",
+         "met" if load["errors"] == 0 else "**missed**"),
+        ("serve RSS, server + predictor process(es): at ready / before / after the load run",
+         f"{rss_ready:.0f} / {rss_before:.0f} / {rss_after:.0f} MB", "reported", ""),
+    ]
+
+
+def _build_package(tmp: Path, quick: bool) -> Path:
+    """`pipe all` without int8: train, export, package (fp32). quick trains 1 epoch: same model, same cost
+    per inference."""
+    run = tmp / "run"
+    sets = ["--set", "compress.int8=false"] + (["--set", "train.epochs=1"] if quick else [])
+    cmd = [sys.executable, "-m", "pipeline.cli", "all", "--config", "examples/digits.yaml", "--run", str(run), *sets]
+    r = subprocess.run(cmd, cwd=_REPO, capture_output=True, text=True, timeout=1800, check=False)
+    if r.returncode != 0:
+        raise PipeError(f"bench: `pipe all` failed ({r.returncode}): {r.stderr.strip()[-500:]}")
+    return run / "package"
+
+
+def _start_server(package: Path, log_path: Path) -> tuple[subprocess.Popen, str, int]:
+    """`pipe serve PACKAGE --port 0` on 127.0.0.1; returns once /readyz is 200 (its URL, predictor threads)."""
+    import httpx
+
+    cmd = [sys.executable, "-m", "pipeline.cli", "serve", str(package), "--host", "127.0.0.1", "--port", "0"]
+    with open(log_path, "wb") as log:  # a file, not a pipe: nothing to drain while the load runs
+        proc = subprocess.Popen(cmd, cwd=_REPO, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + _START_S
+    try:
+        with httpx.Client(timeout=5) as c:
+            while True:
+                text = log_path.read_text(errors="replace")
+                m = re.search(r"x (\d+) thread\(s\).* listening on (http://127\.0\.0\.1:\d+)", text)
+                if m:
+                    try:
+                        if c.get(m[2] + "/readyz").status_code == 200:
+                            return proc, m[2], int(m[1])
+                    except httpx.TransportError:
+                        pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise PipeError(f"bench: `pipe serve` not ready (exit {proc.poll()}): {text.strip()[-500:]}")
+                time.sleep(0.1)
+    except BaseException:
+        _stop(proc)
+        raise
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM (the server drains, then closes its predictors), wait, else kill it and its predictors."""
+    children = _children(proc.pid)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(_STOP_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+    for pid in children:  # they exit on their own when the server's pipe closes; this is the fallback
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _stat(pid: int | str) -> list[str]:
+    """/proc/PID/stat after the command name: state, ppid, ... (fields 3..); [] once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return []
+
+
+def _children(pid: int) -> list[int]:
+    return [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit() and _stat(d.name)[1:2] == [str(pid)]]
+
+
+def _usage(pid: int) -> tuple[float, list[float]]:
+    """VmRSS in MB of the server plus its predictor children, and CPU seconds (user + system) so far of
+    [this process (the load generator), the server, its predictors]."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    rss, cpu = 0.0, [me.ru_utime + me.ru_stime, 0.0, 0.0]
+    for i, p in enumerate((pid, *_children(pid))):
+        with contextlib.suppress(OSError, TypeError):  # exited while we looked
+            rss += int(re.search(r"^VmRSS:\s+(\d+) kB", Path(f"/proc/{p}/status").read_text(), re.M)[1]) / 1024
+        f = _stat(p)
+        cpu[min(i, 1) + 1] += (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK") if f else 0.0  # utime, stime
+    return rss, cpu
+
+
+def _batches(url: str) -> tuple[float, float]:
+    """(samples, predictor runs) so far, from the pipe_batch_size histogram in /metrics."""
+    import httpx
+
+    text = httpx.get(url + "/metrics", timeout=_HTTP_TIMEOUT_S).text
+    found = dict(line.split(" ", 1) for line in text.splitlines() if line.startswith("pipe_batch_size_"))
+    return float(found["pipe_batch_size_sum"]), float(found["pipe_batch_size_count"])
+
+
+def _load(url: str, bodies: list[bytes], clients: int, count: int = 0, seconds: float = 0.0) -> dict:
+    """`clients` threads, one keep-alive httpx.Client each, POST /v1/predict batch-1 bodies until each sent
+    `count` requests or `seconds` passed (with a count cap too, so the load always ends)."""
+    import httpx
+
+    cap = count or 100_000
+    start = threading.Barrier(clients + 1)
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    errors = [0] * clients
+    headers = {"content-type": "application/json"}
+
+    def client(k: int) -> None:
+        with httpx.Client(timeout=_HTTP_TIMEOUT_S, headers=headers) as c:
+            try:
+                c.get(url + "/livez")  # opens the keep-alive connection before the clock starts
+            finally:
+                start.wait()
+            end = time.perf_counter() + seconds
+            for i in range(cap):
+                if seconds and time.perf_counter() > end:
+                    break
+                t0 = time.perf_counter()
+                try:
+                    ok = c.post(url + "/v1/predict", content=bodies[(k + i) % len(bodies)]).status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                latencies[k].append(time.perf_counter() - t0)
+                errors[k] += not ok
+
+    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(clients)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join((seconds or 600) + 2 * _HTTP_TIMEOUT_S)
+    wall = time.perf_counter() - t0
+    lat = np.concatenate([np.asarray(v) for v in latencies]) * 1000
+    done = len(lat)
+    return {"rate": done / wall, "wall": wall, "done": done, "errors": sum(errors),
+            "p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99))}
+
+
+def _bare_predictor(package: Path, spec: dict, threads: int) -> Callable[[np.ndarray, int], float]:
+    """The package's model in Paddle Inference as the server configures it (oneDNN, same threads); the
+    loop answers batch-1 inputs one by one (copy in, run, copy out) and returns items/s."""
+    paddle = runtime.import_paddle(threads)
+    c = paddle.inference.Config(str(package / spec["model"]["program"]), str(package / spec["model"]["params"]))
+    if not c.onednn_enabled():
+        c.enable_onednn()
+    c.set_cpu_math_library_num_threads(threads)
+    c.disable_glog_info()
+    pred = paddle.inference.create_predictor(c)
+    h_in = pred.get_input_handle(spec["input"]["name"])
+    h_out = pred.get_output_handle(spec["output"]["name"])
+
+    def loop(x: np.ndarray, total: int) -> float:
+        t0 = time.perf_counter()
+        for i in range(total):
+            h_in.copy_from_cpu(x[i % len(x)][None])
+            pred.run()
+            h_out.copy_to_cpu()
+        return total / (time.perf_counter() - t0)
+
+    loop(np.zeros((1, *spec["input"]["shape"][1:]), np.float32), 20)  # oneDNN builds kernels per shape once
+    return loop
