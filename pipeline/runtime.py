@@ -37,3 +37,16 @@ def import_paddle(threads: int | None = None) -> Any:
 
 def threads_per_process(nproc: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, nproc))
+
+
+def load_safetensors(paddle: Any, path: Any) -> dict[str, Any]:
+    """`paddle.load(..., safetensors=True)`: tensors only, never a pickle. A file that is not a
+    safetensors file (a pickle among them) is bad input naming the file, and nothing of it runs."""
+    from safetensors import SafetensorError
+
+    from pipeline.errors import InputError
+
+    try:
+        return paddle.load(str(path), safetensors=True)
+    except (SafetensorError, OSError) as e:
+        raise InputError(f"{path}: not a safetensors file ({str(e)[:80]})") from None

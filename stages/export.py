@@ -160,7 +160,7 @@ def _load_model(paddle: Any, src: artifacts.Artifact, model: dict[str, Any]) -> 
     path = src.file("model.safetensors")
     name = model["name"]
     net = models.build(name, model["num_classes"], tuple(model["shape"]), model["vocab_size"])
-    state = paddle.load(str(path), safetensors=True)
+    state = runtime.load_safetensors(paddle, path)
     want = {k: list(v.shape) for k, v in net.state_dict().items()}
     have = {k: list(v.shape) for k, v in state.items()}
     if want != have:
@@ -319,7 +319,7 @@ def _legacy_main(spec: dict[str, Any]) -> int:
     paddle.set_device("cpu")
     m = spec["model"]
     net = models.build(m["name"], m["num_classes"], tuple(m["shape"]), m["vocab_size"])
-    net.set_state_dict(paddle.load(str(weights), safetensors=True))
+    net.set_state_dict(runtime.load_safetensors(paddle, weights))
     net.eval()
     _save_program(paddle, net, spec["input"], spec["shape"], m["dtype"], Path(spec["prefix"]))
     return 0

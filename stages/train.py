@@ -372,7 +372,7 @@ class _Trainer:
                 raise InputError(f"distill.teacher {src.path}: its vocabulary differs from this data's")
         teacher = models.build(src.manifest["config"]["model"]["name"], len(self.data.labels),
                                self.data.input_shape, self.vocab_size)
-        teacher.set_state_dict(self.p.load(str(src.file("model.safetensors")), safetensors=True))
+        teacher.set_state_dict(runtime.load_safetensors(self.p, src.file("model.safetensors")))
         teacher.eval()
         for p in teacher.parameters():
             p.stop_gradient = True
@@ -620,8 +620,8 @@ class _Trainer:
         if len(doc["param_names"]) != len(self.param_names):
             raise InputError(f"--resume {path}: checkpoint has {len(doc['param_names'])} parameters, "
                              f"the model has {len(self.param_names)}")
-        self.net.set_state_dict(paddle.load(str(art.file("model.safetensors")), safetensors=True))
-        saved = paddle.load(str(art.file("optimizer.safetensors")), safetensors=True)
+        self.net.set_state_dict(runtime.load_safetensors(paddle, art.file("model.safetensors")))
+        saved = runtime.load_safetensors(paddle, art.file("optimizer.safetensors"))
         opt_state: dict[str, Any] = {}
         for key, value in saved.items():
             head, _, rest = key.partition("/")
@@ -677,7 +677,7 @@ class _Trainer:
         if self.ctx.rank == 0:
             best = _read_pointer(self.ckpt_dir, "best")
             best_dir = artifacts.verify(self.ckpt_dir / best, (CHECKPOINT_STAGE,))
-            self.net.set_state_dict(self.p.load(str(best_dir.file("model.safetensors")), safetensors=True))
+            self.net.set_state_dict(runtime.load_safetensors(self.p, best_dir.file("model.safetensors")))
             test_loss, test_acc = self._evaluate(self.data.test, shard=False)
             val_loss, val_acc = self._evaluate(self.data.val, shard=False)
             with artifacts.write_stage(self.out_dir, "train", self.cfg.to_dict()) as w:
