@@ -32,6 +32,10 @@ def run(out_file: Path, quick: bool = False) -> None:
     rows += _cli_startup(repeats=3 if quick else 7)
     rows += _train_throughput(repeats)
     rows += _data_parallel(repeats=1)
+    from pipeline import bench_compress, bench_serving  # each builds its own runs in temp dirs
+
+    rows += bench_compress.rows(quick)
+    rows += bench_serving.rows(quick)
     _write(out_file, rows, quick)
 
 

@@ -281,7 +281,16 @@ def _quantize_onnx(model: Path, in_name: str, calib: np.ndarray, ccfg: CompressC
     dest.mkdir()
     with tempfile.TemporaryDirectory(prefix="pipe-compress-") as tmp:
         pre = Path(tmp) / "pre.onnx"
-        quant_pre_process(str(model), str(pre))
+        # auto_merge: without it symbolic shape inference gave up on paddle2onnx's conv biases
+        # (reshaped to [1,-1,1,1] through an Identity; mobilenet_v3_small's squeeze-excite blocks) with
+        # "Incomplete symbolic shape inference". On failure onnxruntime drops sym_shape_infer_temp.onnx
+        # into the working directory: run it from the temp dir.
+        cwd = os.getcwd()
+        os.chdir(tmp)
+        try:
+            quant_pre_process(str(Path(cwd, model)), str(pre), auto_merge=True)
+        finally:
+            os.chdir(cwd)
         q.quantize_static(str(pre), str(dest / "model.onnx"), _Reader(), quant_format=q.QuantFormat.QDQ,
                           activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8, per_channel=True,
                           calibrate_method=getattr(q.CalibrationMethod, method), extra_options=dict(extra))
