@@ -120,7 +120,7 @@ def _port_busy(host: str, port: int) -> bool:
         return False  # only ports on this machine can be checked
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1" if host != "0.0.0.0" else host, port)) == 0
+        return s.connect_ex(("127.0.0.1", port)) == 0  # a local listener on any address answers here
 
 
 def _resolve_resume(resume: str | None, ckpt_dir: Path, cfg: RunConfig) -> Path | None:
