@@ -362,6 +362,7 @@ def _paddle2onnx(program: Path, params: Path, dest: Path, threads: int) -> None:
         if importlib.util.find_spec(mod) is None:
             raise InputError(f"the Triton repository needs {mod} (pip install paddle2onnx onnxruntime), "
                              "or pass --no-triton")
+    program, params, dest = program.resolve(), params.resolve(), dest.resolve()  # the child runs elsewhere
     cmd = [sys.executable, "-m", "paddle2onnx.command", "--model_dir", str(program.parent),
            "--model_filename", program.name, "--params_filename", params.name, "--save_file", str(dest),
            "--opset_version", "13", "--optimize_tool", "None"]
