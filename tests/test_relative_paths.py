@@ -11,7 +11,7 @@ def test_readme_chain_with_relative_paths(tmp_path, cli, monkeypatch):
     monkeypatch.chdir(tmp_path)
     steps = [
         ("train", "--config", REPO / "examples/digits.yaml", "--run", "runs/exp1", "--epochs", "1"),
-        ("export", "runs/exp1/train", "--onnx"),
+        ("export", "runs/exp1/train"),  # no --onnx: package converts with paddle2onnx itself
         ("compress", "runs/exp1/export", "--int8", "--set", "compress.latency_runs=10",
          "--set", "compress.throughput_runs=3"),
         ("package", "runs/exp1/export"),
