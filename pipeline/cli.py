@@ -28,7 +28,7 @@ app = typer.Typer(
 )
 out = Console(soft_wrap=True)
 
-ConfigOpt = typer.Option(None, "--config", "-c", help="YAML run config (sections data, model, train, amp, dist, export).")
+ConfigOpt = typer.Option(None, "--config", "-c", help="YAML run config (sections data, model, train, amp, dist, export, compress, distill).")
 SetOpt = typer.Option(None, "--set", help="Override one key, e.g. --set train.lr=3e-3 (repeatable).")
 
 

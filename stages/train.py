@@ -272,7 +272,6 @@ class _Ctx:
     emit: Emit
     paddle: Any
     amp_active: bool = False
-    notices: list[str] = field(default_factory=list)
 
 
 def _worker(cfg: RunConfig, out_dir: Path, ckpt_dir: Path, resume_from: Path | None, emit: Emit) -> None:
@@ -572,8 +571,7 @@ class _Trainer:
 
     def _prune(self) -> None:
         keep = {_read_pointer(self.ckpt_dir, "best"), _read_pointer(self.ckpt_dir, "last")}
-        ckpts = [p for p in _checkpoints(self.ckpt_dir)]
-        for p in ckpts[:-self.cfg.train.keep_last]:
+        for p in _checkpoints(self.ckpt_dir)[:-self.cfg.train.keep_last]:
             if p.name not in keep:
                 shutil.rmtree(p)
 
