@@ -67,6 +67,7 @@ _ENGINE_NAME = "general_infer_0"
 _PATHS = ("/v1/predict", "/GeneralModelService/inference", "/v1/model", "/livez", "/readyz", "/metrics",
           "/docs", "/openapi.json")
 _PREDICTOR_START_S = 600.0  # a big program on a busy machine can take minutes to load
+_KEEP_ALIVE_S = 15  # idle keep-alive connections close after this, s (longer than clients keep them)
 _SHUTDOWN_GRACE_S = 2.0  # after the drain: idle keep-alive connections close, stragglers are cancelled
 _NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"')  # deleted before the depth scan
 log = logging.getLogger("pipe.serve")
@@ -836,8 +837,11 @@ def _make_server(state: _State, sock: socket.socket) -> Any:
                     self.should_exit = True
             return await super().on_tick(counter)
 
+    # Idle keep-alive connections outlive the clients' own pool expiry (httpx: 5 s), so a client never
+    # reuses a connection the server is closing at that very moment ("Server disconnected without
+    # sending a response" was seen in CI with both at 5 s).
     config = uvicorn.Config(_build_app(state), log_level="warning", access_log=False, lifespan="on",
-                            timeout_keep_alive=5, timeout_graceful_shutdown=_SHUTDOWN_GRACE_S, server_header=False,
+                            timeout_keep_alive=_KEEP_ALIVE_S, timeout_graceful_shutdown=_SHUTDOWN_GRACE_S, server_header=False,
                             limit_concurrency=max(256, 4 * state.s.queue_size))
     return _Server(config)
 
