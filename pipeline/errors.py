@@ -20,6 +20,18 @@ class DivergedError(PipeError):
 
 
 class GateError(PipeError):
-    """A quality gate failed (export parity, int8 accuracy drop)."""
+    """An accuracy gate failed (int8 accuracy drop over compress.max_drop)."""
 
     exit_code = 4
+
+
+class ParityError(GateError):
+    """A converted model disagrees with the one it came from (export parity, ONNX parity)."""
+
+    exit_code = 5
+
+
+class ArtifactError(PipeError):
+    """`pipe all`: an artifact it wrote is missing or no longer verifies (changed after it was made)."""
+
+    exit_code = 6

@@ -50,3 +50,23 @@ def load_safetensors(paddle: Any, path: Any) -> dict[str, Any]:
         return paddle.load(str(path), safetensors=True)
     except (SafetensorError, OSError) as e:
         raise InputError(f"{path}: not a safetensors file ({str(e)[:80]})") from None
+
+
+def bf16_unsupported() -> str:
+    """'' if oneDNN bf16 kernels can run here, else why not. `paddle.amp.is_bfloat16_supported()` says
+    True on CPUs without avx512_bf16 (see the facts note), so read the CPU flags."""
+    try:
+        text = open("/proc/cpuinfo", encoding="utf-8").read()
+    except OSError:
+        return "cannot read /proc/cpuinfo to check for avx512_bf16"
+    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), [])
+    if "avx512_bf16" in flags or "amx_bf16" in flags:
+        return ""
+    return "this CPU has no avx512_bf16/amx_bf16: oneDNN bf16 kernels cannot run here"
+
+
+def gpu_count(paddle: Any) -> int:
+    """CUDA devices Paddle can use (0 on the CPU build)."""
+    if not paddle.is_compiled_with_cuda():
+        return 0
+    return int(paddle.device.cuda.device_count())

@@ -11,11 +11,16 @@ name/shape, layout, scale, mean, std, labels), `legacy/model.pdmodel` + `legacy/
 pre-PIR program PaddleSlim's int8 quantization needs) and `manifest.json`. No `.pdiparams.info` (a
 pickle Paddle Inference does not need) is shipped.
 
-Parity gate (exit 4, nothing written): a Paddle Inference predictor (oneDNN) on the first
+Parity gate (exit 5, nothing written): a Paddle Inference predictor (oneDNN) on the first
 `export.parity_samples` test samples must match the dygraph model, max|diff| <= `export.parity_tol` *
 max|logit|; the legacy program is held to the same bound. The saved output cannot be named `logits`
 (PIR names unnamed fetches `fetch_name_<i>`; `Value.name` is settable only on persistable values):
 the interface records the predictor's real names with the public one as `alias`.
+
+`--precision bf16` (export.precision) also runs the program under oneDNN bf16 kernels (fp16 on a GPU) on
+the test split and records accuracy, top-1 agreement and max|diff| against fp32 and the batch-1 latency
+under `metrics.reduced_precision`; a CPU without avx512_bf16 gets a notice and `supported: false`.
+The files are the same: precision is a predictor setting (`pipe package --precision bf16` serves it).
 
 `--onnx` also writes `model.onnx` (paddle2onnx of the PIR program, opset 13, in a child process: it can
 abort on a program it cannot convert), held to the same parity bound in onnxruntime.
@@ -39,7 +44,7 @@ import yaml
 
 from pipeline import artifacts, config as config_mod, data as data_mod, models, runtime
 from pipeline.config import ExportConfig, RunConfig
-from pipeline.errors import GateError, InputError, PipeError
+from pipeline.errors import InputError, ParityError, PipeError
 
 _SHIPPED = {"model.json", "model.pdiparams", "preprocess.yaml"}
 _LEGACY = {"legacy/model.pdmodel", "legacy/model.pdiparams"}
@@ -90,6 +95,8 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path, onnx: bool = False) -> Path
         if pre["kind"] == "text":  # the tokenizer travels with the model
             shutil.copyfile(src.file(pre["vocab_file"]), w.dir / pre["vocab_file"])
         onnx_parity = _export_onnx(w.dir, ref_par, x_par, cfg.export, threads) if onnx else None
+        reduced = (_reduced_precision(paddle, w.dir, test, pre, got, y, x_par[:1], latency, threads)
+                   if cfg.export.precision != "fp32" else None)
         _check_file_set(w.dir, onnx, pre, legacy_error is None)
         w.metrics = {
             **parity,
@@ -102,6 +109,8 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path, onnx: bool = False) -> Path
             "legacy_parity_max_abs_diff": legacy_parity["parity_max_abs_diff"],
             "legacy_parity_rel": legacy_parity["parity_rel"],
         }
+        if reduced is not None:
+            w.metrics["reduced_precision"] = reduced
         if onnx_parity is not None:
             w.metrics["onnx_parity_max_abs_diff"] = onnx_parity["parity_max_abs_diff"]
             w.metrics["onnx_parity_rel"] = onnx_parity["parity_rel"]
@@ -200,6 +209,39 @@ def _predictor(paddle: Any, model: Path, params: Path, threads: int) -> Any:
     return paddle.inference.create_predictor(c)
 
 
+def _reduced_precision(paddle: Any, d: Path, test: data_mod.Split, pre: dict[str, Any], fp32: np.ndarray,
+                       y: np.ndarray, x1: np.ndarray, fp32_latency: float, threads: int) -> dict[str, Any]:
+    """`--precision bf16`: the same program under oneDNN bf16 kernels (fp16 on a GPU), measured on the
+    test split against the fp32 predictor. Hardware without the kernels gets a notice, not a crash:
+    the export stays fp32 and the manifest says why."""
+    gpu = runtime.gpu_count(paddle) > 0
+    precision = "fp16" if gpu else "bf16"
+    reason = "" if gpu else runtime.bf16_unsupported()
+    if reason:
+        print(f"note: --precision bf16: {reason}; exported fp32 only", file=sys.stderr)
+        return {"precision": precision, "supported": False, "reason": reason}
+    c = paddle.inference.Config(str(d / "model.json"), str(d / "model.pdiparams"))
+    if gpu:  # not run here: no machine of ours has a GPU
+        c.enable_use_gpu(256, 0, paddle.inference.PrecisionType.Half)
+    else:
+        c.enable_onednn()
+        c.enable_onednn_bfloat16()
+        c.set_cpu_math_library_num_threads(threads)
+    c.disable_glog_info()
+    pred = paddle.inference.create_predictor(c)
+    got = np.concatenate([_predict(pred, xb) for xb in _batches(test, pre)])
+    latency = _latency_ms(pred, x1)
+    out = {"precision": precision, "supported": True, "device": "gpu" if gpu else "cpu",
+           "accuracy": float((got.argmax(1) == y).mean()), "fp32_accuracy": float((fp32.argmax(1) == y).mean()),
+           "top1_agreement": float((got.argmax(1) == fp32.argmax(1)).mean()),
+           "max_abs_diff": float(np.abs(got - fp32).max()), "latency_ms_p50_bs1": latency,
+           "fp32_latency_ms_p50_bs1": fp32_latency, "speedup_bs1": fp32_latency / latency}
+    print(f"{precision}: accuracy {out['accuracy']:.2%} (fp32 {out['fp32_accuracy']:.2%}), top-1 agreement "
+          f"{out['top1_agreement']:.2%}, max|diff| {out['max_abs_diff']:.3g}, p50 batch 1 {latency:.3f} ms "
+          f"(fp32 {fp32_latency:.3f} ms)")
+    return out
+
+
 def _predict(pred: Any, x: np.ndarray) -> np.ndarray:
     (name_in,), names_out = pred.get_input_names(), pred.get_output_names()
     if len(names_out) != 1:
@@ -212,13 +254,13 @@ def _predict(pred: Any, x: np.ndarray) -> np.ndarray:
 
 def _parity_gate(ref: np.ndarray, got: np.ndarray, ecfg: ExportConfig, what: str) -> dict[str, Any]:
     if got.shape != ref.shape:
-        raise GateError(f"parity gate: {what} returned shape {list(got.shape)}, the trained model "
+        raise ParityError(f"parity gate: {what} returned shape {list(got.shape)}, the trained model "
                         f"{list(ref.shape)}; nothing written")
     diff = float(np.abs(got.astype(np.float64) - ref).max())
     peak = float(np.abs(ref).max())
     bound = ecfg.parity_tol * peak
     if not diff <= bound:  # `not <=` also catches NaN
-        raise GateError(f"parity gate: {what} vs trained model max|diff| {diff:.3g} > export.parity_tol "
+        raise ParityError(f"parity gate: {what} vs trained model max|diff| {diff:.3g} > export.parity_tol "
                         f"{ecfg.parity_tol:g} x max|logit| {peak:.3g} = {bound:.3g} on {len(ref)} test samples; "
                         "nothing written")
     return {"parity_max_abs_diff": diff, "parity_max_abs_logit": peak,

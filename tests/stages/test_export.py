@@ -1,5 +1,5 @@
 """`pipe export` on the shared digits run: file set, manifest, parity and accuracy, lineage, and the
-ways it must refuse (tampered or wrong-stage input: exit 2; parity gate: exit 4), writing nothing.
+ways it must refuse (tampered or wrong-stage input: exit 2; parity gate: exit 5), writing nothing.
 
 Every test works on a copy of the `trained_digits` run dir: the shared fixture is never written to.
 """
@@ -62,7 +62,7 @@ def test_file_set_and_manifest(exported):
     # Model and data come from the train manifest; the export section from this command (defaults).
     assert {k: v for k, v in m["config"].items() if k != "export"} == \
         {k: v for k, v in train["config"].items() if k != "export"}
-    assert m["config"]["export"] == {"parity_tol": 1e-4, "parity_samples": 64}
+    assert m["config"]["export"] == {"parity_tol": 1e-4, "parity_samples": 64, "precision": "fp32"}
     iface, tif = m["interface"], train["interface"]
     assert iface["labels"] == tif["labels"] and iface["preprocessing"] == tif["preprocessing"]
     assert iface["model"] == "digits_cnn"
@@ -159,7 +159,7 @@ def test_wrong_stage_input_exits_2(trained_digits, tmp_path, cli):
     assert not (run / "checkpoints" / "export").exists() and _leftovers(run / "checkpoints") == []
 
 
-def test_parity_gate_fails_exit_4(exported, trained_digits, tmp_path, cli):
+def test_parity_gate_fails_exit_5(exported, trained_digits, tmp_path, cli):
     """A real failing gate, no mock and no fault hook.
 
     The oneDNN predictor folds BatchNorm into the conv weights (conv2d_bn_onednn_fuse_pass), so its
@@ -173,7 +173,7 @@ def test_parity_gate_fails_exit_4(exported, trained_digits, tmp_path, cli):
 
     run = _copy_run(trained_digits, tmp_path / "run")
     code, _, err = cli("export", run / "train", "--set", f"export.parity_tol={tol!r}")
-    assert code == 4
+    assert code == 5
     assert err.startswith("pipe export: parity gate: predictor vs trained model max|diff|")
     assert f"{m['parity_max_abs_diff']:.3g}" in err and "on 64 test samples; nothing written" in err
     assert err.count("\n") == 1 and "Traceback" not in err
@@ -183,5 +183,43 @@ def test_parity_gate_fails_exit_4(exported, trained_digits, tmp_path, cli):
     shutil.copytree(exported / "export", run / "export")
     before = tree_hash(run / "export")
     code, _, _ = cli("export", run / "train", "--set", f"export.parity_tol={tol!r}")
-    assert code == 4
+    assert code == 5
     assert tree_hash(run / "export") == before and _leftovers(run) == []
+
+
+def test_precision_bf16_measured_or_refused(trained_digits, tmp_path, cli):
+    """`--precision bf16`: on a CPU with avx512_bf16 the bf16 predictor is measured on the whole test
+    split; without it the stage says so in one line and records why, exporting fp32 only."""
+    from pipeline import runtime
+
+    run = _copy_run(trained_digits, tmp_path / "run")
+    code, out, err = cli("export", run / "train", "--precision", "bf16")
+    assert code == 0, err
+    m = _manifest(run / "export")["metrics"]
+    bf16 = m["reduced_precision"]
+    reason = runtime.bf16_unsupported()
+    if reason:
+        assert bf16 == {"precision": "bf16", "supported": False, "reason": reason}
+        assert f"note: --precision bf16: {reason}; exported fp32 only" in err
+        return
+    assert bf16["supported"] is True and bf16["device"] == "cpu"
+    assert bf16["fp32_accuracy"] == m["test_acc"]
+    assert 0.95 <= bf16["top1_agreement"] <= 1.0 and abs(bf16["accuracy"] - m["test_acc"]) <= 0.02
+    # bf16 keeps 8 mantissa bits: the logits differ from fp32, but not by much.
+    assert 0 < bf16["max_abs_diff"] < 0.05 * m["parity_max_abs_logit"]
+    assert bf16["latency_ms_p50_bs1"] > 0 and f"bf16: accuracy {bf16['accuracy']:.2%}" in out
+    assert _files(run / "export") == EXPECTED_FILES  # precision is a predictor setting, not new files
+
+
+def test_precision_bf16_on_a_cpu_without_it(trained_digits, tmp_path, cli, monkeypatch):
+    """This machine has avx512_bf16, so the CPU-flag check is replaced by one that reports a CPU
+    without it (the only thing faked): the export still succeeds, fp32, with a one-line notice."""
+    from pipeline import runtime
+
+    monkeypatch.setattr(runtime, "bf16_unsupported", lambda: "this CPU has no avx512_bf16/amx_bf16: test")
+    run = _copy_run(trained_digits, tmp_path / "run")
+    code, _, err = cli("export", run / "train", "--precision", "bf16")
+    assert code == 0, err
+    assert err.count("note: --precision bf16: this CPU has no avx512_bf16/amx_bf16: test; exported fp32 only") == 1
+    assert "Traceback" not in err
+    assert _manifest(run / "export")["metrics"]["reduced_precision"]["supported"] is False
