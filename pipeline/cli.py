@@ -1,7 +1,8 @@
 """The `pipe` command line: thin Typer commands that build a config and call one stage's `run`.
 
 No paddle import here: `pipe --help` stays fast. Errors print one line and exit with the error's code
-(2 bad input, 3 diverged, 4 quality gate); `--debug` shows the traceback instead.
+(2 bad input, 3 diverged, 4 accuracy gate, 5 parity gate, 6 missing or
+unverifiable artifact in `pipe all`); `--debug` shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -28,7 +30,7 @@ app = typer.Typer(
 )
 out = Console(soft_wrap=True)
 
-ConfigOpt = typer.Option(None, "--config", "-c", help="YAML run config (sections data, model, train, amp, dist, export, compress, distill).")
+ConfigOpt = typer.Option(None, "--config", "-c", help="YAML run config (sections data, model, train, amp, dist, export, compress, distill, release).")
 SetOpt = typer.Option(None, "--set", help="Override one key, e.g. --set train.lr=3e-3 (repeatable).")
 
 
@@ -97,9 +99,11 @@ def export(
     set_: Optional[list[str]] = SetOpt,
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Write here instead of beside the input (RUN/export)."),
     onnx: bool = typer.Option(False, "--onnx", help="Also write model.onnx (paddle2onnx), parity-checked in onnxruntime."),
+    precision: Optional[str] = typer.Option(None, "--precision", help="fp32 (default) or bf16: also measure oneDNN "
+                                                                      "bf16 inference (fp16 on a GPU)."),
 ) -> None:
     """paddle.jit.save to the Paddle inference format, parity-checked against the trained model."""
-    cfg = _cfg(config, set_)
+    cfg = _cfg(config, set_, **{"export.precision": ("--precision", precision)})
     from stages import export as stage
 
     path = stage.run(cfg, train_dir, _stage_out(train_dir, out_dir, "export"), onnx=onnx)
@@ -192,14 +196,26 @@ def all_(
     config: Optional[Path] = ConfigOpt,
     set_: Optional[list[str]] = SetOpt,
     run: Path = typer.Option(Path("runs/exp"), "--run", help="Run directory filled stage by stage."),
-    resume: Optional[str] = typer.Option(None, "--resume", help="Passed to the train stage."),
+    resume: Optional[str] = typer.Option(None, "--resume", help="Passed to the train stage (reruns training)."),
+    force: Optional[str] = typer.Option(None, "--force", help="Rerun this stage and every later one, cached or not: "
+                                                              "train, export, compress or package."),
+    pick: Optional[str] = typer.Option(None, "--pick", help="What to package: fastest (default), smallest or fp32 "
+                                                            "(within compress.max_drop)."),
 ) -> None:
-    """Run every stage in order into one run directory."""
-    cfg = _cfg(config, set_)
+    """train -> export -> compress -> package -> report into one run directory; unchanged stages are cached.
+
+    Exit codes: 2 bad input, 3 training diverged, 4 accuracy gate (int8 drop, release.min_accuracy),
+    5 parity gate (export, ONNX), 6 missing or unverifiable artifact."""
+    cfg = _cfg(config, set_, **{"release.pick": ("--pick", pick)})
     from pipeline import orchestrate
 
-    for path in orchestrate.run_all(cfg, run, resume=resume):
-        _summary(path)
+    t0 = time.perf_counter()
+    results = orchestrate.run_all(cfg, run, resume=resume, force=force, say=out.print,
+                                  on_stage=lambda r: _summary(r.path, prefix="cached " if r.status == "cached" else ""))
+    ran = [f"{r.stage} {r.seconds:.1f} s" for r in results if r.status == "ran"]
+    cached = [r.stage for r in results if r.status == "cached"]
+    out.print(f"pipe all: done in {time.perf_counter() - t0:.1f} s  ran: {', '.join(ran) or 'nothing'}"
+              f"  cached: {', '.join(cached) or 'nothing'}")
 
 
 @app.command()
@@ -255,10 +271,10 @@ def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def _summary(path: Path) -> None:
+def _summary(path: Path, prefix: str = "") -> None:
     m = json.loads((Path(path) / "manifest.json").read_text())
     shown = {k: v for k, v in m["metrics"].items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
-    out.print(f"[green]{m['stage']}[/green] -> {path}  " + "  ".join(f"{k}={_fmt(v)}" for k, v in list(shown.items())[:6]))
+    out.print(f"{prefix}[green]{m['stage']}[/green] -> {path}  " + "  ".join(f"{k}={_fmt(v)}" for k, v in list(shown.items())[:6]))
 
 
 def _command_name(argv: list[str]) -> str:

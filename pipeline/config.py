@@ -98,6 +98,8 @@ class DistConfig:
 class ExportConfig:
     parity_tol: float = _opt(1e-4, "max |diff| allowed, relative to max |logit|, predictor vs trained model")
     parity_samples: int = _opt(64, "held-out samples checked for parity", min=1)
+    precision: str = _opt("fp32", "bf16 also measures oneDNN bf16 inference (avx512_bf16 CPUs; fp16 on a GPU): "
+                                  "accuracy and top-1 agreement vs fp32 in the manifest (--precision)", ("fp32", "bf16"))
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,14 @@ class CompressConfig:
 
 
 @dataclass(frozen=True)
+class ReleaseConfig:
+    pick: str = _opt("fastest", "`pipe all`: what to package among the Paddle Inference variants compress measured "
+                                "within compress.max_drop of fp32: fastest, smallest, or fp32", ("fastest", "smallest", "fp32"))
+    min_accuracy: float = _opt(0.0, "`pipe all`: exit 4 unless the packaged model's test accuracy is at least this "
+                                    "(0-1); 0 = off", min=0, max=1)
+
+
+@dataclass(frozen=True)
 class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -137,6 +147,7 @@ class RunConfig:
     export: ExportConfig = field(default_factory=ExportConfig)
     compress: CompressConfig = field(default_factory=CompressConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
+    release: ReleaseConfig = field(default_factory=ReleaseConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)

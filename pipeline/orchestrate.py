@@ -1,45 +1,304 @@
 """`pipe all`: every stage in order into one run directory, each reading the previous one's artifact.
 
     pipe all --config examples/digits.yaml --run runs/digits
+    pipe all --config examples/digits.yaml --run runs/digits --force compress
 
-train -> export -> compress (when `compress.int8`) -> package. What gets packaged is said, with why:
-the int8 Paddle variant when compress measured it faster than fp32 on this machine (its accuracy has
-already passed the compress gate), else fp32.
+train -> export -> compress (when `compress.int8` or `compress.distill`) -> package -> report.
+
+Cache: `RUN/pipeline.json` records, per stage, a key (the stage's config sections, its input's manifest
+sha256 — for train the data's and model's content fingerprint — and pipe's and the libraries' versions)
+and the sha256 of the manifest it produced. A stage whose key is unchanged and whose artifact still
+verifies with that manifest is skipped ("cached"); `--force STAGE` reruns that stage and every later one.
+A cached artifact that no longer verifies is not rebuilt silently: that is the artifact gate (exit 6).
+
+Release gates, each with its own exit code (see pipeline/errors.py): training diverged 3, int8 accuracy
+drop over `compress.max_drop` 4 (and `release.min_accuracy` on the packaged model), export/ONNX parity
+5, a missing or unverifiable artifact 6.
+
+What gets packaged (`release.pick`): among the variants `pipe serve` can run (Paddle Inference fp32, bf16,
+int8-paddle) that compress measured within `compress.max_drop` points of the reference accuracy, the
+fastest (items/s at batch 32, and not slower at batch 1), the smallest, or fp32. Said with the numbers.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import importlib.util
 import json
+import os
+import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable
 
+from pipeline import artifacts
 from pipeline.config import RunConfig
+from pipeline.errors import ArtifactError, GateError, InputError
 
-STAGES = ("train", "export", "compress", "package")  # in order; compress only with compress.int8
+STAGES = ("train", "export", "compress", "package")
+RECORD = "pipeline.json"
+_SERVABLE = ("fp32", "bf16", "int8-paddle")  # what `pipe serve` (Paddle Inference) runs
+_PRECISION = {"fp32": "fp32", "bf16": "bf16", "int8-paddle": "int8"}
+_FASTER = 1.05  # at batch 32, and no more than 5% slower at batch 1: below that is machine noise
 
 
-def run_all(cfg: RunConfig, run_dir: Path, resume: str | None = None,
-            say: Callable[[str], None] = print) -> Iterator[Path]:
+@dataclass
+class StageResult:
+    stage: str
+    path: Path
+    status: str  # "ran" or "cached"
+    seconds: float
+    note: str = ""
+
+
+@dataclass
+class Choice:
+    model_dir: Path
+    variant: str
+    precision: str
+    why: str
+    accuracy: float | None
+
+
+def run_all(cfg: RunConfig, run_dir: Path, resume: str | None = None, force: str | None = None,
+            say: Callable[[str], None] = print,
+            on_stage: Callable[[StageResult], None] = lambda r: None) -> list[StageResult]:
+    """Run (or reuse) every stage; returns what happened to each. Raises the failing gate's error."""
     from stages import compress, export, package, train
 
-    train_dir = train.run(cfg, run_dir / "train", resume=resume)
-    yield train_dir
-    export_dir = export.run(cfg, train_dir, run_dir / "export")
-    yield export_dir
-    model_dir, precision = export_dir, "fp32"
-    if cfg.compress.int8:
-        model_dir = compress.run(cfg, export_dir, run_dir / "compress")
-        yield model_dir
-        precision = _pick(model_dir, say)
-    yield package.run(package.PackageConfig(precision=precision), model_dir, run_dir / "package")
+    if force is not None and force not in STAGES:
+        raise InputError(f"--force: must be one of {', '.join(STAGES)}, got {force!r}")
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cache = _Cache(run_dir, STAGES.index(force) if force else len(STAGES), say)
+    if resume:
+        cache.rerun_from = min(cache.rerun_from, 0)  # --resume asks for training
+    stages = [s for s in STAGES if s != "compress" or cfg.compress.int8 or cfg.compress.distill]
+    results: list[StageResult] = []
+
+    def step(name: str, key_doc: dict[str, Any], build: Callable[[], Path]) -> Path:
+        n = stages.index(name) + 1
+        path = run_dir / name
+        key = _key(name, key_doc)
+        hit = cache.lookup(name, path, key)
+        if hit is not None:
+            say(f"[{n}/{len(stages)}] {name}: cached ({hit}) -> {path}")
+            results.append(StageResult(name, path, "cached", 0.0, hit))
+            on_stage(results[-1])
+            return path
+        say(f"[{n}/{len(stages)}] {name} ...")
+        t0 = time.perf_counter()
+        build()
+        seconds = time.perf_counter() - t0
+        cache.store(name, path, key, seconds)
+        results.append(StageResult(name, path, "ran", seconds))
+        on_stage(results[-1])
+        return path
+
+    train_dir = step("train", {"config": _sections(cfg, "data", "model", "train", "amp", "dist", "distill"),
+                               "inputs": _fingerprints(cfg)},
+                     lambda: train.run(cfg, run_dir / "train", resume=resume))
+    export_dir = step("export", {"config": _sections(cfg, "export"), "input": _manifest_sha(train_dir)},
+                      lambda: export.run(cfg, train_dir, run_dir / "export"))
+    compress_dir = None
+    if "compress" in stages:
+        extra = ("distill", "train", "amp", "dist") if cfg.compress.distill else ()
+        compress_dir = step("compress", {"config": _sections(cfg, "compress", *extra),
+                                         "input": _manifest_sha(export_dir)},
+                            lambda: compress.run(cfg, export_dir, run_dir / "compress"))
+    choice = choose(cfg, export_dir, compress_dir)
+    say(f"package: {choice.variant} ({choice.why})")
+    pcfg = package.PackageConfig(precision=choice.precision)
+    step("package", {"config": dataclasses.asdict(pcfg), "variant": choice.variant,
+                     "input": _manifest_sha(choice.model_dir)},
+         lambda: package.run(pcfg, choice.model_dir, run_dir / "package"))
+    cache.record["packaged"] = {"variant": choice.variant, "precision": choice.precision, "why": choice.why,
+                                "from": os.path.relpath(choice.model_dir, run_dir)}
+    cache.save()
+    verify_release(run_dir, cache)
+    _accuracy_gate(cfg, choice)
+    return results
 
 
-def _pick(compress_dir: Path, say: Callable[[str], None]) -> str:
-    """int8 only if it pays here: `pipe serve` runs Paddle Inference, so the int8-paddle variant decides."""
-    variants = json.loads((compress_dir / "manifest.json").read_text())["metrics"]["variants"]
-    int8 = variants.get("int8-paddle") or {}
-    if int8.get("supported", True) and int8.get("faster_than_fp32"):
-        say(f"package: int8 (int8-paddle measured faster than fp32: {int8.get('note', '')})")
-        return "int8"
-    say(f"package: fp32 (int8-paddle was not faster than fp32 on this machine: {int8.get('note', 'not built')})")
-    return "fp32"
+def choose(cfg: RunConfig, export_dir: Path, compress_dir: Path | None) -> Choice:
+    """The variant to package, by `release.pick`, from what compress measured on this machine."""
+    if compress_dir is None:
+        acc = _read(export_dir).get("metrics", {}).get("test_acc")
+        return Choice(export_dir, "fp32", "fp32", "no compress stage configured (compress.int8/distill off)", acc)
+    metrics = _read(compress_dir)["metrics"]
+    variants = metrics.get("variants") or {}
+    fp32 = variants.get("fp32") or {}
+    ref, ref_name = fp32.get("accuracy"), "fp32"
+    if "distill" in metrics:  # the variants are the student's; the budget is against the teacher
+        ref, ref_name = metrics["distill"]["teacher_test_acc"], f"teacher {metrics['distill']['teacher_model']}"
+    budget = cfg.compress.max_drop
+    within, dropped = [], []
+    for name in _SERVABLE:
+        v = variants.get(name)
+        if not isinstance(v, dict) or v.get("supported") is False or not isinstance(v.get("accuracy"), float):
+            continue
+        drop = (ref - v["accuracy"]) * 100
+        (within if drop <= budget + 1e-9 else dropped).append((name, v, drop))
+    if not within:
+        if "distill" in metrics:
+            acc = _read(export_dir).get("metrics", {}).get("test_acc")
+            names = ", ".join(f"{n} -{d:.2f}" for n, _, d in dropped) or "none servable"
+            return Choice(export_dir, "fp32", "fp32", f"no student variant within {budget:.2f} points of the "
+                          f"{ref_name} ({names}): the teacher's fp32 export", acc)
+        raise GateError(f"release gate: no servable variant within compress.max_drop {budget:g} points of fp32 "
+                        f"({', '.join(f'{n} -{d:.2f}' for n, _, d in dropped)})")
+    ranked = {n: (v, d) for n, v, d in within}
+    pick = cfg.release.pick
+    if pick == "fp32" and "fp32" in ranked:
+        name = "fp32"
+        why = "release.pick=fp32"
+    elif pick == "smallest":
+        name = min(ranked, key=lambda n: (ranked[n][0].get("size_bytes", float("inf")), _SERVABLE.index(n)))
+        why = f"smallest within {budget:.2f} points of {ref_name}: {ranked[name][0].get('size_bytes', 0) / 1e6:.2f} MB"
+    else:
+        faster = [n for n in ranked if n != "fp32" and ranked[n][0].get("speedup_bs32", 0) >= _FASTER
+                  and ranked[n][0].get("speedup_bs1", 0) >= 1 / _FASTER]
+        name = max(faster, key=lambda n: ranked[n][0]["items_per_s_bs32"]) if faster else "fp32"
+        if name == "fp32" and "fp32" not in ranked:  # fp32 itself over budget (distilled student)
+            name = max(ranked, key=lambda n: ranked[n][0].get("items_per_s_bs32", 0))
+        v = ranked[name][0]
+        if faster:
+            why = (f"fastest here within {budget:.2f} points of {ref_name}: {v.get('speedup_bs32', 1):.2f}x fp32 "
+                   f"items/s at batch 32, {v.get('speedup_bs1', 1):.2f}x at batch 1")
+        else:
+            others = ", ".join(f"{n} {ranked[n][0].get('speedup_bs32', 0):.2f}x/{ranked[n][0].get('speedup_bs1', 0):.2f}x"
+                               for n in ranked if n != "fp32") or "none within budget"
+            why = (f"no variant within {budget:.2f} points was >= {_FASTER:.2f}x fp32 at batch 32 and not slower at "
+                   f"batch 1 on this machine ({others})")
+    v, drop = ranked[name]
+    why += f"; accuracy {v['accuracy']:.2%} (drop {drop:.2f} points)"
+    if "distill" in metrics:
+        why = f"distilled student {metrics['distill']['student']}: " + why
+    return Choice(compress_dir, name, _PRECISION[name], why, v["accuracy"])
+
+
+def verify_release(run_dir: Path, cache: "_Cache | None" = None) -> None:
+    """The artifact gate: the package and its whole lineage verify, and match what this run recorded."""
+    try:
+        pkg = artifacts.verify(run_dir / "package", ("package",))
+    except InputError as e:
+        raise ArtifactError(f"artifact gate: {e}") from None
+    for item, note in artifacts.lineage(pkg, check=True):
+        if item is None or note:
+            where = "" if item is None else f"{item.path}: "
+            raise ArtifactError(f"artifact gate: {where}{note}")
+    if cache is not None:
+        for name, rec in cache.record["stages"].items():
+            path = run_dir / name
+            if path.exists() and _manifest_sha(path) != rec["manifest_sha256"]:
+                raise ArtifactError(f"artifact gate: {path / artifacts.MANIFEST}: changed after pipe all wrote it")
+
+
+def _accuracy_gate(cfg: RunConfig, choice: Choice) -> None:
+    want = cfg.release.min_accuracy
+    if want > 0 and (choice.accuracy is None or choice.accuracy < want):
+        got = "unmeasured" if choice.accuracy is None else f"{choice.accuracy:.2%}"
+        raise GateError(f"release gate: packaged {choice.variant} test accuracy {got} < release.min_accuracy "
+                        f"{want:.2%}")
+
+
+class _Cache:
+    def __init__(self, run_dir: Path, rerun_from: int, say: Callable[[str], None]):
+        self.path, self.rerun_from, self.say = run_dir / RECORD, rerun_from, say
+        self.record: dict[str, Any] = {"schema": 1, "stages": {}}
+        try:
+            doc = json.loads(self.path.read_text(encoding="utf-8"))
+            if isinstance(doc, dict) and doc.get("schema") == 1 and isinstance(doc.get("stages"), dict):
+                self.record = doc
+        except (OSError, ValueError):
+            pass  # no record (first run) or an unreadable one: nothing is cached
+
+    def lookup(self, name: str, path: Path, key: str) -> str | None:
+        """A reason the stage is reused, or None to run it (saying why when that is not obvious)."""
+        rec = self.record["stages"].get(name)
+        if STAGES.index(name) >= self.rerun_from:
+            if rec is not None:
+                self.say(f"{name}: forced (--force) - rerunning")
+            return None
+        if not isinstance(rec, dict) or rec.get("key") != key:
+            if isinstance(rec, dict):
+                self.say(f"{name}: config, input or versions changed since the last run - rerunning")
+            return None
+        if not path.exists():
+            self.say(f"{name}: {path} is missing - rerunning")
+            return None
+        try:
+            art = artifacts.verify(path, (name,))
+        except InputError as e:
+            raise ArtifactError(f"artifact gate: {e} (pipe all --force {name} rebuilds it)") from None
+        if art.manifest_sha256 != rec.get("manifest_sha256"):
+            self.say(f"{name}: {path} was rewritten outside pipe all - rerunning")
+            return None
+        return "same config, input and versions; verified"
+
+    def store(self, name: str, path: Path, key: str, seconds: float) -> None:
+        # A rerun stage invalidates every later one: their input changed.
+        later = STAGES[STAGES.index(name) + 1:]
+        self.record["stages"] = {k: v for k, v in self.record["stages"].items() if k not in later}
+        self.record["stages"][name] = {"key": key, "manifest_sha256": _manifest_sha(path),
+                                       "seconds": round(seconds, 2)}
+        self.rerun_from = min(self.rerun_from, STAGES.index(name) + 1)
+        self.save()
+
+    def save(self) -> None:
+        artifacts.write_text_atomic(self.path, json.dumps(self.record, indent=2) + "\n")
+
+
+def _key(stage: str, doc: dict[str, Any]) -> str:
+    blob = json.dumps({"stage": stage, "doc": doc, "versions": artifacts.versions()}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _sections(cfg: RunConfig, *names: str) -> dict[str, Any]:
+    d = cfg.to_dict()
+    return {n: d[n] for n in names}
+
+
+def _read(path: Path) -> dict[str, Any]:
+    return json.loads((Path(path) / artifacts.MANIFEST).read_text(encoding="utf-8"))
+
+
+def _manifest_sha(path: Path) -> str:
+    try:
+        return hashlib.sha256((Path(path) / artifacts.MANIFEST).read_bytes()).hexdigest()
+    except OSError:
+        return ""
+
+
+def _fingerprints(cfg: RunConfig) -> dict[str, str]:
+    """What training reads besides its config: data files, a module:factory's source, a teacher."""
+    out = {"data": _fingerprint(cfg.data.source), "model": _fingerprint(cfg.model.name)}
+    if cfg.distill.teacher:
+        out["teacher"] = _manifest_sha(Path(cfg.distill.teacher))
+    return out
+
+
+def _fingerprint(source: str) -> str:
+    p = Path(source)
+    if p.is_file():
+        return "file:" + artifacts.sha256_file(p)
+    if p.is_dir():  # an ImageFolder: names, sizes and mtimes (hashing every image would cost a full read)
+        h = hashlib.sha256()
+        for dirpath, dirs, names in os.walk(p):
+            dirs.sort()
+            for n in sorted(names):
+                st = (Path(dirpath) / n).stat()
+                h.update(f"{os.path.relpath(Path(dirpath) / n, p)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        return "dir:" + h.hexdigest()
+    if ":" in source:  # module:factory: the module's source file, found from the cwd as models.py does
+        if "" not in sys.path and os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            spec = importlib.util.find_spec(source.partition(":")[0])
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None and spec.origin and Path(spec.origin).is_file():
+            return "module:" + artifacts.sha256_file(Path(spec.origin))
+    return "name:" + source  # built-in: versioned with pipe itself

@@ -1,0 +1,161 @@
+"""`pipe all`: the chain, its cache and `--force`, what it packages and why, and every release gate's
+exit code and message. One real short run (digits, 2 epochs) is shared; each gate test copies it, so the
+stages it does not change come from the cache (which is itself under test)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, tree_hash
+
+FAST = ["--config", str(REPO / "examples/digits.yaml"), "--set", "train.epochs=2",
+        "--set", "compress.backend=onnxruntime", "--set", "compress.latency_runs=20",
+        "--set", "compress.throughput_runs=5"]
+STAGES = ("train", "export", "compress", "package")
+
+
+def _manifest(path: Path) -> dict:
+    return json.loads((path / "manifest.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory) -> tuple[Path, str]:
+    from pipeline.cli import main
+    import io
+    from contextlib import redirect_stdout
+
+    run = tmp_path_factory.mktemp("all") / "run"
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        code = main(["all", *FAST, "--run", str(run)])
+    assert code == 0, buf.getvalue()[-2000:]
+    return run, buf.getvalue()
+
+
+def _copy(first_run: tuple[Path, str], dest: Path) -> Path:
+    shutil.copytree(first_run[0], dest)
+    return dest
+
+
+def test_first_run_builds_every_stage_and_records_the_choice(first_run):
+    run, out = first_run
+    for stage in STAGES:
+        assert f"{stage} ..." in out
+        assert _manifest(run / stage)["stage"] == stage
+    record = json.loads((run / "pipeline.json").read_text())
+    assert set(record["stages"]) == set(STAGES)
+    packaged = record["packaged"]
+    pkg = _manifest(run / "package")["metrics"]
+    assert pkg["variant"] == packaged["variant"] and packaged["why"] in out
+    # With --backend onnxruntime the servable candidates are fp32 and bf16 (when this CPU has it).
+    assert packaged["variant"] in ("fp32", "bf16")
+    assert "ran: train" in out and "cached: nothing" in out
+
+
+def test_second_run_is_served_from_the_cache_and_touches_nothing(first_run, tmp_path, cli):
+    run = _copy(first_run, tmp_path / "run")
+    before = {s: tree_hash(run / s) for s in STAGES}
+    code, out, err = cli("all", *FAST, "--run", run)
+    assert code == 0, err
+    for stage in STAGES:
+        assert f"{stage}: cached (same config, input and versions; verified)" in out
+        assert tree_hash(run / stage) == before[stage]
+    assert "ran: nothing" in out
+
+
+def test_force_reruns_from_that_stage_on(first_run, tmp_path, cli):
+    run = _copy(first_run, tmp_path / "run")
+    train_before = tree_hash(run / "train")
+    before = json.loads((run / "pipeline.json").read_text())["stages"]
+    code, out, err = cli("all", *FAST, "--run", run, "--force", "compress")
+    assert code == 0, err
+    assert "train: cached" in out and "export: cached" in out
+    assert "compress: forced (--force) - rerunning" in out and "compress ..." in out and "package ..." in out
+    assert tree_hash(run / "train") == train_before
+    after = json.loads((run / "pipeline.json").read_text())["stages"]
+    for stage in ("train", "export"):
+        assert after[stage] == before[stage]
+    for stage in ("compress", "package"):  # new artifacts, each recorded with its own manifest's hash
+        assert after[stage]["manifest_sha256"] != before[stage]["manifest_sha256"]
+        assert _manifest(run / stage)["created"] >= _manifest(run / "export")["created"]
+    assert _manifest(run / "compress")["input"]["manifest_sha256"] == after["export"]["manifest_sha256"]
+    code, _, err = cli("all", *FAST, "--run", run, "--force", "deploy")
+    assert code == 2 and "--force: must be one of train, export, compress, package" in err
+
+
+def test_a_config_change_reruns_only_what_it_affects(first_run, tmp_path, cli):
+    run = _copy(first_run, tmp_path / "run")
+    code, out, err = cli("all", *FAST, "--run", run, "--pick", "fp32")
+    assert code == 0, err
+    assert "compress: cached" in out and "package: fp32 (release.pick=fp32" in out
+    assert _manifest(run / "package")["metrics"]["variant"] == "fp32"
+    code, out, err = cli("all", *FAST, "--run", run, "--set", "compress.calib_batches=3")
+    assert code == 0, err
+    assert "export: cached" in out
+    assert "compress: config, input or versions changed since the last run - rerunning" in out
+
+
+def test_gate_parity_exit_5(first_run, tmp_path, cli):
+    run = _copy(first_run, tmp_path / "run")
+    rel = _manifest(run / "export")["metrics"]["parity_rel"]
+    assert rel > 0, "the predictor matched dygraph bit for bit: the parity gate needs another honest failure"
+    before = tree_hash(run / "export")
+    code, _, err = cli("all", *FAST, "--run", run, "--set", f"export.parity_tol={rel / 10!r}")
+    assert code == 5, err
+    assert err.startswith("pipe all: parity gate: predictor vs trained model max|diff|") and err.count("\n") == 1
+    assert tree_hash(run / "export") == before  # the failed export wrote nothing
+
+
+def test_gate_int8_drop_exit_4(first_run, tmp_path, cli):
+    run = _copy(first_run, tmp_path / "run")
+    m = _manifest(run / "compress")["metrics"]
+    drop = m["int8_drop_points"]
+    assert drop > 0, "int8 lost nothing on this 2-epoch run: the int8 gate needs another honest failure"
+    code, _, err = cli("all", *FAST, "--run", run, "--set", "compress.max_drop=0")
+    assert code == 4, err
+    assert err.startswith("pipe all: int8 gate: best int8 variant int8-onnx") and f"drop {drop:.2f} points" in err
+
+
+def test_gate_release_min_accuracy_exit_4(first_run, tmp_path, cli):
+    run = _copy(first_run, tmp_path / "run")
+    acc = _manifest(run / "package")["metrics"]["variant_accuracy"]
+    assert acc < 1.0
+    code, out, err = cli("all", *FAST, "--run", run, "--set", "release.min_accuracy=1.0")
+    assert code == 4, err
+    assert "pipe all: release gate: packaged" in err and f"test accuracy {acc:.2%} < release.min_accuracy 100.00%" in err
+    assert "package: cached" in out  # the gate judges what was built; nothing was rebuilt for it
+
+
+def test_gate_unverifiable_artifact_exit_6(first_run, tmp_path, cli):
+    run = _copy(first_run, tmp_path / "run")
+    params = run / "export" / "model.pdiparams"
+    blob = bytearray(params.read_bytes())
+    blob[-1] ^= 0xFF  # same size, different bytes
+    params.write_bytes(bytes(blob))
+    code, _, err = cli("all", *FAST, "--run", run)
+    assert code == 6, err
+    assert err == (f"pipe all: artifact gate: {run / 'export' / 'manifest.json'}: sha256 mismatch for "
+                   "model.pdiparams (pipe all --force export rebuilds it)\n")
+    # And the advertised remedy works.
+    code, out, err = cli("all", *FAST, "--run", run, "--force", "export")
+    assert code == 0, err
+
+
+def test_gate_missing_package_file_exit_6(first_run, tmp_path, cli):
+    """An artifact removed after the run: the cache will not vouch for it."""
+    run = _copy(first_run, tmp_path / "run")
+    (run / "package" / "serving.yaml").unlink()
+    code, _, err = cli("all", *FAST, "--run", run)
+    assert code == 6 and "artifact gate:" in err and "missing file serving.yaml" in err
+
+
+def test_gate_diverged_exit_3(tmp_path, cli, monkeypatch):
+    monkeypatch.setenv("PIPE_FAULT_NAN_STEPS", "0,1,2")
+    code, _, err = cli("all", *FAST, "--run", tmp_path / "run", "--set", "train.max_nonfinite_steps=2")
+    assert code == 3, err
+    assert err.startswith("pipe all: ") and "non-finite" in err and err.count("\n") == 1
+    assert not (tmp_path / "run" / "export").exists()
