@@ -107,6 +107,12 @@ class DistillConfig:
     teacher: str = _opt("", "a train artifact directory whose model teaches this one; '' = no distillation")
     temperature: float = _opt(4.0, "softmax temperature T of the KL term (scaled by T^2)", min=0.01)
     alpha: float = _opt(0.5, "weight of the KL term; the cross-entropy gets 1 - alpha", min=0, max=1)
+    engine: str = _opt("paddleslim", "paddleslim: PaddleSlim's Distill (convert_fn=False) on the models' logit "
+                                     "layers plus `pairs`; plain: pipe's own KL on the outputs (logits only)",
+                       ("paddleslim", "plain"))
+    pairs: str = _opt("", "intermediate-feature pairs for engine=paddleslim, 'student_layer=teacher_layer,...' "
+                          "(sublayer names as in named_sublayers(); same output shape), L2 loss; '' = logits only")
+    feature_weight: float = _opt(1.0, "weight of each intermediate-feature L2 term", min=0)
 
 
 @dataclass(frozen=True)

@@ -355,6 +355,7 @@ class _Trainer:
         self.model = paddle.DataParallel(self.net) if ctx.world > 1 else self.net
         self.param_names = [p.name for p in params if not p.stop_gradient]
         self.teacher = self._teacher() if cfg.distill.teacher else None
+        self.distill = self._distiller() if self.teacher is not None and cfg.distill.engine == "paddleslim" else None
 
     def _teacher(self) -> Any:
         """The frozen teacher of knowledge distillation: a verified train artifact on the same data."""
@@ -377,6 +378,59 @@ class _Trainer:
             p.stop_gradient = True
         self.teacher_acc = src.manifest["metrics"].get("test_acc")
         return teacher
+
+    def _distiller(self) -> Any:
+        """PaddleSlim's `Distill` over the student (as trained: DataParallel-wrapped on N ranks) and the
+        frozen teacher: KL at temperature T (weight alpha * T^2) between their logit layers, plus an L2
+        term per `distill.pairs` feature pair. `convert_fn=False`: the default monkey-patches
+        paddle.nn.functional process-wide (see the facts note)."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Setuptools is replacing distutils")
+            from paddleslim.dygraph.dist import Distill
+
+        d = self.cfg.distill
+        layers = [{"layers_name": [_logit_layer(self.model, self.num_classes, "student"),
+                                   _logit_layer(self.teacher, self.num_classes, "teacher")],
+                   "loss_function": "KLLoss", "reduction": "batchmean", "temperature": d.temperature,
+                   "weight": d.alpha * d.temperature ** 2, "io": ["output", "output"], "idx": [None, None]}]
+        prefix = "_layers." if self.model is not self.net else ""
+        student_names = {n for n, _ in self.net.named_sublayers()}
+        teacher_names = {n for n, _ in self.teacher.named_sublayers()}
+        for pair in filter(None, (p.strip() for p in d.pairs.split(","))):
+            s_name, eq, t_name = pair.partition("=")
+            s_name, t_name = s_name.strip(), t_name.strip()
+            if not eq or s_name not in student_names or t_name not in teacher_names:
+                raise InputError(f"distill.pairs {pair!r}: expected student_layer=teacher_layer naming sublayers "
+                                 f"of each model (student has e.g. {', '.join(sorted(student_names)[:6])})")
+            layers.append({"layers_name": [prefix + s_name, t_name], "loss_function": "DistanceLoss", "mode": "l2",
+                           "weight": d.feature_weight, "io": ["output", "output"], "idx": [None, None]})
+        distill = Distill([{"model_name_pairs": [["student_0", "teacher_0"]], "layers": layers}],
+                          self.model, self.teacher, convert_fn=False, return_model_outputs=True)
+        # Skip its first-call "useless forward": with convert_fn=False every hook is already in place, and
+        # that extra training-mode forward would update BatchNorm statistics and draw dropout masks once
+        # more on every (re)start, breaking bit-exact resume. `_check_outputs` does its check instead.
+        distill._check_hook_output = True
+        self._distill_checked = False
+        return distill
+
+    def _check_outputs(self, logits: Any | None) -> None:
+        """First step: every hooked output is one tensor, pairs match in shape, and the student's logit
+        layer really produced its output (a model whose last Linear is not its head would distil the
+        wrong tensor)."""
+        outs = self.distill._output_tensor_dict
+        for cfg in self.distill._loss_config_list:
+            s_name, t_name = cfg["layers_name"]
+            s_out, t_out = outs["student_0"].get(s_name), outs["teacher_0"].get(t_name)
+            names = f"{s_name.split('#')[0]}={t_name.split('#')[0]}"
+            if not isinstance(s_out, self.p.Tensor) or not isinstance(t_out, self.p.Tensor):
+                raise InputError(f"distill.pairs {names}: a layer returned no single tensor")
+            if s_out.shape != t_out.shape:
+                raise InputError(f"distill.pairs {names}: output shapes differ ({list(s_out.shape)} vs {list(t_out.shape)})")
+        head = outs["student_0"][self.distill._loss_config_list[0]["layers_name"][0]]
+        if logits is not None and not np.array_equal(head.numpy(), logits.numpy()):
+            raise InputError(f"distill: the student's last Linear layer is not its output; use "
+                             f"--set distill.engine=plain for model {self.cfg.model.name}")
+        self._distill_checked = True
 
     def _scheduler(self) -> Any:
         lr_mod, t = self.p.optimizer.lr, self.cfg.train
@@ -421,9 +475,21 @@ class _Trainer:
         fault_nan = _fault_steps("PIPE_FAULT_NAN_STEPS")
         t0, seen, losses = time.perf_counter(), 0, []
         for b, (x, y) in enumerate(self.loader, start=st.batch):
+            kd = None
             with paddle.amp.auto_cast(enable=ctx.amp_active, level=a.level, dtype=a.dtype):
-                logits = self.model(x)
-            loss = self._loss(logits.astype("float32"), x, y)
+                if self.distill is not None and not self._distill_checked:
+                    try:  # a pair of mismatched shapes fails inside Distill's loss: name the pair instead
+                        kd, logits, _ = self.distill(x)
+                    except ValueError:
+                        self._check_outputs(None)
+                        raise
+                elif self.distill is not None:
+                    kd, logits, _ = self.distill(x)
+                else:
+                    logits = self.model(x)
+            if self.distill is not None and not self._distill_checked:
+                self._check_outputs(logits)
+            loss = self._loss(logits.astype("float32"), x, y, kd)
             if st.step + 1 in fault_nan:  # test hook: behave as if this step's loss were NaN
                 loss = loss * float("nan")
             value = self._global_loss(loss)  # [sync] host sync every step: the NaN guard needs it
@@ -453,12 +519,14 @@ class _Trainer:
         st.epoch_loss = float(np.mean(losses)) if losses else float("nan")
         st.epoch_ips = seen / max(1e-9, time.perf_counter() - t0)
 
-    def _loss(self, logits: Any, x: Any, y: Any) -> Any:
+    def _loss(self, logits: Any, x: Any, y: Any, kd: Any = None) -> Any:
         F, t = self.p.nn.functional, self.cfg.train
         ce = F.cross_entropy(logits, y, label_smoothing=t.label_smoothing)
         if self.teacher is None:
             return ce
         d = self.cfg.distill
+        if kd is not None:  # PaddleSlim Distill: alpha * T^2 * KL (+ feature terms), weighted in its config
+            return kd.astype("float32") + (1 - d.alpha) * ce
         with self.p.no_grad():
             soft = F.softmax(self.teacher(x).astype("float32") / d.temperature, axis=-1)
         kd = F.kl_div(F.log_softmax(logits / d.temperature, axis=-1), soft, reduction="batchmean")
@@ -766,6 +834,19 @@ class _ArrayDataset:
         x = np.stack([b[0] for b in batch])
         y = np.fromiter((b[1] for b in batch), np.int64, len(batch))
         return data_mod.prepare(x, self.pre), y
+
+
+def _logit_layer(net: Any, num_classes: int, who: str) -> str:
+    """The name of `net`'s last Linear layer with `num_classes` outputs: its logit layer, checked
+    against the real output on the first step."""
+    import paddle
+
+    names = [n for n, m in net.named_sublayers() if isinstance(m, paddle.nn.Linear)
+             and m.weight.shape[-1] == num_classes]
+    if not names:
+        raise InputError(f"distill: the {who} has no Linear layer with {num_classes} outputs to distil from; "
+                         "use --set distill.engine=plain")
+    return names[-1]
 
 
 def _fault_steps(var: str) -> set[int]:
