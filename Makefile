@@ -27,8 +27,8 @@ $(STAMP39):
 
 venv: $(STAMP)
 
+# A second `make demo` with nothing changed is served from pipe all's cache in seconds.
 demo: $(STAMP)
-	rm -rf runs/demo
 	$(BIN)/pipe all --config examples/digits.yaml --run runs/demo
 	$(BIN)/pipe inspect runs/demo/package --verify
 
@@ -36,7 +36,7 @@ test: $(STAMP) $(STAMP39)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
-	$(BIN)/pipe bench --out bench/results.md
+	$(BIN)/pipe bench --out bench/RESULTS.md
 
 clean:
 	rm -rf $(VENV) $(VENV39) runs build *.egg-info

@@ -181,7 +181,7 @@ def serve(
 
 @app.command()
 def bench(
-    out_file: Path = typer.Option(Path("bench/results.md"), "--out", help="Where to write the results table."),
+    out_file: Path = typer.Option(Path("bench/RESULTS.md"), "--out", help="Where to write the results table."),
     quick: bool = typer.Option(False, "--quick", help="Fewer repeats (a smoke run)."),
 ) -> None:
     """Measure CLI start-up and training throughput side by side; writes a Markdown table."""
