@@ -37,6 +37,7 @@ def run(out_file: Path, quick: bool = False) -> None:
 
     rows += bench_compress.rows(quick)
     rows += bench_serving.rows(quick)
+    rows += bench_serving.text_rows(quick)
     _write(out_file, rows, quick)
 
 

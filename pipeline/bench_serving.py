@@ -1,10 +1,14 @@
 """`pipe bench` serving rows: `pipe serve` under concurrent batch-1 load vs a bare predictor one by one.
 
     python -c "from pipeline import bench_serving; print(bench_serving.rows(quick=True))"
+    python -c "from pipeline import bench_serving; print(bench_serving.text_rows(quick=True))"
 
-Builds a digits package in a temp dir, starts `pipe serve` on a free port on 127.0.0.1 and loads it with
-keep-alive clients from this process (a fixed count, then a fixed time: every load stops by itself). On
-a 2-core machine the clients, the HTTP server and the predictor share the CPU: quote the ratio with that.
+`rows` builds a digits package in a temp dir, starts `pipe serve` on a free port on 127.0.0.1 and loads it
+with keep-alive clients from this process (a fixed count, then a fixed time: every load stops by itself).
+`text_rows` does the same for the built-in Chinese sentiment task (text_cnn): one review per request as
+`{"text": [...]}`, tokenized in the server, against a bare predictor fed the same reviews encoded to
+max_len one by one. On a 2-core machine the clients, the HTTP server and the predictor share the CPU:
+quote the ratio with that.
 """
 
 from __future__ import annotations
@@ -244,5 +248,65 @@ def _bare_predictor(package: Path, spec: dict, threads: int) -> Callable[[np.nda
             h_out.copy_to_cpu()
         return total / (time.perf_counter() - t0)
 
-    loop(np.zeros((1, *spec["input"]["shape"][1:]), np.float32), 20)  # oneDNN builds kernels per shape once
+    sample = [int(spec["text"]["max_len"])] if spec.get("text") else spec["input"]["shape"][1:]
+    loop(np.zeros((1, *sample), spec["input"]["dtype"]), 20)  # oneDNN builds kernels per shape once
     return loop
+
+
+def text_rows(quick: bool) -> list[tuple[str, str, str, str]]:
+    """The serving rows for the text task: 16 keep-alive clients, one review per request, vs a bare
+    predictor on the same reviews (encoded with the package's vocabulary, max_len) one by one."""
+    from pipeline import data as data_mod
+    from pipeline.config import DataConfig
+
+    clients, total = 16, 400 if quick else 2000
+    tmp = Path(tempfile.mkdtemp(prefix="pipe-bench-serve-text-"))
+    proc = None
+    try:
+        package = _build_text_package(tmp, quick)
+        proc, url, threads = _start_server(package, tmp / "serve.log")
+        spec = yaml.safe_load((package / "serving.yaml").read_text(encoding="utf-8"))
+        ds = data_mod.load(DataConfig(source="chinese_sentiment"))
+        texts = [ds.texts[i] for i in ds.test.idx[:256]]
+        bodies = [json.dumps({"text": [t]}, ensure_ascii=False).encode() for t in texts]
+        vocab = {t: i for i, t in enumerate(json.loads((package / "vocab.json").read_text(encoding="utf-8")))}
+        x = data_mod.encode_texts(texts, vocab, int(spec["text"]["max_len"]))
+        bare_loop = _bare_predictor(package, spec, threads)
+        bare = [bare_loop(x, max(total, 500))]
+        before = _batches(url)
+        served = _load(url, bodies, clients, count=total // clients)
+        after = _batches(url)
+        bare.append(bare_loop(x, max(total, 500)))
+    finally:
+        if proc is not None:
+            _stop(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
+    bare_rate = float(np.mean(bare))
+    ratio = served["rate"] / bare_rate
+    samples, runs = after[0] - before[0], after[1] - before[1]
+    max_len = spec["text"]["max_len"]
+    return [
+        (f"serve text (text_cnn, max_len {max_len}): {clients} keep-alive clients x {total // clients} one-review "
+         "requests, requests/s (p50/p99 ms)", f"{served['rate']:.0f} ({served['p50']:.1f}/{served['p99']:.1f})"
+         + (f", {served['errors']} errors" if served["errors"] else ""), "", ""),
+        (f"bare predictor on the same reviews as ids [1, {max_len}], one by one ({threads} thread(s)), items/s "
+         "(before/after)", f"{bare_rate:.0f} ({bare[0]:.0f}/{bare[1]:.0f})", "", ""),
+        ("serve text / bare predictor one by one", f"{ratio:.2f}x", ">= 2x",
+         "met" if ratio >= 2 and not served["errors"] else "**missed**"),
+        ("serve text: average batch size from /metrics (predictor runs)", f"{samples / max(runs, 1):.2f} ({runs:.0f})",
+         "", ""),
+    ]
+
+
+def _build_text_package(tmp: Path, quick: bool) -> Path:
+    """train (text_cnn on the built-in corpus; quick: 1 epoch), export, package without Triton."""
+    run = tmp / "run"
+    steps = [["train", "--data", "chinese_sentiment", "--model", "text_cnn", "--run", str(run),
+              "--epochs", "1" if quick else "3"],
+             ["export", str(run / "train")], ["package", str(run / "export"), "--no-triton"]]
+    for args in steps:
+        r = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=_REPO, capture_output=True, text=True,
+                           timeout=1800, check=False)
+        if r.returncode != 0:
+            raise PipeError(f"bench: `pipe {args[0]}` failed ({r.returncode}): {r.stderr.strip()[-500:]}")
+    return run / "package"

@@ -13,7 +13,13 @@ back to the export through the manifest's input lineage). Writes `package/`, cop
     serving_client_conf.prototxt                  Paddle Serving client config (feed/fetch vars)
     triton/<name>/config.pbtxt, 1/model.onnx,     a Triton model repository (onnxruntime backend);
     triton/<name>/labels.txt                      the ONNX is the compress stage's, else paddle2onnx's
+    vocab.json                                    text models only: the export's vocabulary
     README.md, manifest.json                      how to call it; sha256 of every file
+
+A text model (int64 ids [-1, -1]) gets a `text:` section in serving.yaml (char tokenizer, max_len,
+pad/unk ids, vocabulary file), a client config with an int64 feed of variable length (`shape: -1`), a
+Triton input of dims [-1] (its ONNX parity-checked at max_len and at half that length), and a README with
+a text example. The contract itself (allowlist, dtypes, schema) is `pipeline/serving/spec.py`.
 
 `pipe serve package/` needs nothing outside this directory. The paddle2onnx conversion is checked in
 onnxruntime against the Paddle predictor on a fixed random batch: max|diff| <= `onnx_parity_tol` x
@@ -38,26 +44,14 @@ import numpy as np
 import yaml
 
 from pipeline import artifacts, runtime
-from pipeline.errors import GateError, InputError, PipeError
+from pipeline.errors import InputError, ParityError, PipeError
+from pipeline.serving import spec as serving_spec
 
-PRECISIONS = ("fp32", "bf16", "int8")
-# Paddle dtype name -> (Paddle Serving feed/fetch type, Serving Tensor data field, Triton data type).
-DTYPES = {
-    "float32": (1, "float_data", "TYPE_FP32"),
-    "int64": (0, "int64_data", "TYPE_INT64"),
-    "int32": (2, "int_data", "TYPE_INT32"),
-}
-# The files a package may hold besides the Triton directory (its name depends on the model).
-MODEL_FILES = {"pir": "model.json", "legacy": "model.pdmodel"}
-PARAMS_FILE = "model.pdiparams"
-DOC_FILES = ("serving.yaml", "serving_client_conf.prototxt", "README.md")
-TRITON_FILES = ("config.pbtxt", "1/model.onnx", "labels.txt")
-SERVING_SCHEMA = 1
-# Server defaults written into serving.yaml; `pipe serve` flags override them.
-SERVER_DEFAULTS = {
-    "predictors": 1, "threads": 0, "queue_size": 64, "timeout_s": 30.0, "max_body_bytes": 8 << 20,
-    "max_json_depth": 32, "max_image_pixels": 4096 * 4096, "drain_s": 30.0,
-}
+# The package contract lives with its reader (pipeline/serving/spec.py); re-exported for callers and tests.
+PRECISIONS, DTYPES, MODEL_FILES = serving_spec.PRECISIONS, serving_spec.DTYPES, serving_spec.MODEL_FILES
+PARAMS_FILE, SERVING_SCHEMA = serving_spec.PARAMS_FILE, serving_spec.SERVING_SCHEMA
+SERVER_DEFAULTS = serving_spec.SERVER_DEFAULTS
+allowlist = serving_spec.allowlist
 _CHECK_BATCH = 8
 _CHECK_SEED = 0
 _P2O_TIMEOUT = 600
@@ -101,6 +95,7 @@ class _Source:
     onnx_variant: str = ""
     onnx_precision: str = ""
     variant_metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    vocab: Path | None = None  # text models: the export's vocabulary file
 
 
 def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
@@ -111,45 +106,42 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
     source = _select(src, cfg.precision or "fp32", cfg.triton)
     iface = source.interface
     inp, outp = _io_spec(src, iface)
+    text = _text(src, source, iface)
     name = cfg.name or _sanitise(str(iface.get("model") or "model"))
-    x_check = _check_batch(inp)
+    x_checks = _check_batches(inp, text)
     threads = runtime.threads_per_process(1)
     paddle = runtime.import_paddle(threads)
-    io_names, y_ref = _probe(paddle, source.fp32_program, source.fp32_params, x_check, threads)
+    io_names, y_refs = _probe(paddle, source.fp32_program, source.fp32_params, x_checks, threads)
     if source.program != source.fp32_program:
-        io_names, _ = _probe(paddle, source.program, source.params, x_check, threads)
+        io_names, _ = _probe(paddle, source.program, source.params, x_checks, threads)
     inp, outp = {**inp, "name": io_names[0]}, {**outp, "name": io_names[1]}
     doc = {**src.manifest["config"], "package": dataclasses.asdict(cfg)}
     with artifacts.write_stage(out_dir, "package", doc, src) as w:
         model_file = MODEL_FILES[source.format]
         _copy_model(source.program, w.dir / model_file)
         _copy_model(source.params, w.dir / PARAMS_FILE)
+        if text is not None:
+            shutil.copyfile(source.vocab, w.dir / text["vocab_file"])
         metrics: dict[str, Any] = {"precision": source.precision, "variant": source.variant}
         metrics.update({f"variant_{k}": v for k, v in source.variant_metrics.items()
                         if isinstance(v, (int, float, str)) and not isinstance(v, bool)})
         triton = None
         if cfg.triton:
             triton = _triton(w.dir / "triton" / name, name, source, inp, outp, iface["labels"], cfg,
-                             x_check, y_ref, threads)
+                             x_checks, y_refs, threads)
             metrics.update(triton.pop("metrics"))
-        spec = _serving_spec(name, source, model_file, inp, outp, iface, cfg, triton)
-        (w.dir / "serving.yaml").write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+        spec = _serving_spec(name, source, model_file, inp, outp, iface, cfg, triton, text)
+        (w.dir / "serving.yaml").write_text(yaml.safe_dump(spec, sort_keys=False, allow_unicode=True),
+                                            encoding="utf-8")
         (w.dir / "serving_client_conf.prototxt").write_text(_client_conf(inp, outp), encoding="utf-8")
-        (w.dir / "README.md").write_text(_readme(spec, inp, outp), encoding="utf-8")
-        _check_file_set(w.dir, allowlist(source.format, name if cfg.triton else None))
+        (w.dir / "README.md").write_text(_readme(spec, inp, outp, _example_ids(source, text)), encoding="utf-8")
+        _check_file_set(w.dir, allowlist(source.format, name if cfg.triton else None,
+                                         text["vocab_file"] if text else None))
         w.interface = {**iface, "inputs": [inp], "outputs": [outp]}
         w.metrics = metrics
         w.extra = {"format": source.format, "precision": source.precision, "name": name,
                    "serving": "serving.yaml"}
     return out_dir
-
-
-def allowlist(fmt: str, triton_name: str | None) -> set[str]:
-    """Every file a package holds (manifest.json included): the test and `serve` check against it."""
-    files = {MODEL_FILES[fmt], PARAMS_FILE, *DOC_FILES, artifacts.MANIFEST}
-    if triton_name:
-        files |= {f"triton/{triton_name}/{f}" for f in TRITON_FILES}
-    return files
 
 
 # ------------------------------------------------------------------ choosing the model
@@ -188,7 +180,7 @@ def _from_export(exp: artifacts.Artifact, precision: str, variant: str = "") -> 
                          "expected a PIR export (model.json)")
     program, params = exp.file("model.json"), exp.file("model.pdiparams")
     source = _Source(program, params, "pir", precision, variant or f"export-{precision}", exp.manifest["interface"],
-                     program, params)
+                     program, params, vocab=_vocab_file(exp))
     if "model.onnx" in exp.manifest["files"]:  # `pipe export --onnx`: already parity-gated there
         source.onnx, source.onnx_variant, source.onnx_precision = exp.file("model.onnx"), "export", "fp32"
     return source
@@ -222,7 +214,7 @@ def _from_compress(comp: artifacts.Artifact, precision: str, want_onnx: bool) ->
         program, params = _variant_files(comp, name, files)
         fmt = "pir" if program.suffix == ".json" else "legacy"
         source = _Source(program, params, fmt, precision, name, exp.manifest["interface"],
-                         exp.file("model.json"), exp.file("model.pdiparams"))
+                         exp.file("model.json"), exp.file("model.pdiparams"), vocab=_vocab_file(exp))
     source.variant_metrics = {k: v for k, v in var.items()
                               if k not in ("files", "format", "engine", "source", "inputs", "outputs")}
     if want_onnx:
@@ -235,6 +227,31 @@ def _from_compress(comp: artifacts.Artifact, precision: str, want_onnx: bool) ->
             source.onnx, source.onnx_variant = comp.file(str(onnx_files[0])), f"compress:{onnx_name}"
             source.onnx_precision = "int8" if onnx_name.startswith("int8") else "fp32"
     return source
+
+
+def _vocab_file(exp: artifacts.Artifact) -> Path | None:
+    """A text export's vocabulary (verified with the rest of the export), or None for other models."""
+    pre = (exp.manifest.get("interface") or {}).get("preprocessing") or {}
+    if pre.get("kind") != "text":
+        return None
+    name = pre.get("vocab_file")
+    if not isinstance(name, str) or name not in exp.manifest["files"]:
+        raise InputError(f"{exp.path / artifacts.MANIFEST}: a text model, but the export lists no vocabulary "
+                         f"file {name!r}")
+    return exp.file(name)
+
+
+def _text(src: artifacts.Artifact, source: _Source, iface: dict[str, Any]) -> dict[str, Any] | None:
+    """A text model's `text:` section for serving.yaml (tokenizer, max_len, pad/unk ids, vocabulary),
+    with the vocabulary file checked against it; None for other models."""
+    pre = iface["preprocessing"]
+    if pre.get("kind") != "text":
+        return None
+    text = serving_spec.text_section(pre, f"{src.path / artifacts.MANIFEST}: interface.preprocessing")
+    if source.vocab is None:
+        raise InputError(f"{src.path / artifacts.MANIFEST}: a text model without a vocabulary file")
+    serving_spec.check_vocab(source.vocab, text)
+    return {**text, "padding": "right, with pad_id, to max_len", "truncation": "max_len"}
 
 
 def _lineage_export(comp: artifacts.Artifact) -> artifacts.Artifact:
@@ -269,11 +286,14 @@ def _io_spec(src: artifacts.Artifact, iface: dict[str, Any]) -> tuple[dict[str, 
         ok = False
     if not ok:
         raise InputError(f"{where}: interface needs one input, one output, labels and preprocessing")
+    text = iface["preprocessing"].get("kind") == "text"
+    if text and (shape_in != [-1, -1] or inp.get("dtype") != "int64"):
+        raise InputError(f"{where}: a text model takes int64 ids of shape [-1, -1], got {inp.get('dtype')} {shape_in}")
     for what, io, shape in (("input", inp, shape_in), ("output", outp, shape_out)):
         if io.get("dtype") not in DTYPES:
             raise InputError(f"{where}: {what} dtype {io.get('dtype')!r} is not servable "
                              f"(pipe serves {', '.join(DTYPES)})")
-        if len(shape) < 2 or shape[0] != -1 or min(shape[1:]) < 1:
+        if (len(shape) < 2 or shape[0] != -1 or min(shape[1:]) < 1) and not (text and io is inp):
             raise InputError(f"{where}: {what} shape must be a dynamic batch and fixed dims, got {shape}")
     if outp["dtype"] != "float32" or len(shape_out) != 2 or shape_out[1] != len(labels):
         raise InputError(f"{where}: output must be float32 [-1, {len(labels)}] logits, got "
@@ -282,17 +302,27 @@ def _io_spec(src: artifacts.Artifact, iface: dict[str, Any]) -> tuple[dict[str, 
     return ({k: inp.get(k, inp["name"]) for k in keys}, {k: outp.get(k, outp["name"]) for k in keys})
 
 
-def _check_batch(inp: dict[str, Any]) -> np.ndarray:
-    """A fixed random batch in the model's input space (parity needs the same function, not real data)."""
+def _check_batches(inp: dict[str, Any], text: dict[str, Any] | None) -> list[np.ndarray]:
+    """Fixed random batches in the model's input space (parity needs the same function, not real data).
+    Text: ids of random lengths padded to max_len (what `pipe serve` feeds), and the same cut to half
+    that width, so the ONNX model is also checked on another sequence length (Triton takes any)."""
     rng = np.random.RandomState(_CHECK_SEED)
+    if text is not None:
+        width, pad = text["max_len"], text["pad_id"]
+        ids = rng.randint(min(2, text["vocab_size"] - 1), text["vocab_size"], size=(_CHECK_BATCH, width))
+        lengths = rng.randint(1, width + 1, size=_CHECK_BATCH)
+        ids[np.arange(width)[None, :] >= lengths[:, None]] = pad
+        ids = ids.astype(np.int64)
+        return [ids] + ([np.ascontiguousarray(ids[:, :(width + 1) // 2])] if width > 1 else [])
     shape = (_CHECK_BATCH, *inp["shape"][1:])
     if inp["dtype"] == "float32":
-        return rng.standard_normal(shape).astype(np.float32)
-    return rng.randint(0, 2, size=shape).astype(inp["dtype"])  # ids 0/1 exist in any vocabulary
+        return [rng.standard_normal(shape).astype(np.float32)]
+    return [rng.randint(0, 2, size=shape).astype(inp["dtype"])]
 
 
-def _probe(paddle: Any, program: Path, params: Path, x: np.ndarray, threads: int) -> tuple[tuple[str, str], np.ndarray]:
-    """Load the program in a fresh predictor: its real io names, and its output on `x`."""
+def _probe(paddle: Any, program: Path, params: Path, xs: list[np.ndarray],
+           threads: int) -> tuple[tuple[str, str], list[np.ndarray]]:
+    """Load the program in a fresh predictor: its real io names, and its output on each of `xs`."""
     c = paddle.inference.Config(str(program), str(params))
     if not c.onednn_enabled():
         c.enable_onednn()
@@ -305,9 +335,12 @@ def _probe(paddle: Any, program: Path, params: Path, x: np.ndarray, threads: int
     ins, outs = pred.get_input_names(), pred.get_output_names()
     if len(ins) != 1 or len(outs) != 1:
         raise InputError(f"{program}: has {len(ins)} inputs and {len(outs)} outputs; pipe serves 1 and 1")
-    pred.get_input_handle(ins[0]).copy_from_cpu(np.ascontiguousarray(x))
-    pred.run()
-    return (ins[0], outs[0]), pred.get_output_handle(outs[0]).copy_to_cpu()
+    ys = []
+    for x in xs:
+        pred.get_input_handle(ins[0]).copy_from_cpu(np.ascontiguousarray(x))
+        pred.run()
+        ys.append(pred.get_output_handle(outs[0]).copy_to_cpu())
+    return (ins[0], outs[0]), ys
 
 
 def _copy_model(src: Path, dest: Path) -> None:
@@ -323,7 +356,8 @@ def _copy_model(src: Path, dest: Path) -> None:
 
 
 def _triton(root: Path, name: str, source: _Source, inp: dict[str, Any], outp: dict[str, Any],
-            labels: list[str], cfg: PackageConfig, x: np.ndarray, y_ref: np.ndarray, threads: int) -> dict[str, Any]:
+            labels: list[str], cfg: PackageConfig, xs: list[np.ndarray], y_refs: list[np.ndarray],
+            threads: int) -> dict[str, Any]:
     (root / "1").mkdir(parents=True)
     onnx_path = root / "1" / "model.onnx"
     metrics: dict[str, Any] = {}
@@ -333,17 +367,17 @@ def _triton(root: Path, name: str, source: _Source, inp: dict[str, Any], outp: d
     else:
         _paddle2onnx(source.fp32_program, source.fp32_params, onnx_path, threads)
         origin, precision = "paddle2onnx", "fp32"
-    ort_in, ort_out, y_onnx = _run_onnx(onnx_path, x, inp, threads)
-    diff = float(np.abs(y_onnx.astype(np.float64) - y_ref).max())
-    peak = float(np.abs(y_ref).max())
+    ort_in, ort_out, y_onnx = _run_onnx(onnx_path, xs, inp, threads)
+    diff = max(float(np.abs(y.astype(np.float64) - ref).max()) for y, ref in zip(y_onnx, y_refs))
+    peak = max(float(np.abs(ref).max()) for ref in y_refs)
     metrics.update({"onnx_max_abs_diff": diff, "onnx_max_abs_logit": peak, "onnx_source": origin,
                     "onnx_precision": precision})
     if precision == "fp32":  # an int8 ONNX is measured against fp32 by compress, not held to parity
         bound = cfg.onnx_parity_tol * peak
         if not diff <= bound:  # `not <=` also catches NaN
-            raise GateError(f"onnx parity: onnxruntime ({origin}) vs Paddle fp32 predictor max|diff| {diff:.3g} > "
+            raise ParityError(f"onnx parity: onnxruntime ({origin}) vs Paddle fp32 predictor max|diff| {diff:.3g} > "
                             f"onnx_parity_tol {cfg.onnx_parity_tol:g} x max|logit| {peak:.3g} = {bound:.3g} "
-                            f"on {len(x)} check samples; nothing written (or pass --no-triton)")
+                            f"on {sum(len(x) for x in xs)} check samples; nothing written (or pass --no-triton)")
         metrics["onnx_parity_tol"] = cfg.onnx_parity_tol
     (root / "labels.txt").write_text("".join(f"{lab}\n" for lab in labels), encoding="utf-8")
     (root / "config.pbtxt").write_text(_triton_config(name, ort_in, ort_out, cfg), encoding="utf-8")
@@ -379,7 +413,8 @@ def _paddle2onnx(program: Path, params: Path, dest: Path, threads: int) -> None:
                         "(or pass --no-triton)")
 
 
-def _run_onnx(path: Path, x: np.ndarray, inp: dict[str, Any], threads: int) -> tuple[Any, Any, np.ndarray]:
+def _run_onnx(path: Path, xs: list[np.ndarray], inp: dict[str, Any],
+              threads: int) -> tuple[Any, Any, list[np.ndarray]]:
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -394,8 +429,8 @@ def _run_onnx(path: Path, x: np.ndarray, inp: dict[str, Any], threads: int) -> t
     if got != want:
         raise InputError(f"{path}: ONNX input shape [N, {', '.join(map(str, got))}] does not match the "
                          f"model's [N, {', '.join(map(str, want))}]")
-    y = sess.run(None, {ins[0].name: x})[0]
-    return ins[0], outs[0], y
+    ys = [sess.run(None, {ins[0].name: x})[0] for x in xs]
+    return ins[0], outs[0], ys
 
 
 _ONNX_TYPES = {"tensor(float)": "TYPE_FP32", "tensor(int64)": "TYPE_INT64", "tensor(int32)": "TYPE_INT32"}
@@ -432,8 +467,9 @@ def _triton_config(name: str, ort_in: Any, ort_out: Any, cfg: PackageConfig) -> 
 
 
 def _serving_spec(name: str, source: _Source, model_file: str, inp: dict[str, Any], outp: dict[str, Any],
-                  iface: dict[str, Any], cfg: PackageConfig, triton: dict[str, Any] | None) -> dict[str, Any]:
-    return {
+                  iface: dict[str, Any], cfg: PackageConfig, triton: dict[str, Any] | None,
+                  text: dict[str, Any] | None) -> dict[str, Any]:
+    doc = {
         "schema": SERVING_SCHEMA,
         "name": name,
         "precision": source.precision,
@@ -447,6 +483,9 @@ def _serving_spec(name: str, source: _Source, model_file: str, inp: dict[str, An
         "server": dict(SERVER_DEFAULTS),
         "triton": triton,
     }
+    if text is not None:
+        doc["text"] = text
+    return doc
 
 
 def _client_conf(inp: dict[str, Any], outp: dict[str, Any]) -> str:
@@ -459,19 +498,39 @@ def _client_conf(inp: dict[str, Any], outp: dict[str, Any]) -> str:
     return var("feed", inp) + var("fetch", outp)
 
 
-def _readme(spec: dict[str, Any], inp: dict[str, Any], outp: dict[str, Any]) -> str:
+_EXAMPLE_TEXT = "这个手机很好用"
+
+
+def _example_ids(source: _Source, text: dict[str, Any] | None) -> list[int] | None:
+    """The README's example text as token ids (padding dropped: the server pads), by the training encoder."""
+    if text is None:
+        return None
+    from pipeline import data as data_mod
+
+    ids = data_mod.encode_texts([_EXAMPLE_TEXT], serving_spec.check_vocab(source.vocab, text), text["max_len"])[0]
+    return [int(i) for i in ids[:min(len(_EXAMPLE_TEXT), text["max_len"])]]
+
+
+def _readme(spec: dict[str, Any], inp: dict[str, Any], outp: dict[str, Any], ids: list[int] | None) -> str:
+    text = spec.get("text")
     sample = list(inp["shape"][1:])
-    zeros = "0.0" if inp["dtype"] == "float32" else "0"
-    nested = zeros
-    for d in reversed(sample):
-        nested = "[" + ", ".join([nested] * d) + "]"
-    tensor_json = json.dumps({"inputs": [json.loads(nested)]}, separators=(",", ":"))
+    if text is not None:
+        tensor_json = json.dumps({"inputs": [ids]}, separators=(",", ":"))
+        x_line = f"x = np.array([{ids}], np.int64)  # token ids of {_EXAMPLE_TEXT!r} (pipe serve pads them)"
+        body_line = f"json={{\"text\": [\"{_EXAMPLE_TEXT}\", \"质量太差了，不推荐\"]}}"
+    else:
+        zeros = "0.0" if inp["dtype"] == "float32" else "0"
+        nested = zeros
+        for d in reversed(sample):
+            nested = "[" + ", ".join([nested] * d) + "]"
+        tensor_json = json.dumps({"inputs": [json.loads(nested)]}, separators=(",", ":"))
+        x_line = (f"x = np.zeros(({', '.join(['1'] + [str(d) for d in sample])}), np.{inp['dtype']})  "
+                  "# one sample, already preprocessed")
+        body_line = "json={\"inputs\": x.tolist()}"
     if len(tensor_json) > 600:
         tensor_json = None
     image = spec["preprocessing"].get("kind") == "image"
     b = spec["batching"]
-    x_line = (f"x = np.zeros(({', '.join(['1'] + [str(d) for d in sample])}), np.{inp['dtype']})  "
-              "# one sample, already preprocessed")
     lines = [
         f"# {spec['name']}: a pipe serving package",
         "",
@@ -480,23 +539,41 @@ def _readme(spec: dict[str, Any], inp: dict[str, Any], outp: dict[str, Any]) -> 
         f"{outp['shape']}, {len(spec['labels'])} labels. Every file's sha256 is in `manifest.json`; "
         "`pipe serve` refuses to start if one does not match.",
         "",
+    ]
+    if text is not None:
+        lines += [
+            f"A text model: `pipe serve` encodes text with `{text['vocab_file']}` ({text['vocab_size']} entries, "
+            f"one id per character, `[PAD]` = {text['pad_id']}, `[UNK]` = {text['unk_id']} for characters "
+            f"it lacks) exactly as training did, truncates it to {text['max_len']} characters and pads it with "
+            f"{text['pad_id']} to {text['max_len']}. Token ids sent as `inputs` are truncated and padded the same "
+            "way, so a text gets the same logits alone or batched with longer or shorter ones.",
+            "",
+        ]
+    lines += [
         "## Serve",
         "",
         "```sh",
-        "pipe serve .                 # http://127.0.0.1:8000, docs at /docs",
+        "pipe serve .                 # http://127.0.0.1:8000",
         "pipe serve . --port 9000 --max-batch-size 64",
         "```",
         "",
         f"Concurrent requests are batched: up to {b['max_batch_size']} samples per run, waiting at most "
         f"{b['max_wait_ms']} ms for more. Health: `GET /livez`, `GET /readyz`; metadata `GET /v1/model`; "
-        "Prometheus metrics `GET /metrics`. It listens on 127.0.0.1 only unless `--host` is given: it has "
-        "no authentication or TLS, so put it behind a proxy before exposing it.",
+        "Prometheus metrics `GET /metrics`; the OpenAPI schema `GET /openapi.json`, and interactive docs at "
+        "`GET /docs` where the `fastapi-offline` package is installed (Swagger UI served by the server "
+        "itself, no CDN; without it there is no /docs page). It listens on 127.0.0.1 only unless `--host` "
+        "is given: it has no authentication or TLS, so put it behind a proxy before exposing it.",
         "",
         "## curl",
         "",
         "```sh",
     ]
+    if text is not None:
+        lines += ["curl -s http://127.0.0.1:8000/v1/predict -H 'Content-Type: application/json' \\",
+                  f"     -d '{{\"text\": [\"{_EXAMPLE_TEXT}\"]}}'"]
     if tensor_json:
+        if text is not None:
+            lines += [f"# the same text as token ids of {text['vocab_file']}:"]
         lines += ["curl -s http://127.0.0.1:8000/v1/predict -H 'Content-Type: application/json' \\",
                   f"     -d '{tensor_json}'"]
     if image:
@@ -508,21 +585,26 @@ def _readme(spec: dict[str, Any], inp: dict[str, Any], outp: dict[str, Any]) -> 
         "",
         "The answer: `{\"labels\": [...], \"scores\": [...], \"logits\": [[...]]}` (one entry per sample; "
         "`scores` is the softmax probability of the label). Errors: "
-        "`{\"error\": {\"code\": 422, \"type\": \"invalid_tensor\", \"message\": \"...\"}}`.",
+        "`{\"error\": {\"code\": 422, \"type\": \"invalid_tensor\", \"message\": \"...\"}}`"
+        + (" (empty text: 422 `empty_text`; a body that is not UTF-8: 400)." if text is not None else "."),
         "",
         "## Python",
         "",
         "```python",
-        "import httpx, numpy as np",
+        "import httpx" + ("" if text is not None else ", numpy as np"),
         "",
-        x_line,
-        "r = httpx.post(\"http://127.0.0.1:8000/v1/predict\", json={\"inputs\": x.tolist()})",
+    ]
+    if text is None:
+        lines += [x_line]
+    lines += [
+        f"r = httpx.post(\"http://127.0.0.1:8000/v1/predict\", {body_line})",
         "r.raise_for_status()",
         "print(r.json()[\"labels\"])",
         "```",
         "",
         "Paddle Serving clients (`paddle-serving-client` 0.9.0, Python <= 3.9) work unchanged against "
-        "`pipe serve`, in protobuf and JSON mode:",
+        "`pipe serve`, in protobuf and JSON mode" + (" (token ids as int64, feed type 0):" if text is not None
+                                                     else ":"),
         "",
         "```python",
         "import numpy as np",
@@ -546,6 +628,12 @@ def _readme(spec: dict[str, Any], inp: dict[str, Any], outp: dict[str, Any]) -> 
             f"{t['onnx_source']}): `tritonserver --model-repository $PWD/triton`.",
             "",
         ]
+        if text is not None:
+            lines[-1:-1] = [
+                "",
+                f"Triton has no tokenizer: send int64 token ids of `{text['vocab_file']}` (dims [-1]: any length), "
+                f"padded with {text['pad_id']} to {text['max_len']} as `pipe serve` does to get the same logits.",
+            ]
     return "\n".join(lines)
 
 

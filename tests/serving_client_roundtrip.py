@@ -1,7 +1,9 @@
 """Run by a Python 3.9 interpreter that has paddle-serving-client==0.9.0 (tests/stages/test_serve.py):
 Paddle Serving's own HttpClient against `pipe serve`, protobuf mode then JSON mode; prints one JSON line.
+DTYPE (default float32) is the feed's numpy dtype: int64 for a text package's token ids
+(tests/stages/test_serve_text.py).
 
-    python3.9 tests/serving_client_roundtrip.py PACKAGE/serving_client_conf.prototxt 127.0.0.1:PORT x.json
+    python3.9 tests/serving_client_roundtrip.py PACKAGE/serving_client_conf.prototxt 127.0.0.1:PORT x.json [DTYPE]
 """
 
 import json
@@ -13,8 +15,9 @@ from paddle_serving_client import HttpClient
 
 def main():
     conf, endpoint, x_path = sys.argv[1:4]
+    dtype = sys.argv[4] if len(sys.argv) > 4 else "float32"
     with open(x_path) as f:
-        x = np.asarray(json.load(f), dtype=np.float32)
+        x = np.asarray(json.load(f), dtype=dtype)
     out = {}
     for mode in ("proto", "json"):
         client = HttpClient()

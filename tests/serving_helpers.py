@@ -1,8 +1,10 @@
-"""Helpers for the package and serve tests: one packaged digits run per session, and real `pipe serve`
-processes on a free port on 127.0.0.1, started and stopped by the test that uses them."""
+"""Helpers for the package and serve tests: one packaged digits run and one packaged tiny text run per
+session, real `pipe serve` processes on a free port on 127.0.0.1 (started and stopped by the test that
+uses them), and the protobuf schemas the package files are checked against."""
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import shutil
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import numpy as np
 
 from pipeline.cli import main
 
@@ -39,6 +42,76 @@ def packaged_run(trained_digits: Path, tmp_root: Path) -> Path:
         assert main(["package", str(run / "export")]) == 0
         _BUILT["package"] = run
     return run
+
+
+def _reviews(path: Path) -> Path:
+    """A small, learnable two-class Chinese review file (deterministic; as tests/test_text.py makes it)."""
+    rng = np.random.RandomState(0)
+    good, bad, filler = "好棒赞喜爱满意优", "差烂坏糟失望慢", "这个东西我们的买了一次还是很"
+    rows = []
+    for i in range(240):
+        label = i % 2
+        chars = [filler[j] for j in rng.randint(0, len(filler), 12)]
+        for _ in range(3):
+            chars.insert(rng.randint(0, len(chars)), (good if label else bad)[rng.randint(0, 7)])
+        rows.append({"text": "".join(chars) + str(i), "label": ["neg", "pos"][label]})
+    path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows), encoding="utf-8")
+    return path
+
+
+def packaged_text_run(tmp_root: Path) -> Path:
+    """A tiny text_cnn run (1 epoch, max_len 24) trained, exported and packaged once per session."""
+    if "text" not in _BUILT:
+        run = tmp_root / "text-run"
+        src = _reviews(tmp_root / "reviews.jsonl")
+        assert main(["train", "--data", str(src), "--model", "text_cnn", "--run", str(run), "--epochs", "1",
+                     "--batch-size", "32", "--set", "data.max_len=24", "--set", "data.min_count=1"]) == 0
+        assert main(["export", str(run / "train")]) == 0
+        assert main(["package", str(run / "export")]) == 0
+        _BUILT["text"] = run
+    return _BUILT["text"]
+
+
+def client_config_class():
+    """Paddle Serving's GeneralModelConfig (proto2) message, built here: serving_client_conf.prototxt
+    is parsed against it."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    F = descriptor_pb2.FieldDescriptorProto
+    fd = descriptor_pb2.FileDescriptorProto(name="t/general_model_config.proto",
+                                            package="baidu.paddle_serving.configure", syntax="proto2")
+    for var, kind in (("FeedVar", "feed_type"), ("FetchVar", "fetch_type")):
+        m = fd.message_type.add(name=var)
+        for name, num, typ, label in (("name", 1, F.TYPE_STRING, F.LABEL_OPTIONAL),
+                                      ("alias_name", 2, F.TYPE_STRING, F.LABEL_OPTIONAL),
+                                      ("is_lod_tensor", 3, F.TYPE_BOOL, F.LABEL_OPTIONAL),
+                                      (kind, 4, F.TYPE_INT32, F.LABEL_OPTIONAL),
+                                      ("shape", 5, F.TYPE_INT32, F.LABEL_REPEATED)):
+            m.field.add(name=name, number=num, type=typ, label=label)
+    g = fd.message_type.add(name="GeneralModelConfig")
+    g.field.add(name="feed_var", number=1, type=F.TYPE_MESSAGE, label=F.LABEL_REPEATED,
+                type_name=".baidu.paddle_serving.configure.FeedVar")
+    g.field.add(name="fetch_var", number=2, type=F.TYPE_MESSAGE, label=F.LABEL_REPEATED,
+                type_name=".baidu.paddle_serving.configure.FetchVar")
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(fd.SerializeToString())
+    name = "baidu.paddle_serving.configure.GeneralModelConfig"
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(name))
+
+
+def triton_model_config_class():
+    """Triton's ModelConfig message from tritonclient, loaded by file path (`import tritonclient.grpc` needs
+    the grpc extra, whose protobuf pin conflicts with paddle's); None without tritonclient."""
+    import importlib.util
+
+    tc = importlib.util.find_spec("tritonclient")
+    if tc is None:
+        return None
+    path = Path(tc.submodule_search_locations[0]) / "grpc" / "model_config_pb2.py"
+    spec = importlib.util.spec_from_file_location("pipe_test_triton_model_config_pb2", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.ModelConfig
 
 
 @dataclass

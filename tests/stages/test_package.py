@@ -9,7 +9,6 @@ run per session, in a copy); tests that package again write to their own directo
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -22,7 +21,7 @@ from pipeline import artifacts, data as data_mod
 from pipeline.cli import main
 from stages import package as package_mod
 from tests.conftest import tree_hash
-from tests.serving_helpers import packaged_run
+from tests.serving_helpers import client_config_class, packaged_run, triton_model_config_class
 
 ALLOWLIST_PIR = {
     "manifest.json", "model.json", "model.pdiparams", "serving.yaml", "serving_client_conf.prototxt", "README.md",
@@ -111,28 +110,9 @@ def test_serving_yaml(run):
 
 def test_serving_client_conf_parses(run):
     """serving_client_conf.prototxt against Paddle Serving's GeneralModelConfig schema (proto2), built here."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
+    from google.protobuf import text_format
 
-    F = descriptor_pb2.FieldDescriptorProto
-    fd = descriptor_pb2.FileDescriptorProto(name="t/general_model_config.proto",
-                                            package="baidu.paddle_serving.configure", syntax="proto2")
-    for var, kind in (("FeedVar", "feed_type"), ("FetchVar", "fetch_type")):
-        m = fd.message_type.add(name=var)
-        for name, num, typ, label in (("name", 1, F.TYPE_STRING, F.LABEL_OPTIONAL),
-                                      ("alias_name", 2, F.TYPE_STRING, F.LABEL_OPTIONAL),
-                                      ("is_lod_tensor", 3, F.TYPE_BOOL, F.LABEL_OPTIONAL),
-                                      (kind, 4, F.TYPE_INT32, F.LABEL_OPTIONAL),
-                                      ("shape", 5, F.TYPE_INT32, F.LABEL_REPEATED)):
-            m.field.add(name=name, number=num, type=typ, label=label)
-    g = fd.message_type.add(name="GeneralModelConfig")
-    g.field.add(name="feed_var", number=1, type=F.TYPE_MESSAGE, label=F.LABEL_REPEATED,
-                type_name=".baidu.paddle_serving.configure.FeedVar")
-    g.field.add(name="fetch_var", number=2, type=F.TYPE_MESSAGE, label=F.LABEL_REPEATED,
-                type_name=".baidu.paddle_serving.configure.FetchVar")
-    pool = descriptor_pool.DescriptorPool()
-    pool.AddSerializedFile(fd.SerializeToString())
-    name = "baidu.paddle_serving.configure.GeneralModelConfig"
-    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName(name))
+    cls = client_config_class()
     conf = text_format.Parse((run / "package" / "serving_client_conf.prototxt").read_text(), cls())
     (feed,), (fetch,) = conf.feed_var, conf.fetch_var
     out_name = _manifest(run / "export")["interface"]["outputs"][0]["name"]
@@ -141,16 +121,10 @@ def test_serving_client_conf_parses(run):
 
 
 def _triton_model_config():
-    """Triton's ModelConfig message from tritonclient, loaded by file path: `import tritonclient.grpc`
-    needs the grpc extra, whose protobuf pin conflicts with paddle's."""
-    tc = importlib.util.find_spec("tritonclient")
-    if tc is None:
+    cls = triton_model_config_class()
+    if cls is None:
         pytest.skip("tritonclient is not installed (test extra)")
-    path = Path(tc.submodule_search_locations[0]) / "grpc" / "model_config_pb2.py"
-    spec = importlib.util.spec_from_file_location("pipe_test_triton_model_config_pb2", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.ModelConfig
+    return cls
 
 
 def test_triton_config_parses_with_tritons_schema(run):

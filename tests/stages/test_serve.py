@@ -32,7 +32,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pipeline import artifacts, data as data_mod
-from stages import serve as serve_mod
+from pipeline.serving import batcher, validate, wire
 from tests.serving_helpers import REPO, metric, packaged_run, serving_client_python, start_server, wait_for
 
 CAP = 8 << 20  # the package's default body cap
@@ -146,7 +146,7 @@ def test_served_outputs_equal_the_predictor(client, predictor, digits):
 def test_paddle_serving_wire_format(client, predictor, digits):
     """/GeneralModelService/inference in protobuf (messages from pipe's own descriptor) and JSON."""
     _, x = digits
-    msgs = serve_mod._serving_messages()
+    msgs = wire.messages()
     req = msgs["Request"](fetch_var_names=["logits"], log_id=11)
     t = req.tensor.add(name="x", alias_name="x", elem_type=1)
     t.shape.extend([4, 1, 8, 8])
@@ -186,8 +186,28 @@ def test_model_metrics_docs(client):
     spec = client.get("/openapi.json").json()
     assert {"/v1/predict", "/GeneralModelService/inference", "/v1/model", "/livez", "/readyz"} <= set(spec["paths"])
     assert not any(w in p for p in spec["paths"] for w in ("upload", "reload", "register", "load"))
-    assert client.get("/docs").status_code == 200
+    _docs_are_offline(client)
     assert client.get("/livez").json() == {"status": "alive"} and client.get("/readyz").json() == {"status": "ready"}
+
+
+def _docs_are_offline(client: httpx.Client) -> None:
+    """/docs loads Swagger UI from this server (fastapi-offline's vendored copy), never from a CDN; without
+    that package there is no /docs page, and /openapi.json still answers."""
+    import importlib.util
+
+    page = client.get("/docs")
+    if importlib.util.find_spec("fastapi_offline") is None:
+        _error(page, 404, "not_found")
+        return
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    refs = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert sorted(refs) == ["/docs/favicon.png", "/docs/swagger-ui-bundle.js", "/docs/swagger-ui.css"], refs
+    assert "http://" not in page.text and "https://" not in page.text
+    js = client.get("/docs/swagger-ui-bundle.js")
+    assert js.status_code == 200 and "SwaggerUIBundle" in js.text[:2000]
+    assert client.get("/docs/swagger-ui.css").status_code == 200
+    _error(client.get("/docs/..%2Fcore.py"), 404)
+    _error(client.get("/docs/core.py"), 404)
 
 
 # ------------------------------------------------------------------ bad requests
@@ -231,6 +251,7 @@ BAD = [
     ("not an image", "/v1/predict", JSON_HDR,
      json.dumps({"images": [base64.b64encode(MARK.encode() * 20).decode()]}).encode(), 422, "invalid_image"),
     ("images not strings", "/v1/predict", JSON_HDR, json.dumps({"images": [[1, 2]]}).encode(), 422, "invalid_request"),
+    ("text on an image model", "/v1/predict", JSON_HDR, json.dumps({"text": [MARK]}).encode(), 422, "invalid_request"),
     ("serving: text/plain", "/GeneralModelService/inference", {"content-type": "text/plain"}, b"x", 415,
      "unsupported_media_type"),
     ("serving: bad protobuf", "/GeneralModelService/inference", {"content-type": "application/proto"},
@@ -364,7 +385,7 @@ _tricky_json = st.recursive(st.none() | st.integers() | _tricky_text,
 def test_json_depth_scan_matches_the_parser(value, ensure_ascii, indent):
     """The vectorised pre-parse depth scan agrees with the real nesting, brackets/quotes/escapes in strings."""
     text = json.dumps(value, ensure_ascii=ensure_ascii, indent=indent)
-    assert serve_mod._json_depth(text.encode()) == _nesting(value)
+    assert validate.json_depth(text.encode()) == _nesting(value)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -375,7 +396,7 @@ def test_fuzz_predict_never_5xx(client, body, ctype):
 
 @st.composite
 def _serving_protos(draw) -> bytes:
-    msgs = serve_mod._serving_messages()
+    msgs = wire.messages()
     req = msgs["Request"](log_id=draw(st.integers(0, 2 ** 64 - 1)))
     req.fetch_var_names.extend(draw(st.lists(st.sampled_from(["logits", "fetch_name_0", "other"]), max_size=2)))
     for _ in range(draw(st.integers(0, 2))):
@@ -416,7 +437,7 @@ def held(run, tmp_path_factory):
     """A server whose predictor waits while `hold` exists: queue 4, timeout 4 s."""
     hold = tmp_path_factory.mktemp("hold") / "hold"
     srv = start_server(run / "package", "--queue-size", "4", "--timeout", "4",
-                       env={serve_mod.HOLD_ENV: str(hold)})
+                       env={batcher.HOLD_ENV: str(hold)})
     yield srv, hold
     hold.unlink(missing_ok=True)
     assert srv.stop() == 0
@@ -526,7 +547,7 @@ def test_readiness_and_sigterm_drain(run, tmp_path, digits):
     _, x = digits
     hold = tmp_path / "hold"
     hold.touch()
-    srv = start_server(run / "package", "--host", "127.0.0.2", "--drain", "20", env={serve_mod.HOLD_ENV: str(hold)},
+    srv = start_server(run / "package", "--host", "127.0.0.2", "--drain", "20", env={batcher.HOLD_ENV: str(hold)},
                        ready=False)
     try:
         assert srv.url.startswith("http://127.0.0.2:")

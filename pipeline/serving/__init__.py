@@ -1,0 +1,12 @@
+"""What `pipe package` and `pipe serve` share, and the parts of the server that are not the app itself.
+
+    spec       the package contract (file allowlist, dtypes, serving.yaml schema), loading and checking a
+               package, the server settings; text packages: the vocabulary and its encoding
+    validate   request bodies: size, content type, JSON depth, tensors, images, text -> model input
+    wire       Paddle Serving's HttpClient wire format (protobuf messages built here, and JSON)
+    predictor  Paddle Inference predictors in child processes (`python -m pipeline.serving.predictor`)
+    batcher    the bounded queue and dynamic batching threads in front of the predictor processes
+    openapi    the OpenAPI fragments for bodies read by hand, and the offline /docs page
+
+Nothing here imports paddle at module level (the predictor child imports it inside its main).
+"""

@@ -1,0 +1,178 @@
+"""Dynamic batching in front of the predictor processes: one bounded queue, one thread per predictor.
+
+A thread takes the first waiting request, then whatever else is queued (waiting up to max_wait while
+admitted requests are still on their way) until max_batch_size samples, and runs them as one batch over
+its predictor's pipe (the GIL is released while it waits). Every sample of a batch has the package's
+per-sample shape (text: ids padded to max_len, see `validate.canonical_ids`), so requests of different
+text lengths batch together and get the outputs they would get alone. A predictor process that dies
+fails its batch (500) and is restarted.
+
+Test hook: while the file named by PIPE_FAULT_HOLD_PREDICTOR exists, each predictor thread waits before
+its warm-up and, holding the request it just took, before forming a batch: tests can keep the server
+unready, fill the queue behind it, or hold a request in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipeline.errors import PipeError
+from pipeline.serving.predictor import START_S, PredictorProcess
+from pipeline.serving.spec import Settings, Spec
+
+HOLD_ENV = "PIPE_FAULT_HOLD_PREDICTOR"
+log = logging.getLogger("pipe.serve")
+
+
+@dataclass
+class Job:
+    x: np.ndarray
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+
+
+def settle(fut: asyncio.Future, result: Any, exc: BaseException | None) -> None:
+    if fut.done():  # timed out (cancelled) while it ran
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(result)
+
+
+class Batcher:
+    """One queue, one thread per predictor process. A thread takes the first waiting request, then whatever
+    else is queued (waiting up to max_wait while admitted requests are still on their way) until
+    max_batch_size samples, and runs them as one batch; it waits on the pipe with the GIL released."""
+
+    def __init__(self, preds: list[Any], spec: Spec, s: Settings, metrics: Any, inflight: Any):
+        self.preds, self.spec, self.s, self.metrics = preds, spec, s, metrics
+        self.inflight = inflight  # () -> requests admitted and not answered (some still reading their body)
+        self.taken = 0  # jobs out of the queue, in a batch being formed or run
+        self.q: queue.Queue = queue.Queue(maxsize=s.queue_size)
+        self.threads: list[threading.Thread] = []
+        self.warm = 0
+        self.ready = threading.Event()
+        self._lock = threading.Lock()
+        self._hold = os.environ.get(HOLD_ENV, "")
+
+    def start(self) -> None:
+        for i, pred in enumerate(self.preds):
+            t = threading.Thread(target=self._worker, args=(pred,), name=f"predictor-{i}", daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def stop(self, timeout: float) -> None:
+        for _ in self.threads:
+            try:
+                self.q.put(None, timeout=timeout)
+            except queue.Full:
+                break
+        for t in self.threads:
+            t.join(timeout)
+
+    def submit(self, job: Job) -> None:
+        self.q.put_nowait(job)  # raises queue.Full: the caller answers 503
+
+    def _wait_hold(self) -> None:
+        while self._hold and os.path.exists(self._hold):  # test hook (see module docstring)
+            time.sleep(0.01)
+
+    def _warm_up(self, pred: PredictorProcess) -> None:
+        self._wait_hold()
+        pred.warm_up()
+        with self._lock:
+            self.warm += 1
+            if self.warm == len(self.preds):
+                self.ready.set()
+
+    def _worker(self, pred: Any) -> None:
+        try:
+            self._warm_up(pred)
+        except Exception:
+            log.exception("pipe serve: warm-up failed; /readyz stays 503")
+            return
+        carry: Job | None = None
+        stop = False
+        while not stop:
+            job = carry or self.q.get()
+            carry = None
+            if job is None:
+                break
+            self._wait_hold()  # test hook: the job is taken, the queue fills behind it
+            batch, rows = [job], len(job.x)
+            self._take(1)
+            deadline = time.monotonic() + self.s.max_wait_ms / 1000
+            while rows < self.s.max_batch_size:
+                try:
+                    nxt = self.q.get_nowait()
+                except queue.Empty:
+                    left = deadline - time.monotonic()
+                    # Wait only while more requests are on their way (admitted, not yet queued): a lone
+                    # request at low load would otherwise pay max_wait for nothing.
+                    if left <= 0 or self.inflight() <= self.taken:
+                        break
+                    try:
+                        nxt = self.q.get(timeout=left)
+                    except queue.Empty:
+                        break
+                if nxt is None:
+                    stop = True
+                    break
+                if nxt.future.done():
+                    continue
+                if rows + len(nxt.x) > self.s.max_batch_size:
+                    carry = nxt
+                    break
+                self._take(1)
+                batch.append(nxt)
+                rows += len(nxt.x)
+            try:
+                self._run_batch(pred, [j for j in batch if not j.future.done()])
+            finally:
+                self._take(-len(batch))
+
+    def _take(self, n: int) -> None:
+        with self._lock:
+            self.taken += n
+
+    def _restart(self, pred: PredictorProcess) -> None:
+        """A predictor process died (crash, OOM kill): start a new one, warm it, serve on."""
+        log.error("pipe serve: predictor process exited with %s; restarting it", pred.proc.returncode)
+        pred.close()
+        try:
+            pred.start()
+            pred.hello(START_S)
+            pred.warm_up()
+        except (PipeError, RuntimeError, EOFError, OSError) as e:
+            log.error("pipe serve: predictor restart failed: %s", e)
+
+    def _run_batch(self, pred: PredictorProcess, batch: list[Job]) -> None:
+        if not batch:
+            return
+        x = batch[0].x if len(batch) == 1 else np.concatenate([j.x for j in batch])
+        t0 = time.perf_counter()
+        try:
+            y = pred.run(x)
+        except (RuntimeError, EOFError, OSError, ValueError) as e:  # a 500 for this batch; the thread goes on
+            log.error("pipe serve: predictor run failed: %s: %s", e.__class__.__name__, e)
+            for j in batch:
+                j.loop.call_soon_threadsafe(settle, j.future, None, e)
+            if pred.proc.poll() is not None:
+                self._restart(pred)
+            return
+        self.metrics.observe_batch(len(x), len(batch), time.perf_counter() - t0)
+        at = 0
+        for j in batch:
+            n = len(j.x)
+            j.loop.call_soon_threadsafe(settle, j.future, y[at:at + n], None)
+            at += n

@@ -1,0 +1,190 @@
+"""Paddle Inference predictors in child processes, `python -m pipeline.serving.predictor --predictor SPEC`.
+
+Paddle Inference's Python `run()` holds the GIL for the whole inference on CPU (its binding releases it
+only for custom devices): predictors on threads would stall the HTTP event loop and each other. In a
+child process the predictor runs while the server waits on a pipe with the GIL released. Frames on the
+child's stdin/stdout: 4-byte header length, JSON header, 8-byte payload length, raw C-order bytes (no
+pickle). The child ignores SIGINT/SIGTERM: the server drains first, then closes its stdin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline import runtime
+from pipeline.errors import InputError, PipeError
+from pipeline.serving.spec import Spec
+
+START_S = 600.0  # a big program on a busy machine can take minutes to load
+
+
+class PredictorProcess:
+    """One predictor child: `start`, `hello` (it loaded), `run(x)`, `warm_up`, `close`."""
+
+    def __init__(self, spec: Spec, threads: int, max_batch: int):
+        self.doc = {"program": str(spec.program), "params": str(spec.params), "precision": spec.precision,
+                    "threads": threads, "input": spec.inp["name"], "output": spec.outp["name"],
+                    "dtype": spec.inp["dtype"], "sample_shape": list(spec.sample_shape), "max_batch": max_batch}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        env = dict(os.environ, GLOG_minloglevel="2", OMP_NUM_THREADS=str(self.doc["threads"]),
+                   PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.serving.predictor", "--predictor",
+                                      json.dumps(self.doc)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+
+    def hello(self, timeout: float) -> None:
+        """The child's first frame: it loaded the program (or why not: InputError for a fixable cause)."""
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            raise PipeError(f"{self.doc['program']}: the predictor process did not start within {timeout:g} s")
+        try:
+            head, _ = read_frame(self.proc.stdout)
+        except EOFError:
+            raise PipeError(f"{self.doc['program']}: the predictor process exited ({self.proc.wait()}) while "
+                            "loading; its stderr is above") from None
+        if not head.get("ok"):
+            raise (InputError if head.get("input_error") else PipeError)(head.get("error", "predictor failed"))
+
+    def call(self, head: dict[str, Any], payload: bytes = b"") -> tuple[dict[str, Any], bytes]:
+        write_frame(self.proc.stdin, head, payload)
+        reply, data = read_frame(self.proc.stdout)
+        if not reply.get("ok"):
+            raise RuntimeError(reply.get("error", "predictor failed"))
+        return reply, data
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(x)
+        reply, data = self.call({"op": "run", "shape": list(x.shape), "dtype": str(x.dtype)}, x.tobytes())
+        return np.frombuffer(data, reply["dtype"]).reshape(reply["shape"])
+
+    def warm_up(self) -> None:
+        self.call({"op": "warm"})
+
+    def close(self, timeout: float = 5.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            self.proc.stdin.close()  # the child's EOF: it exits
+            self.proc.wait(timeout)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait(timeout)
+
+
+def start_predictors(spec: Spec, n: int, threads: int, max_batch: int) -> list[PredictorProcess]:
+    preds = [PredictorProcess(spec, threads, max_batch) for _ in range(n)]
+    try:
+        for pred in preds:  # started together: their paddle imports overlap
+            pred.start()
+        for pred in preds:
+            pred.hello(START_S)
+    except BaseException:
+        for pred in preds:
+            pred.close()
+        raise
+    return preds
+
+
+def write_frame(f: Any, head: dict[str, Any], payload: bytes = b"") -> None:
+    raw = json.dumps(head).encode()
+    f.write(struct.pack("<I", len(raw)) + raw + struct.pack("<Q", len(payload)))
+    f.write(payload)
+    f.flush()
+
+
+def _read_exact(f: Any, n: int) -> bytes:
+    data = f.read(n)
+    if len(data) != n:
+        raise EOFError("predictor pipe closed")
+    return data
+
+
+def read_frame(f: Any) -> tuple[dict[str, Any], bytes]:
+    (n,) = struct.unpack("<I", _read_exact(f, 4))
+    head = json.loads(_read_exact(f, n))
+    (m,) = struct.unpack("<Q", _read_exact(f, 8))
+    return head, _read_exact(f, m) if m else b""
+
+
+def _create_predictor(paddle: Any, doc: dict[str, Any]) -> Any:
+    program = Path(doc["program"])
+    c = paddle.inference.Config(str(program), doc["params"])
+    if not c.onednn_enabled():
+        c.enable_onednn()
+    if doc["precision"] == "bf16":
+        if not paddle.base.core.supports_bfloat16():
+            raise InputError(f"{program.parent}: a bf16 package, but this CPU has no bf16 support "
+                             "(avx512_bf16); package the model with --precision fp32")
+        c.enable_onednn_bfloat16()
+    elif doc["precision"] == "int8":
+        c.enable_onednn_int8()
+    c.set_cpu_math_library_num_threads(doc["threads"])
+    c.disable_glog_info()
+    try:
+        pred = paddle.inference.create_predictor(c)
+    except Exception as e:  # Paddle's C++ error: one line, naming the file
+        raise PipeError(f"{program}: Paddle Inference cannot load it ({e.__class__.__name__})") from None
+    if pred.get_input_names() != [doc["input"]] or pred.get_output_names() != [doc["output"]]:
+        raise InputError(f"{program}: io names {pred.get_input_names()} -> {pred.get_output_names()} do not "
+                         f"match serving.yaml ({doc['input']} -> {doc['output']})")
+    return pred
+
+
+def _predictor_main(doc: dict[str, Any]) -> int:
+    """Child: load the predictor, then answer frames until stdin closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # [signal] a terminal's Ctrl-C reaches the whole group:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the parent drains first, then closes our stdin
+    channel = os.fdopen(os.dup(1), "wb")  # stdout carries frames; anything printed goes to stderr
+    os.dup2(2, 1)
+    source = sys.stdin.buffer
+    try:
+        paddle = runtime.import_paddle(doc["threads"])
+        pred = _create_predictor(paddle, doc)
+    except PipeError as e:
+        write_frame(channel, {"ok": False, "error": str(e), "input_error": isinstance(e, InputError)})
+        return 2
+    h_in, h_out = pred.get_input_handle(doc["input"]), pred.get_output_handle(doc["output"])
+
+    def infer(x: np.ndarray) -> np.ndarray:
+        h_in.copy_from_cpu(x)
+        pred.run()
+        return h_out.copy_to_cpu()
+
+    write_frame(channel, {"ok": True})
+    while True:
+        try:
+            head, payload = read_frame(source)
+        except EOFError:
+            return 0
+        try:
+            if head["op"] == "warm":
+                # oneDNN builds its kernels per input shape on first sight (~3 ms each): pay it before /readyz.
+                zeros = np.zeros((doc["max_batch"], *doc["sample_shape"]), doc["dtype"])
+                for n in range(1, doc["max_batch"] + 1):
+                    infer(zeros[:n])
+                write_frame(channel, {"ok": True})
+            else:
+                x = np.frombuffer(payload, head["dtype"]).reshape(head["shape"])
+                y = np.ascontiguousarray(infer(x))
+                write_frame(channel, {"ok": True, "shape": list(y.shape), "dtype": str(y.dtype)}, y.tobytes())
+        except Exception as e:  # reported to the parent as this batch's failure; the child keeps serving
+            write_frame(channel, {"ok": False, "error": f"{e.__class__.__name__}: {str(e)[:300]}"})
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--predictor":
+        sys.exit(_predictor_main(json.loads(sys.argv[2])))
+    print("usage: python -m pipeline.serving.predictor --predictor SPEC_JSON (internal; use `pipe serve`)",
+          file=sys.stderr)
+    sys.exit(2)

@@ -1,0 +1,225 @@
+"""The serving package contract and its reader: what `pipe package` writes and `pipe serve` accepts.
+
+A package is an allowlist of files (`allowlist`), `serving.yaml` (schema `SERVING_SCHEMA`) and a manifest
+with the sha256 of each. `load_package` verifies all of it before anything is loaded; `settings` merges
+the package's defaults with the `pipe serve` flags. Text packages also carry the vocabulary (`vocab.json`,
+a JSON list, id = position) and a `text:` section; `TextSpec.encode` is the training encoder itself
+(`pipeline.data.encode_texts`), so served text gets exactly the ids its model was trained on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from pipeline import artifacts, data as data_mod
+from pipeline.errors import InputError
+
+PRECISIONS = ("fp32", "bf16", "int8")
+# Paddle dtype name -> (Paddle Serving feed/fetch type, Serving Tensor data field, Triton data type).
+DTYPES = {
+    "float32": (1, "float_data", "TYPE_FP32"),
+    "int64": (0, "int64_data", "TYPE_INT64"),
+    "int32": (2, "int_data", "TYPE_INT32"),
+}
+# The files a package may hold besides the Triton directory (its name depends on the model).
+MODEL_FILES = {"pir": "model.json", "legacy": "model.pdmodel"}
+PARAMS_FILE = "model.pdiparams"
+DOC_FILES = ("serving.yaml", "serving_client_conf.prototxt", "README.md")
+TRITON_FILES = ("config.pbtxt", "1/model.onnx", "labels.txt")
+VOCAB_FILE = "vocab.json"  # text packages: the only name `serve` accepts for the vocabulary
+SERVING_SCHEMA = 1
+# Server defaults written into serving.yaml; `pipe serve` flags override them.
+SERVER_DEFAULTS = {
+    "predictors": 1, "threads": 0, "queue_size": 64, "timeout_s": 30.0, "max_body_bytes": 8 << 20,
+    "max_json_depth": 32, "max_image_pixels": 4096 * 4096, "drain_s": 30.0,
+}
+# The text keys of serving.yaml's `text:` section (from the export's preprocessing).
+TEXT_KEYS = ("tokenizer", "max_len", "pad_id", "unk_id", "vocab_file", "vocab_size")
+
+
+def allowlist(fmt: str, triton_name: str | None, vocab_file: str | None = None) -> set[str]:
+    """Every file a package holds (manifest.json included): the test and `serve` check against it."""
+    files = {MODEL_FILES[fmt], PARAMS_FILE, *DOC_FILES, artifacts.MANIFEST}
+    if vocab_file:
+        files.add(vocab_file)
+    if triton_name:
+        files |= {f"triton/{triton_name}/{f}" for f in TRITON_FILES}
+    return files
+
+
+def check_vocab(path: Path, text: dict[str, Any]) -> dict[str, int]:
+    """vocab.json -> {token: id}, checked against the `text` spec (size, [PAD]/[UNK] ids, no duplicates)."""
+    try:
+        vocab = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raise InputError(f"{path}: not a UTF-8 JSON vocabulary") from None
+    ok = isinstance(vocab, list) and all(isinstance(t, str) for t in vocab) and len(set(vocab)) == len(vocab)
+    if not ok or len(vocab) != text["vocab_size"]:
+        raise InputError(f"{path}: expected a JSON list of {text['vocab_size']} distinct strings (vocab_size)")
+    if vocab[text["pad_id"]] != "[PAD]" or vocab[text["unk_id"]] != "[UNK]":
+        raise InputError(f"{path}: [PAD] and [UNK] must sit at pad_id {text['pad_id']} and unk_id {text['unk_id']}")
+    return {t: i for i, t in enumerate(vocab)}
+
+
+def text_section(pre: dict[str, Any], where: str) -> dict[str, Any]:
+    """The `text:` section from a text preprocessing dict, checked: a char tokenizer with [PAD]=0, [UNK]=1
+    (what `pipeline.data.encode_texts` writes), max_len >= 1, and the vocabulary file name."""
+    try:
+        text = {k: pre[k] for k in TEXT_KEYS}
+        ok = (text["tokenizer"] == "char" and text["pad_id"] == 0 and text["unk_id"] == 1
+              and text["vocab_file"] == VOCAB_FILE
+              and all(isinstance(text[k], int) and not isinstance(text[k], bool) for k in ("max_len", "vocab_size"))
+              and text["max_len"] >= 1 and text["vocab_size"] >= 2)
+    except (KeyError, TypeError):
+        ok = False
+    if not ok:
+        raise InputError(f"{where}: text preprocessing must be the char tokenizer with pad_id 0, unk_id 1, "
+                         f"{VOCAB_FILE}, max_len >= 1 and vocab_size (as pipe's data module writes it)")
+    return text
+
+
+@dataclass(frozen=True)
+class TextSpec:
+    """A text package's tokenizer: characters -> ids of `vocab`, truncated and padded to max_len."""
+
+    max_len: int
+    pad_id: int
+    unk_id: int
+    vocab_size: int
+    vocab: dict[str, int]
+    section: dict[str, Any]
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        """The training encoder itself: int64 (N, max_len), truncated, [PAD]-padded, unknown -> [UNK]."""
+        return data_mod.encode_texts(texts, self.vocab, self.max_len)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """serving.yaml, checked."""
+
+    name: str
+    precision: str
+    fmt: str
+    program: Path
+    params: Path
+    inp: dict[str, Any]
+    outp: dict[str, Any]
+    labels: list[str]
+    preprocessing: dict[str, Any]
+    doc: dict[str, Any]
+    manifest_sha256: str
+    text: TextSpec | None = None
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """The per-sample shape the predictor is fed: text inputs are always padded to max_len, as in
+        training (see `validate.canonical_ids`), so the predictor only ever sees [n, max_len]."""
+        if self.text is not None:
+            return (self.text.max_len,)
+        return tuple(self.inp["shape"][1:])
+
+
+@dataclass(frozen=True)
+class Settings:
+    predictors: int
+    threads: int
+    max_batch_size: int
+    max_wait_ms: float
+    queue_size: int
+    timeout_s: float
+    max_body_bytes: int
+    max_json_depth: int
+    max_image_pixels: int
+    drain_s: float
+
+
+def _io_ok(io_: dict[str, Any], text: bool) -> bool:
+    shape = io_["shape"]
+    if not (io_["dtype"] in DTYPES and isinstance(io_["name"], str) and isinstance(shape, list)
+            and len(shape) >= 2 and shape[0] == -1):
+        return False
+    if text:  # int64 ids of any length
+        return shape == [-1, -1] and io_["dtype"] == "int64"
+    return all(isinstance(d, int) and d >= 1 for d in shape[1:])
+
+
+def load_package(path: Path) -> Spec:
+    """Verify the package (manifest, sha256 of every file, the allowlist) and read serving.yaml."""
+    art = artifacts.verify(path, ("package",))
+    where = path / "serving.yaml"
+    if "serving.yaml" not in art.manifest["files"]:
+        raise InputError(f"{path / artifacts.MANIFEST}: lists no serving.yaml")
+    try:
+        doc = yaml.safe_load(where.read_text(encoding="utf-8"))
+        fmt = doc["model"]["format"]
+        program, params = doc["model"]["program"], doc["model"]["params"]
+        inp, outp, labels = doc["input"], doc["output"], [str(s) for s in doc["labels"]]
+        is_text = isinstance(doc["preprocessing"], dict) and doc["preprocessing"].get("kind") == "text"
+        ok = (doc["schema"] == SERVING_SCHEMA and doc["precision"] in PRECISIONS
+              and program == MODEL_FILES.get(fmt) and params == PARAMS_FILE
+              and isinstance(doc["preprocessing"], dict) and isinstance(doc["name"], str))
+        ok = ok and _io_ok(inp, is_text) and _io_ok(outp, False)
+        ok = ok and outp["dtype"] == "float32" and outp["shape"] == [-1, len(labels)]
+        ok = ok and (not is_text or isinstance(doc.get("text"), dict))
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError):
+        ok = False
+    if not ok:
+        raise InputError(f"{where}: not a serving spec this pipe reads (schema {SERVING_SCHEMA})")
+    text = None
+    if is_text:
+        section = text_section(doc["text"], f"{where}: text")
+        vocab = check_vocab(path / section["vocab_file"], section)
+        text = TextSpec(section["max_len"], section["pad_id"], section["unk_id"], section["vocab_size"], vocab,
+                        section)
+    triton = doc.get("triton") or {}
+    allowed = allowlist(fmt, triton.get("model") if triton else None, text.section["vocab_file"] if text else None)
+    found = set(art.manifest["files"]) | {artifacts.MANIFEST}
+    if found != allowed:
+        odd = sorted(found - allowed) or sorted(allowed - found)
+        raise InputError(f"{path / artifacts.MANIFEST}: {odd[0]} is not in the package allowlist "
+                         "(inference-format files only)")
+    return Spec(doc["name"], doc["precision"], fmt, path / program, path / params, inp, outp, labels,
+                doc["preprocessing"], doc, art.manifest_sha256, text)
+
+
+def settings(cfg: Any, spec: Spec) -> Settings:
+    """`pipe serve` flags (a ServeConfig; None = the package's value) over serving.yaml, range-checked."""
+    server = {**SERVER_DEFAULTS, **(spec.doc.get("server") or {})}
+    batching = spec.doc.get("batching") or {}
+
+    def pick(flag: str, given: Any, default: Any, kind: type, low: float, high: float) -> Any:
+        value = default if given is None else given
+        try:
+            value = kind(value)
+        except (TypeError, ValueError):
+            raise InputError(f"{flag}: expected {kind.__name__}, got {value!r}") from None
+        if not (low <= value <= high) or (kind is float and not math.isfinite(value)):
+            raise InputError(f"{flag}: must be {low:g}..{high:g}, got {value:g}")
+        return value
+
+    predictors = pick("--predictors", cfg.predictors, server["predictors"], int, 1, 64)
+    threads = pick("--threads", cfg.threads, server["threads"], int, 0, 256)
+    if threads == 0:
+        threads = max(1, ((os.cpu_count() or 1) - 1) // predictors)
+    return Settings(
+        predictors=predictors,
+        threads=threads,
+        max_batch_size=pick("--max-batch-size", cfg.max_batch_size, batching.get("max_batch_size", 32), int, 1, 4096),
+        max_wait_ms=pick("--max-wait-ms", cfg.max_wait_ms, batching.get("max_wait_ms", 2.0), float, 0, 1000),
+        queue_size=pick("--queue-size", cfg.queue_size, server["queue_size"], int, 1, 100_000),
+        timeout_s=pick("--timeout", cfg.timeout_s, server["timeout_s"], float, 0.001, 3600),
+        max_body_bytes=pick("--max-body-bytes", cfg.max_body_bytes, server["max_body_bytes"], int, 64, 1 << 31),
+        max_json_depth=pick("serving.yaml server.max_json_depth", None, server["max_json_depth"], int, 4, 256),
+        max_image_pixels=pick("serving.yaml server.max_image_pixels", None, server["max_image_pixels"], int, 1,
+                              1 << 28),
+        drain_s=pick("--drain", cfg.drain_s, server["drain_s"], float, 0, 3600),
+    )
