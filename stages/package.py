@@ -23,7 +23,7 @@ a text example. The contract itself (allowlist, dtypes, schema) is `pipeline/ser
 
 `pipe serve package/` needs nothing outside this directory. The paddle2onnx conversion is checked in
 onnxruntime against the Paddle predictor on a fixed random batch: max|diff| <= `onnx_parity_tol` x
-max|logit| or the stage fails with exit 4, writing nothing.
+max|logit| or the stage fails with exit 5, writing nothing.
 """
 
 from __future__ import annotations
