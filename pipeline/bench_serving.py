@@ -41,21 +41,32 @@ _HTTP_TIMEOUT_S = 30.0
 
 
 def rows(quick: bool) -> list[tuple[str, str, str, str]]:
-    """Measurement rows (measurement, result, goal, status) for `pipe bench`'s table."""
+    """Measurement rows (measurement, result, goal, status) for `pipe bench`'s table: digits (with the
+    bounded load run), then mobilenet_v3_small at 3x64x64, where the model, not HTTP, is the cost."""
+    return _image_rows(quick, "digits_cnn 1x8x8", _build_package, load=True) + \
+        _image_rows(quick, "mobilenet_v3_small 3x64x64 PNG", _build_mobilenet_package, load=False, png=True)
+
+
+def _image_rows(quick: bool, name: str, build: Callable[[Path, bool], Path],
+                load: bool, png: bool = False) -> list[tuple[str, str, str, str]]:
+    """`png`: requests carry base64 PNGs (decoded and normalised in the server) instead of JSON float
+    tensors, whose parsing costs the server ~4 ms per 3x64x64 request; the bare predictor gets tensors."""
     clients, total = 16, 400 if quick else 2000
     load_clients, load_s = (8, 5.0) if quick else (32, 30.0)
     tmp = Path(tempfile.mkdtemp(prefix="pipe-bench-serve-"))
     proc = None
     try:
-        package = _build_package(tmp, quick)
+        package = build(tmp, quick)
         proc, url, threads = _start_server(package, tmp / "serve.log")
         spec = yaml.safe_load((package / "serving.yaml").read_text())
         x = np.random.RandomState(0).standard_normal((64, *spec["input"]["shape"][1:])).astype(np.float32)
         bodies = [json.dumps({"inputs": x[i:i + 1].tolist()}).encode() for i in range(len(x))]
+        if png:
+            bodies = [json.dumps({"images": [b64]}).encode() for b64 in _pngs(x.shape[1:], len(x))]
         rss_ready = _usage(proc.pid)[0]
 
         # Interleaved: bare, served, bare; the machine's noise hits both sides.
-        n_bare = max(total, 2000)  # ~1 s: shorter loops are all noise on a shared machine
+        n_bare = max(total, 2000) if load else total  # digits: ~1 s; shorter loops are all noise
         bare_loop = _bare_predictor(package, spec, threads)
         bare = [bare_loop(x, n_bare)]
         before, (_, cpu0) = _batches(url), _usage(proc.pid)
@@ -63,9 +74,10 @@ def rows(quick: bool) -> list[tuple[str, str, str, str]]:
         after, (_, cpu1) = _batches(url), _usage(proc.pid)
         bare.append(bare_loop(x, n_bare))
 
-        rss_before = _usage(proc.pid)[0]
-        load = _load(url, bodies, load_clients, seconds=load_s)
-        rss_after = _usage(proc.pid)[0]
+        if load:
+            rss_before = _usage(proc.pid)[0]
+            loaded = _load(url, bodies, load_clients, seconds=load_s)
+            rss_after = _usage(proc.pid)[0]
     finally:
         if proc is not None:
             _stop(proc)
@@ -75,25 +87,60 @@ def rows(quick: bool) -> list[tuple[str, str, str, str]]:
     ratio = served["rate"] / bare_rate
     samples, runs = after[0] - before[0], after[1] - before[1]
     cpu = [b - a for a, b in zip(cpu0, cpu1)]
-    return [
-        (f"serve: {clients} keep-alive clients x {total // clients} batch-1 requests, requests/s (p50/p99 ms)",
-         f"{served['rate']:.0f} ({served['p50']:.1f}/{served['p99']:.1f})"
+    out = [
+        (f"serve {name}: {clients} keep-alive clients x {total // clients} batch-1 requests, requests/s "
+         f"(p50/p99 ms)", f"{served['rate']:.0f} ({served['p50']:.1f}/{served['p99']:.1f})"
          + (f", {served['errors']} errors" if served["errors"] else ""), "", ""),
-        (f"bare Paddle Inference predictor, batch 1 one by one (oneDNN, {threads} thread(s)), items/s "
+        (f"bare Paddle Inference predictor ({name}), batch 1 one by one (oneDNN, {threads} thread(s)), items/s "
          "(before/after the served run)", f"{bare_rate:.0f} ({bare[0]:.0f}/{bare[1]:.0f})", "", ""),
-        (f"serve / bare predictor one by one ({os.cpu_count()} cores shared by clients, HTTP server, predictor)",
-         f"{ratio:.2f}x", ">= 2x", "met" if ratio >= 2 and not served["errors"] else "**missed**"),
-        ("serve: average batch size from /metrics (predictor runs)", f"{samples / max(runs, 1):.2f} ({runs:.0f})",
-         "", ""),
-        ("serve: CPU seconds in the served run: clients (this process) / HTTP server / predictor(s)",
+        (f"serve / bare predictor one by one, {name} ({os.cpu_count()} cores shared by clients, HTTP server, "
+         "predictor)", f"{ratio:.2f}x", ">= 2x", "met" if ratio >= 2 and not served["errors"] else "**missed**"),
+        (f"serve {name}: average batch size from /metrics (predictor runs)",
+         f"{samples / max(runs, 1):.2f} ({runs:.0f})", "", ""),
+        (f"serve {name}: CPU seconds in the served run: clients (this process) / HTTP server / predictor(s)",
          f"{cpu[0]:.2f} / {cpu[1]:.2f} / {cpu[2]:.2f} ({served['wall']:.2f} s wall)", "", ""),
-        (f"serve load run: {load_clients} clients x {load_s:g} s on 127.0.0.1, requests (requests/s, p99 ms)",
-         f"{load['done']} ({load['rate']:.0f}/s, {load['p99']:.1f})", "", ""),
-        ("serve load run: errors (non-200 or transport)", str(load["errors"]), "0",
-         "met" if load["errors"] == 0 else "**missed**"),
-        ("serve RSS, server + predictor process(es): at ready / before / after the load run",
-         f"{rss_ready:.0f} / {rss_before:.0f} / {rss_after:.0f} MB", "reported", ""),
     ]
+    if load:
+        out += [
+            (f"serve load run: {load_clients} clients x {load_s:g} s on 127.0.0.1, requests (requests/s, p99 ms)",
+             f"{loaded['done']} ({loaded['rate']:.0f}/s, {loaded['p99']:.1f})", "", ""),
+            ("serve load run: errors (non-200 or transport)", str(loaded["errors"]), "0",
+             "met" if loaded["errors"] == 0 else "**missed**"),
+            ("serve RSS, server + predictor process(es): at ready / before / after the load run",
+             f"{rss_ready:.0f} / {rss_before:.0f} / {rss_after:.0f} MB", "reported", ""),
+        ]
+    return out
+
+
+def _pngs(chw: tuple[int, ...], n: int) -> list[str]:
+    import base64
+    import io
+
+    from PIL import Image
+
+    rng, out = np.random.default_rng(0), []
+    for _ in range(n):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (chw[1], chw[2], chw[0]), dtype=np.uint8).squeeze()).save(buf, "PNG")
+        out.append(base64.b64encode(buf.getvalue()).decode())
+    return out
+
+
+def _build_mobilenet_package(tmp: Path, quick: bool) -> Path:
+    """mobilenet_v3_small on the compress benchmark's seeded synthetic 3x64x64 data, one epoch (speed,
+    not accuracy, is measured), exported and packaged fp32 without Triton."""
+    from pipeline import bench_compress
+
+    run = tmp / "run"
+    data = bench_compress._synthetic(tmp / "synthetic.npz")
+    steps = [["train", "--data", str(data), "--model", "mobilenet_v3_small", "--run", str(run), "--epochs", "1"],
+             ["export", str(run / "train")], ["package", str(run / "export"), "--no-triton"]]
+    for args in steps:
+        r = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=_REPO, capture_output=True, text=True,
+                           timeout=1800, check=False)
+        if r.returncode != 0:
+            raise PipeError(f"bench: `pipe {args[0]}` failed ({r.returncode}): {r.stderr.strip()[-500:]}")
+    return run / "package"
 
 
 def _build_package(tmp: Path, quick: bool) -> Path:
