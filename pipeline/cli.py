@@ -181,10 +181,23 @@ def serve(
 
 @app.command()
 def bench(
-    out_file: Path = typer.Option(Path("bench/RESULTS.md"), "--out", help="Where to write the results table."),
-    quick: bool = typer.Option(False, "--quick", help="Fewer repeats (a smoke run)."),
+    dirs: Optional[list[Path]] = typer.Argument(None, help="export, compress or package directories to measure; "
+                                                           "none = the project's benchmark suite."),
+    json_file: Optional[Path] = typer.Option(None, "--json", help="With DIRs: also write the rows as JSON here."),
+    out_file: Path = typer.Option(Path("bench/RESULTS.md"), "--out", help="The suite: where to write the table."),
+    quick: bool = typer.Option(False, "--quick", help="Fewer timed runs (a smoke run)."),
 ) -> None:
-    """Measure CLI start-up and training throughput side by side; writes a Markdown table."""
+    """Measure artifacts on this machine (format, status, size, accuracy, p50/p99, items/s; says which is
+    fastest), or with no DIR run the benchmark suite into a Markdown table."""
+    if dirs:
+        from pipeline import artifacts, measure
+
+        rows = measure.measure(dirs, quick=quick)
+        print(measure.render_table(rows))  # plain print: statuses may contain [brackets]
+        if json_file:
+            artifacts.write_text_atomic(json_file, json.dumps(measure.to_json(rows), indent=2) + "\n")
+            out.print(f"wrote {json_file}")
+        return
     from pipeline import bench as bench_mod
 
     bench_mod.run(out_file, quick=quick)

@@ -3,7 +3,8 @@
     pipe all --config examples/digits.yaml --run runs/digits
     pipe all --config examples/digits.yaml --run runs/digits --force compress
 
-train -> export -> compress (when `compress.int8` or `compress.distill`) -> package -> report.
+train -> export -> compress (when `compress.int8` or `compress.distill`) -> package -> `report.md` and a
+self-contained `report.html` in RUN (pipeline/report.py).
 
 Cache: `RUN/pipeline.json` records, per stage, a key (the stage's config sections, its input's manifest
 sha256 — for train the data's and model's content fingerprint — and pipe's and the libraries' versions)
@@ -118,6 +119,10 @@ def run_all(cfg: RunConfig, run_dir: Path, resume: str | None = None, force: str
                                 "from": os.path.relpath(choice.model_dir, run_dir)}
     cache.save()
     verify_release(run_dir, cache)
+    from pipeline import report
+
+    md, html = report.write(run_dir)
+    say(f"report: {md} and {html}")
     _accuracy_gate(cfg, choice)
     return results
 

@@ -54,6 +54,10 @@ def test_first_run_builds_every_stage_and_records_the_choice(first_run):
     # With --backend onnxruntime the servable candidates are fp32 and bf16 (when this CPU has it).
     assert packaged["variant"] in ("fp32", "bf16")
     assert "ran: train" in out and "cached: nothing" in out
+    # The report is written by every successful run, with pipe all's own reason for the choice.
+    md, html = (run / "report.md").read_text(), (run / "report.html").read_text()
+    assert f"Why: {packaged['why']}" in md and "data:image/png;base64," in html
+    assert f"report: {run / 'report.md'} and {run / 'report.html'}" in out
 
 
 def test_second_run_is_served_from_the_cache_and_touches_nothing(first_run, tmp_path, cli):
