@@ -11,6 +11,14 @@ runs and their range. Goals (issue 4) use throughput at batch 32, the measure of
 in the facts note: on resnet18 the best int8 engine >= 3.5x and bf16 >= 1.8x.
 The accuracy goal (drop <= 0.3 point) comes from `pipe all --config examples/digits.yaml`.
 
+Text (issue 7), `text_rows`: the built-in `chinese_sentiment` task (int64 ids padded to max_len 160),
+`pipe train` of text_cnn (and, unless quick, the transformer) for a few epochs on the real split, then
+the same export + compress runs: Paddle fp32, bf16, int8 (PaddleSlim; the transformer and the BiGRU have
+no legacy program, so their Paddle int8 row says unsupported and why) and onnxruntime fp32 and int8 as
+ratios to Paddle fp32 side by side, plus the int8 accuracy drop against the issue's goal (<= 0.5 point).
+
+    python -c "from pipeline import bench_compress; [print(r) for r in bench_compress.text_rows(quick=True)]"
+
 A stage that fails becomes a **failed** row with its one-line error; the other runs go on.
 Nothing here imports paddle: the stages do, in their own processes.
 """
@@ -40,6 +48,8 @@ _BATCH = 32
 _VARIANTS = (("bf16", "Paddle bf16"), ("int8-paddle", "Paddle int8"), ("onnx-fp32", "onnxruntime fp32"),
              ("int8-onnx", "onnxruntime int8"))
 _GOAL_INT8, _GOAL_BF16, _GOAL_DROP = 3.5, 1.8, 0.3
+_TEXT_MODELS = (("text_cnn", 2), ("transformer", 1))  # (model, training epochs); quick: text_cnn only
+_GOAL_TEXT_DROP = 0.5  # points, issue 7
 _MARGIN = 1.05  # as in stages/compress.py: within 5% of fp32 is "no faster", below that "slower"
 _TIMEOUT = 1800  # s per stage
 _QUICK_TIMING = ("compress.latency_runs=50", "compress.throughput_runs=10")
@@ -59,8 +69,26 @@ def rows(quick: bool) -> list[Row]:
         data = _synthetic(tmp / "synthetic.npz")
         out: list[Row] = []
         for model in _MODELS:
-            out += _model_rows(model, data, tmp / model, timing, repeats)
+            name = f"compress {model} {'x'.join(map(str, _SHAPE))}"
+            out += _model_rows(model, name, ["--data", str(data), "--epochs", "1"], tmp / model, timing, repeats,
+                               goals=model == "resnet18", samples="synthetic test samples")
         out += _digits_rows(tmp / "digits", timing)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out + text_rows(quick)
+
+
+def text_rows(quick: bool) -> list[Row]:
+    """Speed and accuracy rows of int8 on the Chinese sentiment task, per model in `_TEXT_MODELS`."""
+    timing, repeats = (_QUICK_TIMING, 1) if quick else ((), _REPEATS)
+    tmp = Path(tempfile.mkdtemp(prefix="pipe-bench-compress-text-"))
+    try:
+        out: list[Row] = []
+        for model, epochs in _TEXT_MODELS[:1] if quick else _TEXT_MODELS:
+            name = f"compress chinese_sentiment {model} ({epochs} epoch{'s' if epochs > 1 else ''})"
+            rows_ = _model_rows(model, name, ["--data", "chinese_sentiment", "--epochs", str(epochs)],
+                                tmp / model, timing, repeats, goals=False, samples="test texts")
+            out += rows_[:-1] + _text_accuracy_rows(name, tmp / model) + rows_[-1:]
         return out
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -99,13 +127,14 @@ def _sets(items: tuple[str, ...]) -> list[str]:
 # ------------------------------------------------------------------ speed: resnet18, mobilenet_v3_small
 
 
-def _model_rows(model: str, data: Path, run: Path, timing: tuple[str, ...], repeats: int) -> list[Row]:
-    name = f"compress {model} {'x'.join(map(str, _SHAPE))}"
+def _model_rows(model: str, name: str, train_args: list[str], run: Path, timing: tuple[str, ...], repeats: int,
+                goals: bool, samples: str) -> list[Row]:
+    """Train (`train_args`: data and epochs), export, and `repeats` compress runs; the last row is the wall
+    time. `goals`: add issue 4's speed-goal rows; `samples` names the test samples in the rows."""
     t0 = time.perf_counter()
     lost: dict[str, str] = {}  # variant -> why it is missing
     try:
-        _pipe("train", "--data", str(data), "--model", model, "--epochs", "1", "--batch-size", str(_BATCH),
-              "--run", str(run), cwd=run.parent)
+        _pipe("train", *train_args, "--model", model, "--batch-size", str(_BATCH), "--run", str(run), cwd=run.parent)
         _pipe("export", str(run / "train"), cwd=run.parent)
         backend = "both"
         try:
@@ -118,13 +147,13 @@ def _model_rows(model: str, data: Path, run: Path, timing: tuple[str, ...], repe
         runs += [_compress(run, backend, timing, i) for i in range(1, repeats)]
     except _StageFailed as e:
         out = [(name, f"failed: {e}", "all five variants measured", "**failed**")]
-        if model == "resnet18":
+        if goals:
             out += [(f"{name} goal: {what}", "not measured (a stage failed)", goal, "**missed**")
                     for what, goal in _goal_names()]
         return out
     wall = time.perf_counter() - t0
-    out = _speed_rows(name, runs, lost)
-    if model == "resnet18":
+    out = _speed_rows(name, runs, lost, samples)
+    if goals:
         out += _goal_rows(name, runs)
     return out + [(f"{name}: wall time of train + export + {len(runs)} x compress", _wall(wall), "", "")]
 
@@ -152,7 +181,7 @@ def _median(runs: list[dict[str, Any]], key: str, field: str) -> tuple[float, st
     return float(np.median(vals)), spread
 
 
-def _speed_rows(name: str, runs: list[dict[str, Any]], lost: dict[str, str]) -> list[Row]:
+def _speed_rows(name: str, runs: list[dict[str, Any]], lost: dict[str, str], samples: str) -> list[Row]:
     v = runs[0]["variants"]  # which variants ran, and their accuracy: the same in every run
     thr = {k: _median(runs, k, "items_per_s_bs32")[0] for k, x in v.items() if x["supported"]}
     lat = {k: _median(runs, k, "latency_ms_p50_bs1")[0] for k in thr}
@@ -162,14 +191,14 @@ def _speed_rows(name: str, runs: list[dict[str, Any]], lost: dict[str, str]) -> 
         x = v.get(key)
         if x is None or not x["supported"]:
             why = x["reason"] if x else lost.get(key, "not built")
-            out.append((f"{name}: {label}", f"not measured: {why}", "", "**failed**"))
+            out.append((f"{name}: {label}", f"not measured: {why}", "", "**unsupported**" if x else "**failed**"))
             continue
         out.append((f"{name}: {label} items/s bs32 vs Paddle fp32",
                     *_ratio(*_median(runs, key, "speedup_bs32"), f"{thr[key]:.0f} items/s")))
         out.append((f"{name}: {label} speed-up at bs1 (fp32 p50 / its p50)",
                     *_ratio(*_median(runs, key, "speedup_bs1"), f"{lat[key]:.2f} ms")))
     int8 = [(k, v[k]) for k in ("int8-paddle", "int8-onnx") if v.get(k, {}).get("supported")]
-    out.append((f"{name}: int8 top-1 agreement with fp32 ({runs[0]['test_samples']} synthetic test samples)",
+    out.append((f"{name}: int8 top-1 agreement with fp32 ({runs[0]['test_samples']} {samples})",
                 ", ".join(f"{k} {x['top1_agreement']:.3f}" for k, x in int8) or "-", "", ""))
     out.append((f"{name}: fastest variant at bs1 / at bs32 (medians)",
                 f"{min(lat, key=lat.__getitem__)} / {max(thr, key=thr.__getitem__)}", "", ""))
@@ -214,6 +243,32 @@ def _goal_rows(name: str, runs: list[dict[str, Any]]) -> list[Row]:
 
 def _status(ok: bool) -> str:
     return "met" if ok else "**missed**"
+
+
+# ------------------------------------------------------------------ accuracy: text
+
+
+def _text_accuracy_rows(name: str, run: Path) -> list[Row]:
+    """From the first compress run (accuracy does not depend on timing): fp32 vs each int8 variant on
+    the deduplicated test split, and the best int8 drop against issue 7's goal."""
+    path = run / "compress-both-0" / "manifest.json"
+    if not path.is_file():
+        path = run / "compress-paddle-0" / "manifest.json"
+    if not path.is_file():
+        return [(f"{name} goal: int8 accuracy drop", "not measured (a stage failed)", f"<= {_GOAL_TEXT_DROP} point",
+                 "**missed**")]
+    m = json.loads(path.read_text())["metrics"]
+    n, drop = m["test_samples"], m["int8_drop_points"]
+    int8 = ", ".join(f"{k} {x['accuracy']:.2%}" if x["supported"] else f"{k} unsupported"
+                     for k, x in m["variants"].items() if x["precision"] == "int8")
+    if drop is None:
+        return [(f"{name} goal: int8 accuracy drop", f"no int8 variant: {int8}", f"<= {_GOAL_TEXT_DROP} point",
+                 "**missed**")]
+    return [
+        (f"{name}: test accuracy fp32 vs int8", f"fp32 {m['fp32_accuracy']:.2%}; {int8}; {n} test texts", "", ""),
+        (f"{name} goal: int8 accuracy drop, best int8 ({m['best_int8']}) vs fp32 (1 text = {100 / n:.2f} points)",
+         f"{drop:.2f} points", f"<= {_GOAL_TEXT_DROP} point", _status(drop <= _GOAL_TEXT_DROP)),
+    ]
 
 
 # ------------------------------------------------------------------ accuracy: digits

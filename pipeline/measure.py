@@ -226,8 +226,8 @@ def _plans(given: str, art: artifacts.Artifact, threads: int, cache: dict[str, _
                 add(name, fmt, "paddle_inference", precision, [], f"failed: {why_missing}")
                 continue
             status = "ok"
-            if precision == "bf16" and c._bf16_unsupported():
-                status = f"unsupported: {c._bf16_unsupported()}"
+            if precision == "bf16" and runtime.bf16_unsupported():
+                status = f"unsupported: {runtime.bf16_unsupported()}"
             add(name, fmt, "paddle_inference", precision, [(src, model), (src, "model.pdiparams")], status)
 
     if stage == "export":

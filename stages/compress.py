@@ -2,6 +2,7 @@
 
     pipe compress runs/exp1/export --int8
     pipe compress runs/exp1/export --int8 --backend paddle --algo KL --calib-batches 20 --max-drop 0.5
+    pipe compress runs/sentiment/export --distill --student text_cnn --int8
 
 Reads a verified `export/` artifact (the PIR program for fp32/bf16, the legacy program for PaddleSlim)
 and the data it was trained on. Writes `compress/`:
@@ -18,19 +19,32 @@ and the data it was trained on. Writes `compress/`:
   p50/p99 latency at batch 1 and items/s at batch 32.
 
 Both int8 routes calibrate on the same `calib_batches` x `calib_batch_size` samples drawn (seeded)
-from the TRAIN split. Timing interleaves the variants run by run after a warm-up, so machine noise
-hits them alike. Gates (exit 4, nothing written): the best int8 variant may lose at most `max_drop`
-points of test accuracy against fp32; the ONNX conversion must match fp32 within the export's parity
-tolerance. Whether int8 is faster is measured and said plainly, not assumed: on a tiny model it is not.
-No pickles are written (no `.pdiparams.info`, `.pkl`, `.npy`).
+from the TRAIN split.
+
+Text exports (int64 ids `[-1, -1]`, `preprocess.yaml` with `vocab_file`): every input, calibration and
+test alike, is the split's raw text encoded with the export's own `vocab.json` (`data.encode_texts`,
+padded to the export's `max_len`); the vocabulary `data.source` builds now must equal it, else the data
+changed (exit 2). The int8 routes quantize the matmul/linear ops (the embedding lookup stays fp32).
+A model Paddle could not write as a legacy program (nn.GRU, and nn.MultiHeadAttention's
+activation x activation matmul in Paddle 3.3.1: `export` records `legacy.available: false` and why)
+has no PaddleSlim route: `int8-paddle` is recorded as unsupported with the export's reason, and
+`--backend paddle` alone is refused (exit 2). Timing batches are the test split's texts padded to max_len.
+
+Timing interleaves the variants run by run after a warm-up, so machine noise hits them alike. Gates
+(nothing written): the best int8 variant may lose at most `max_drop` points of test accuracy against
+fp32 (exit 4); the ONNX conversion must match fp32 within the export's parity tolerance (exit 5). Whether int8
+is faster is measured and said plainly, not assumed: on a tiny model it is not. No pickles are
+written (no `.pdiparams.info`, `.pkl`, `.npy`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,7 +56,7 @@ import numpy as np
 
 from pipeline import artifacts, config as config_mod, data as data_mod, runtime
 from pipeline.config import CompressConfig, RunConfig
-from pipeline.errors import GateError, InputError, PipeError
+from pipeline.errors import GateError, InputError, ParityError, PipeError
 
 _EVAL_BATCH = 256
 _BS_THROUGHPUT = 32
@@ -52,6 +66,7 @@ _SWITCH_PAUSE_S = 0.3  # > KMP_BLOCKTIME (200 ms): the other engine's threads ha
 _SPEED_MARGIN = 1.05  # "faster" means at least 5% faster at batch 1 (p50) and at batch 32
 _CHILD_TIMEOUT = 1800
 _QUANT_OPS = ["conv2d", "depthwise_conv2d", "mul", "matmul", "matmul_v2"]
+_ORT_TEXT_OPS = ("MatMul", "Gemm")
 # onnxruntime's closest calibrator to each PaddleSlim algorithm (it has no MSE search).
 _ORT_CALIB = {
     "avg": ("MinMax", {"CalibMovingAverage": True}),
@@ -74,34 +89,38 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path) -> Path:
     if not ccfg.int8 and not ccfg.distill:
         raise InputError("nothing to do: pass --int8 (compress.int8) and/or --distill --student NAME")
     if ccfg.distill and not ccfg.student:
-        raise InputError("--distill: name the student model with --student (e.g. --student mlp)")
+        raise InputError("--distill: name the student model with --student (e.g. --student mlp, "
+                         "or text_cnn for a text model)")
     src = artifacts.verify(in_dir, ("export",))
     distilled = None
     if ccfg.distill:  # from here on, the student's export is what gets measured and quantized
+        _check_student(src, ccfg.student)
         src, distilled = _distill(cfg, src, out_dir.parent)
     exp_cfg = config_mod.from_dict(src.manifest["config"])
     io = _read_export(src)
+    backends = ("paddle", "onnxruntime") if ccfg.backend == "both" else (ccfg.backend,)
+    backends = backends if ccfg.int8 else ()
+    skipped = _skipped_routes(src, io, backends)
     ds = data_mod.load(exp_cfg.data)
     _check_data(src, ds, io)
-    calib = _calibration_batches(ds, io["pre"], ccfg)
+    prep = _preparer(ds, io)
+    calib = _calibration_batches(ds, prep, ccfg)
     y_test = np.asarray(ds.test.y[ds.test.idx])
     threads = runtime.threads_per_process(1)
     paddle = runtime.import_paddle(threads)
-    backends = ("paddle", "onnxruntime") if ccfg.backend == "both" else (ccfg.backend,)
-    backends = backends if ccfg.int8 else ()
     doc = dataclasses.replace(exp_cfg, compress=ccfg).to_dict()
     with artifacts.write_stage(out_dir, "compress", doc, src) as w:
-        if "paddle" in backends:
+        if "paddle" in backends and "int8-paddle" not in skipped:
             _quantize_paddle(src, io, calib, ccfg, w.dir / "int8-paddle", threads)
         if "onnxruntime" in backends:
             _to_onnx(src, w.dir / "onnx-fp32", threads)
-            _quantize_onnx(w.dir / "onnx-fp32/model.onnx", io["input"], calib, ccfg, w.dir / "int8-onnx")
-        _check_file_set(w.dir, backends)
-        engines = _engines(paddle, src, w.dir, io, backends, threads)
-        variants = _measure(engines, src, w.dir, ds.test, io["pre"], ccfg)
+            _quantize_onnx(w.dir / "onnx-fp32/model.onnx", io, calib, ccfg, w.dir / "int8-onnx")
+        engines = _engines(paddle, src, w.dir, io, backends, skipped, threads)  # may add to `skipped`
+        _check_file_set(w.dir, backends, skipped)
+        variants = _measure(engines, src, w.dir, ds.test, prep, ccfg)
         parity = _onnx_parity(variants, exp_cfg.export.parity_tol)
-        _print_table(variants, len(y_test))
-        w.metrics = _metrics(variants, parity, ccfg, calib, len(y_test), threads)
+        _print_table(variants, len(y_test), io)
+        w.metrics = _metrics(variants, parity, ccfg, calib, len(y_test), threads, io)
         if distilled is not None:
             w.metrics["distill"] = distilled
         if ccfg.int8:
@@ -128,6 +147,7 @@ def _distill(cfg: RunConfig, teacher: artifacts.Artifact, run_dir: Path) -> tupl
     student_dir = run_dir / f"student-{tag}"
     student = _train_once(student_cfg, student_dir / "train")
     exported = artifacts.verify(export_stage.run(student_cfg, student.path, student_dir / "export"), ("export",))
+    _same_tokenizer(teacher, exported)
     out = {"student": name, "teacher_model": exp_cfg.model.name, "temperature": cfg.distill.temperature,
            "alpha": cfg.distill.alpha, "teacher_test_acc": teacher_train.manifest["metrics"]["test_acc"],
            "student_test_acc": student.manifest["metrics"]["test_acc"], "student_dir": str(student_dir)}
@@ -140,6 +160,31 @@ def _distill(cfg: RunConfig, teacher: artifacts.Artifact, run_dir: Path) -> tupl
           f"{out['student_test_acc']:.2%}" + (f" (alone: {out['baseline_test_acc']:.2%}, gain "
                                              f"{out['gain_points']:+.2f} points)" if "gain_points" in out else ""))
     return exported, out
+
+
+def _check_student(teacher: artifacts.Artifact, student: str) -> None:
+    """A built-in student must take the teacher's kind of input (before anything is trained)."""
+    from pipeline import models
+
+    pre = teacher.manifest.get("interface", {}).get("preprocessing", {})
+    text = isinstance(pre, dict) and pre.get("kind") == "text"
+    if student in models.BUILTIN and (student in models.TEXT) != text:
+        fit = [m for m in models.BUILTIN if (m in models.TEXT) == text]
+        raise InputError(f"--student {student}: not a model for {'text' if text else 'image'} data like the "
+                         f"teacher's {teacher.path} (built in: {', '.join(fit)}, or package.module:factory)")
+
+
+def _same_tokenizer(teacher: artifacts.Artifact, student: artifacts.Artifact) -> None:
+    """A text student is trained on the teacher's data config, so it must have come out with the teacher's
+    vocabulary (byte for byte) and max_len; anything else means the data changed under the teacher."""
+    t_pre, s_pre = (a.manifest["interface"]["preprocessing"] for a in (teacher, student))
+    if t_pre.get("kind") != "text":
+        return
+    vocab = t_pre["vocab_file"]
+    t_sha, s_sha = (a.manifest["files"].get(vocab, {}).get("sha256") for a in (teacher, student))
+    if t_sha is None or t_sha != s_sha or t_pre["max_len"] != s_pre.get("max_len"):
+        raise InputError(f"{student.path / vocab}: the student's vocabulary or max_len differs from the teacher's "
+                         f"{teacher.path / vocab}; data.source no longer gives the teacher's data")
 
 
 def _train_once(cfg: RunConfig, out: Path) -> artifacts.Artifact:
@@ -174,59 +219,134 @@ def _tool_versions() -> dict[str, str]:
 
 
 def _read_export(src: artifacts.Artifact) -> dict[str, Any]:
-    """Input/output names and preprocessing of the export, checked before anything is loaded."""
+    """Input/output names and preprocessing of the export, checked before anything is loaded. Images:
+    float32 NCHW with a dynamic batch. Text: int64 ids [-1, -1] and the export's vocabulary (`vocab`,
+    token -> id, read from its verified `vocab.json`). `legacy_model` is None when export could not write
+    the legacy program (`legacy_reason` says why)."""
     where = src.path / artifacts.MANIFEST
     m = src.manifest
     try:
         (inp,), (out,) = m["interface"]["inputs"], m["interface"]["outputs"]
         legacy = m["legacy"]
         io = {"input": str(inp["name"]), "output": str(out["name"]), "shape": [int(d) for d in inp["shape"]],
-              "labels": [str(s) for s in m["interface"]["labels"]], "pre": m["interface"]["preprocessing"],
-              "legacy_input": str(legacy["inputs"][0]), "legacy_model": str(legacy["model"]),
-              "legacy_params": str(legacy["params"])}
-    except (KeyError, TypeError, ValueError, IndexError):
+              "dtype": str(inp.get("dtype", "float32")),
+              "labels": [str(s) for s in m["interface"]["labels"]], "pre": dict(m["interface"]["preprocessing"]),
+              "legacy_input": None, "legacy_model": None, "legacy_params": None, "legacy_reason": None}
+        if legacy.get("available", True):
+            io.update(legacy_input=str(legacy["inputs"][0]), legacy_model=str(legacy["model"]),
+                      legacy_params=str(legacy["params"]))
+        else:
+            io["legacy_reason"] = str(legacy.get("reason") or "no reason recorded")
+        kind = io["pre"]["kind"]
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
         raise InputError(f"{where}: not an export this pipe can compress (needs one named input and output, "
-                         "labels, preprocessing and a legacy program)") from None
+                         "labels, preprocessing and a legacy entry)") from None
     for rel in ("model.json", "model.pdiparams", io["legacy_model"], io["legacy_params"]):
-        src.file(rel)  # listed, and verified above
-    if len(io["shape"]) != 4 or io["shape"][0] != -1:
+        if rel is not None:
+            src.file(rel)  # listed, and verified above
+    if kind == "text":
+        if io["shape"] != [-1, -1] or io["dtype"] != "int64":
+            raise InputError(f"{where}: a text input must be int64 ids of shape [-1, -1], got {io['dtype']} "
+                             f"{io['shape']}")
+        io["vocab"] = _read_vocab(src, io["pre"])
+        io["vocab_sha256"] = m["files"][io["pre"]["vocab_file"]]["sha256"]
+    elif len(io["shape"]) != 4 or io["shape"][0] != -1:
         raise InputError(f"{where}: input must be NCHW with a dynamic batch, got {io['shape']}")
     return io
+
+
+def _read_vocab(src: artifacts.Artifact, pre: dict[str, Any]) -> dict[str, int]:
+    """The export's own tokenizer: `vocab_file` (a JSON list, index = id) as token -> id."""
+    try:
+        rel, max_len = str(pre["vocab_file"]), int(pre["max_len"])
+        pad_id, unk_id = int(pre["pad_id"]), int(pre["unk_id"])
+    except (KeyError, TypeError, ValueError):
+        raise InputError(f"{src.path / artifacts.MANIFEST}: a text export needs preprocessing vocab_file, max_len, "
+                         "pad_id and unk_id") from None
+    path = src.file(rel)
+    try:
+        tokens = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"{path}: not a readable JSON vocabulary ({e.__class__.__name__})") from None
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens) \
+            or len(set(tokens)) != len(tokens):
+        raise InputError(f"{path}: expected a JSON list of distinct strings (index = token id)")
+    # data.encode_texts pads with 0 and maps unknown characters to 1: the export must agree.
+    if (pad_id, unk_id) != (0, 1) or len(tokens) < 2 or max_len < 1 \
+            or pre.get("vocab_size", len(tokens)) != len(tokens):
+        raise InputError(f"{path}: pad_id {pad_id}, unk_id {unk_id}, {len(tokens)} tokens, vocab_size "
+                         f"{pre.get('vocab_size')}, max_len {max_len}: expected pad 0, unk 1 and vocab_size = tokens")
+    return {t: i for i, t in enumerate(tokens)}
+
+
+def _skipped_routes(src: artifacts.Artifact, io: dict[str, Any], backends: tuple[str, ...]) -> dict[str, str]:
+    """variant -> why it cannot be built from this export (recorded as unsupported, not a crash)."""
+    if "paddle" not in backends or io["legacy_model"] is not None:
+        return {}
+    why = (f"PaddleSlim quantizes only the legacy program, which export could not write for this model "
+           f"({io['legacy_reason']})")
+    if backends == ("paddle",):
+        raise InputError(f"--backend paddle: {src.path / artifacts.MANIFEST}: {why}; use --backend onnxruntime")
+    return {"int8-paddle": why}
 
 
 def _check_data(src: artifacts.Artifact, ds: data_mod.Dataset, io: dict[str, Any]) -> None:
     """The data is re-read from `data.source`: it must still be the data the export was measured on."""
     where = src.path / artifacts.MANIFEST
     source = src.manifest["config"]["data"]["source"]
-    if list(ds.input_shape) != io["shape"][1:] or list(ds.labels) != io["labels"]:
+    now = ds.interface()["inputs"][0]["shape"]
+    if now != io["shape"] or list(ds.labels) != io["labels"]:
         raise InputError(f"{where}: exported for {io['shape'][1:]} inputs with {len(io['labels'])} labels, but "
-                         f"data.source {source!r} now gives {list(ds.input_shape)} with {len(ds.labels)}; "
-                         "the data changed")
+                         f"data.source {source!r} now gives {now[1:]} with {len(ds.labels)}; the data changed")
     n_test = src.manifest["metrics"].get("test_samples")
     if n_test is not None and n_test != len(ds.test):
         raise InputError(f"{where}: the test split had {n_test} samples, data.source {source!r} now gives "
                          f"{len(ds.test)}; the data changed")
+    if "vocab" in io:
+        vocab_now = ds.preprocessing.get("vocab")
+        if vocab_now != list(io["vocab"]) or ds.preprocessing.get("max_len") != io["pre"]["max_len"]:
+            raise InputError(f"{src.file(io['pre']['vocab_file'])}: data.source {source!r} now builds another "
+                             "vocabulary or max_len than the export's; the data changed")
+        if len(ds.texts) != len(ds.train.x):
+            raise InputError(f"data.source {source!r}: a text dataset without its texts; cannot encode it with "
+                             f"{src.file(io['pre']['vocab_file'])}")
 
 
-def _calibration_batches(ds: data_mod.Dataset, pre: dict[str, Any], ccfg: CompressConfig) -> np.ndarray:
-    """(batches, batch_size, C, H, W): a seeded draw without replacement from the train split."""
+Prep = Callable[[data_mod.Split, np.ndarray], np.ndarray]
+
+
+def _preparer(ds: data_mod.Dataset, io: dict[str, Any]) -> Prep:
+    """(split, positions in the split) -> model input. Images: `data.prepare` with the export's
+    preprocessing. Text: the raw texts encoded with the export's vocabulary at its max_len (not the
+    ids `data.load` stored, which come from the vocabulary rebuilt now), so what is calibrated and
+    measured is exactly what a client of this export would send."""
+    if "vocab" not in io:
+        pre = io["pre"]
+        return lambda split, rows: np.ascontiguousarray(
+            data_mod.prepare(np.asarray(split.x[split.idx[rows]]), pre))
+    vocab, max_len = io["vocab"], int(io["pre"]["max_len"])
+    return lambda split, rows: data_mod.encode_texts([ds.texts[j] for j in split.idx[rows]], vocab, max_len)
+
+
+def _calibration_batches(ds: data_mod.Dataset, prep: Prep, ccfg: CompressConfig) -> np.ndarray:
+    """(batches, batch_size, ...): a seeded draw without replacement from the train split."""
     need = ccfg.calib_batches * ccfg.calib_batch_size
     if need > len(ds.train):
         raise InputError(f"compress.calib_batches x calib_batch_size = {need} samples, but the train split has "
                          f"{len(ds.train)}; lower --calib-batches")
     pick = np.random.default_rng(ccfg.calib_seed).permutation(len(ds.train))[:need]
-    x = data_mod.prepare(np.asarray(ds.train.x[ds.train.idx[np.sort(pick)]]), pre)
+    x = prep(ds.train, np.sort(pick))
     return np.ascontiguousarray(x.reshape(ccfg.calib_batches, ccfg.calib_batch_size, *x.shape[1:]))
 
 
-def _batches(split: data_mod.Split, pre: dict[str, Any]) -> Iterator[np.ndarray]:
+def _batches(split: data_mod.Split, prep: Prep) -> Iterator[np.ndarray]:
     for i in range(0, len(split), _EVAL_BATCH):
-        yield np.ascontiguousarray(data_mod.prepare(np.asarray(split.x[split.idx[i:i + _EVAL_BATCH]]), pre))
+        yield prep(split, np.arange(i, min(i + _EVAL_BATCH, len(split))))
 
 
-def _check_file_set(d: Path, backends: tuple[str, ...]) -> None:
+def _check_file_set(d: Path, backends: tuple[str, ...], skipped: dict[str, str]) -> None:
     """Exactly the expected files: no `.pdiparams.info` (a pickle), no calibration caches."""
-    want = {f for b in backends for v in _BACKEND_VARIANTS[b] for f in _VARIANT_FILES[v]}
+    want = {f for b in backends for v in _BACKEND_VARIANTS[b] if v not in skipped for f in _VARIANT_FILES[v]}
     found = {p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file()}
     if found != want:
         raise PipeError(f"compress wrote an unexpected file set (extra {sorted(found - want)}, "
@@ -239,13 +359,14 @@ def _check_file_set(d: Path, backends: tuple[str, ...]) -> None:
 def _quantize_paddle(src: artifacts.Artifact, io: dict[str, Any], calib: np.ndarray, ccfg: CompressConfig,
                      dest: Path, threads: int) -> None:
     """PaddleSlim reads only the legacy program, and only with FLAGS_enable_pir_api=0 set before paddle
-    is imported: a child process. The calibration batches go through its stdin as raw float32."""
+    is imported: a child process. The calibration batches go through its stdin as raw bytes (float32
+    images, int64 token ids)."""
     files = {"model.pdmodel": io["legacy_model"], "model.pdiparams": io["legacy_params"]}
     spec = {"model_dir": str(src.file(io["legacy_model"]).parent.resolve()),
             "files": {name: {"path": str(src.file(rel).resolve()), "sha256": src.manifest["files"][rel]["sha256"]}
                       for name, rel in files.items()},
             "dest": str(dest.resolve()), "input": io["legacy_input"], "algo": ccfg.algo,
-            "calib_shape": list(calib.shape)}
+            "calib_shape": list(calib.shape), "calib_dtype": calib.dtype.name}
     _child("--paddleslim", spec, calib.tobytes(), {"FLAGS_enable_pir_api": "0"}, threads, "PaddleSlim quantization")
     if not (dest / "model.pdmodel").is_file():
         raise PipeError("PaddleSlim wrote no model.pdmodel")
@@ -262,7 +383,7 @@ def _to_onnx(src: artifacts.Artifact, dest: Path, threads: int) -> None:
         raise PipeError("paddle2onnx wrote no model.onnx")
 
 
-def _quantize_onnx(model: Path, in_name: str, calib: np.ndarray, ccfg: CompressConfig, dest: Path) -> None:
+def _quantize_onnx(model: Path, io: dict[str, Any], calib: np.ndarray, ccfg: CompressConfig, dest: Path) -> None:
     import onnxruntime as ort
     from onnxruntime import quantization as q
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -275,7 +396,7 @@ def _quantize_onnx(model: Path, in_name: str, calib: np.ndarray, ccfg: CompressC
 
         def get_next(self) -> dict[str, np.ndarray] | None:
             batch = next(self.it, None)
-            return None if batch is None else {in_name: batch}
+            return None if batch is None else {io["input"]: batch}
 
     method, extra = _ORT_CALIB[ccfg.algo]
     dest.mkdir()
@@ -284,16 +405,25 @@ def _quantize_onnx(model: Path, in_name: str, calib: np.ndarray, ccfg: CompressC
         # auto_merge: without it symbolic shape inference gave up on paddle2onnx's conv biases
         # (reshaped to [1,-1,1,1] through an Identity; mobilenet_v3_small's squeeze-excite blocks) with
         # "Incomplete symbolic shape inference". On failure onnxruntime drops sym_shape_infer_temp.onnx
-        # into the working directory: run it from the temp dir.
+        # into the working directory: run it from the temp dir. Text models skip it: on paddle2onnx's
+        # sequence-length arithmetic (Shape -> Slice -> Range/Expand) it fails with a bare AssertionError
+        # in `_get_value`; onnx's own shape inference is enough for quantize_static there.
         cwd = os.getcwd()
         os.chdir(tmp)
         try:
-            quant_pre_process(str(Path(cwd, model)), str(pre), auto_merge=True)
+            quant_pre_process(str(Path(cwd, model)), str(pre), auto_merge=True, skip_symbolic_shape="vocab" in io)
         finally:
             os.chdir(cwd)
         q.quantize_static(str(pre), str(dest / "model.onnx"), _Reader(), quant_format=q.QuantFormat.QDQ,
                           activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8, per_channel=True,
-                          calibrate_method=getattr(q.CalibrationMethod, method), extra_options=dict(extra))
+                          calibrate_method=getattr(q.CalibrationMethod, method), extra_options=dict(extra),
+                          op_types_to_quantize=_ort_op_types(io))
+
+
+def _ort_op_types(io: dict[str, Any]) -> list[str] | None:
+    """Text: the matmul/linear ops only, as on the Paddle route (the embedding Gather stays fp32).
+    Images: onnxruntime's default, every op it can quantize."""
+    return list(_ORT_TEXT_OPS) if "vocab" in io else None
 
 
 def _child(flag: str, spec: dict[str, Any], stdin: bytes, env_extra: dict[str, str], threads: int, what: str) -> None:
@@ -316,44 +446,50 @@ def _child(flag: str, spec: dict[str, Any], stdin: bytes, env_extra: dict[str, s
 
 
 def _engines(paddle: Any, src: artifacts.Artifact, cdir: Path, io: dict[str, Any], backends: tuple[str, ...],
-             threads: int) -> dict[str, dict[str, Any]]:
-    """name -> {run: x -> logits, format, precision, engine, files, source, inputs, outputs} for every variant."""
+             skipped: dict[str, str], threads: int) -> dict[str, dict[str, Any]]:
+    """name -> {run: x -> logits, format, precision, engine, files, source, inputs, outputs} for every variant.
+
+    A Paddle predictor whose oneDNN bf16/int8 passes reject the program (e.g. bf16 on a 3-D pool:
+    "the input of Op(pool) should be 4-D or 5-D Tensor") makes that variant unsupported with the
+    engine's message, not the stage fail; an int8-paddle model that cannot run is deleted (and added
+    to `skipped`), so the artifact ships no unusable files."""
     exp_model, exp_params = src.file("model.json"), src.file("model.pdiparams")
     out: dict[str, dict[str, Any]] = {}
     fp32 = _paddle_predictor(paddle, exp_model, exp_params, threads, "fp32")
     out["fp32"] = {**_paddle_entry(fp32), "format": "pir", "precision": "fp32", "files": [], "source": "export"}
-    bf16_reason = _bf16_unsupported()
+    bf16_reason = runtime.bf16_unsupported()
     if bf16_reason:
         out["bf16"] = {"run": None, "reason": bf16_reason, "engine": "paddle_inference", "format": "pir",
                        "precision": "bf16", "files": [], "source": "export", "inputs": [io["input"]],
                        "outputs": [io["output"]]}
     else:
-        bf16 = _paddle_predictor(paddle, exp_model, exp_params, threads, "bf16")
-        out["bf16"] = {**_paddle_entry(bf16), "format": "pir", "precision": "bf16", "files": [], "source": "export"}
-    if "paddle" in backends:
-        int8 = _paddle_predictor(paddle, cdir / "int8-paddle/model.pdmodel", cdir / "int8-paddle/model.pdiparams",
-                                 threads, "int8")
-        out["int8-paddle"] = {**_paddle_entry(int8), "format": "legacy", "precision": "int8",
-                              "files": list(_VARIANT_FILES["int8-paddle"]), "source": "compress"}
+        try:
+            bf16 = _paddle_predictor(paddle, exp_model, exp_params, threads, "bf16")
+            out["bf16"] = {**_paddle_entry(bf16), "format": "pir", "precision": "bf16", "files": [],
+                           "source": "export"}
+        except PipeError as e:
+            out["bf16"] = {"run": None, "reason": f"oneDNN bf16 cannot run this model: {e}",
+                           "engine": "paddle_inference", "format": "pir", "precision": "bf16", "files": [],
+                           "source": "export", "inputs": [io["input"]], "outputs": [io["output"]]}
+    if "paddle" in backends and "int8-paddle" not in skipped:
+        try:
+            int8 = _paddle_predictor(paddle, cdir / "int8-paddle/model.pdmodel",
+                                     cdir / "int8-paddle/model.pdiparams", threads, "int8")
+            out["int8-paddle"] = {**_paddle_entry(int8), "format": "legacy", "precision": "int8",
+                                  "files": list(_VARIANT_FILES["int8-paddle"]), "source": "compress"}
+        except PipeError as e:
+            shutil.rmtree(cdir / "int8-paddle")
+            skipped["int8-paddle"] = f"oneDNN int8 cannot run PaddleSlim's model: {e}"
+    if "int8-paddle" in skipped:
+        out["int8-paddle"] = {"run": None, "reason": skipped["int8-paddle"], "engine": "paddle_inference",
+                              "format": "legacy", "precision": "int8", "files": [], "source": "compress",
+                              "inputs": [io["input"]], "outputs": [io["output"]]}
     if "onnxruntime" in backends:
         for name, precision in (("onnx-fp32", "fp32"), ("int8-onnx", "int8")):
             (rel,) = _VARIANT_FILES[name]
             out[name] = {**_ort_entry(cdir / rel, threads), "format": "onnx", "precision": precision,
                          "files": [rel], "source": "compress"}
     return out
-
-
-def _bf16_unsupported() -> str:
-    """'' if oneDNN bf16 kernels can run here. `paddle.amp.is_bfloat16_supported()` says True on CPUs
-    without avx512_bf16 (see the facts note), so read the CPU flags."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "cannot read /proc/cpuinfo to check for avx512_bf16"
-    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), [])
-    if "avx512_bf16" in flags or "amx_bf16" in flags:
-        return ""
-    return "this CPU has no avx512_bf16/amx_bf16: oneDNN bf16 kernels cannot run here"
 
 
 def _paddle_predictor(paddle: Any, model: Path, params: Path, threads: int, precision: str) -> Any:
@@ -412,7 +548,9 @@ def _quiet_fd2(what: str) -> Iterator[None]:
         except Exception as e:
             sink.seek(0)
             said = [ln for ln in sink.read().decode(errors="replace").splitlines() if ln.strip()]
-            last = (str(e).strip().splitlines() or [""])[-1]
+            lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()] or [""]
+            # Paddle's enforce messages end with a "[Hint: ...]" line; the "(InvalidArgument) ..." line says more
+            last = next((ln for ln in lines if ln.startswith("(") and ") " in ln[:40]), lines[-1])
             raise PipeError(f"{what} failed: {e.__class__.__name__}: {last}"
                             + (f" ({said[-1]})" if said else "")) from e
         finally:
@@ -421,14 +559,14 @@ def _quiet_fd2(what: str) -> Iterator[None]:
 
 
 def _measure(engines: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: Path, test: data_mod.Split,
-             pre: dict[str, Any], ccfg: CompressConfig) -> dict[str, dict[str, Any]]:
+             prep: Prep, ccfg: CompressConfig) -> dict[str, dict[str, Any]]:
     """Accuracy, agreement and max|diff| vs fp32 on the whole test split, then interleaved timing."""
     live = {n: e for n, e in engines.items() if e["run"] is not None}
     y = np.asarray(test.y[test.idx])
     # Batch by batch (the split may be a large memmap); logits are small.
-    logits = {n: np.concatenate([e["run"](xb) for xb in _batches(test, pre)]) for n, e in live.items()}
+    logits = {n: np.concatenate([e["run"](xb) for xb in _batches(test, prep)]) for n, e in live.items()}
     ref = logits["fp32"]
-    head = next(_batches(test, pre))
+    head = next(_batches(test, prep))  # text: padded to the export's max_len, as stored for training
     x1 = np.ascontiguousarray(head[:1])
     x32 = np.ascontiguousarray(np.resize(head, (_BS_THROUGHPUT, *head.shape[1:])))  # repeats if the split is small
     groups = [{n: e["run"] for n, e in live.items() if e["engine"] == engine}
@@ -441,8 +579,8 @@ def _measure(engines: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: 
         v = {k: e[k] for k in ("format", "precision", "engine", "files", "source", "inputs", "outputs")}
         if name in ("fp32", "bf16"):
             v["size_bytes"] = sum(src.manifest["files"][f]["bytes"] for f in ("model.json", "model.pdiparams"))
-        else:
-            v["size_bytes"] = sum((cdir / f).stat().st_size for f in v["files"])
+        else:  # None: a variant that could not be built has no files
+            v["size_bytes"] = sum((cdir / f).stat().st_size for f in v["files"]) if v["files"] else None
         if name not in live:
             out[name] = {**v, "supported": False, "reason": e["reason"], "accuracy": None, "top1_agreement": None,
                          "max_abs_diff": None, "latency_ms_p50_bs1": None, "latency_ms_p99_bs1": None,
@@ -527,7 +665,7 @@ def _onnx_parity(variants: dict[str, dict[str, Any]], tol: float) -> dict[str, A
         return {}
     bound = tol * v["max_abs_logit_fp32"]
     if not v["max_abs_diff"] <= bound:
-        raise GateError(f"parity gate: onnx-fp32 vs Paddle fp32 max|diff| {v['max_abs_diff']:.3g} > export.parity_tol "
+        raise ParityError(f"parity gate: onnx-fp32 vs Paddle fp32 max|diff| {v['max_abs_diff']:.3g} > export.parity_tol "
                         f"{tol:g} x max|logit| {v['max_abs_logit_fp32']:.3g} = {bound:.3g} on the test split; "
                         "nothing written")
     return {"onnx_parity_max_abs_diff": v["max_abs_diff"], "onnx_parity_tol": tol}
@@ -537,17 +675,26 @@ def _onnx_parity(variants: dict[str, dict[str, Any]], tol: float) -> dict[str, A
 
 
 def _int8_names(variants: dict[str, dict[str, Any]]) -> list[str]:
-    return [n for n, v in variants.items() if v["precision"] == "int8"]
+    """The int8 variants that were built and measured (an unsupported route has no numbers)."""
+    return [n for n, v in variants.items() if v["precision"] == "int8" and v["supported"]]
 
 
 def _metrics(variants: dict[str, dict[str, Any]], parity: dict[str, Any], ccfg: CompressConfig,
-             calib: np.ndarray, n_test: int, threads: int) -> dict[str, Any]:
+             calib: np.ndarray, n_test: int, threads: int, io: dict[str, Any]) -> dict[str, Any]:
     base = variants["fp32"]
     int8 = _int8_names(variants)
     best = max(int8, key=lambda n: (variants[n]["correct"], -variants[n]["latency_ms_p50_bs1"])) if int8 else None
     drop = (base["correct"] - variants[best]["correct"]) / n_test * 100 if best else None
     live = [n for n, v in variants.items() if v["supported"]]
     method, extra = _ORT_CALIB[ccfg.algo]
+    calibration = {"split": "train", "batches": int(calib.shape[0]), "batch_size": int(calib.shape[1]),
+                   "seed": ccfg.calib_seed, "paddleslim_algo": ccfg.algo, "paddleslim_onnx_format": True,
+                   "paddleslim_op_types": list(_QUANT_OPS), "onnxruntime_method": method,
+                   "onnxruntime_options": extra, "onnxruntime_op_types": _ort_op_types(io) or "default",
+                   "dtype": calib.dtype.name, "inputs_sha256": hashlib.sha256(calib.tobytes()).hexdigest()}
+    if "vocab" in io:  # the tokenizer the calibration (and test) texts were encoded with: the export's
+        calibration.update(vocab_file=io["pre"]["vocab_file"], vocab_sha256=io["vocab_sha256"],
+                           max_len=int(io["pre"]["max_len"]))
     return {
         "fp32_accuracy": base["accuracy"],
         "best_int8": best,
@@ -555,14 +702,16 @@ def _metrics(variants: dict[str, dict[str, Any]], parity: dict[str, Any], ccfg: 
         "int8_drop_points": drop,
         "max_drop": ccfg.max_drop,
         "int8_faster_than_fp32": any(variants[n]["faster_than_fp32"] for n in int8),
+        "int8_vs_own_fp32": (own := _int8_vs_own_fp32(variants)),
+        "int8_pays": any(o["faster"] for o in own.values()),
+        "int8_unsupported": {n: v["reason"] for n, v in variants.items() if v["precision"] == "int8"
+                             and not v["supported"]},
         "fastest_bs1": min(live, key=lambda n: variants[n]["latency_ms_p50_bs1"]),
         "fastest_bs32": max(live, key=lambda n: variants[n]["items_per_s_bs32"]),
         "test_samples": n_test,
         "threads": threads,
         **parity,
-        "calibration": {"split": "train", "batches": int(calib.shape[0]), "batch_size": int(calib.shape[1]),
-                        "seed": ccfg.calib_seed, "paddleslim_algo": ccfg.algo, "paddleslim_onnx_format": True,
-                        "onnxruntime_method": method, "onnxruntime_options": extra},
+        "calibration": calibration,
         "timing": {"latency_runs": ccfg.latency_runs, "throughput_runs": ccfg.throughput_runs, "warmup": _WARMUP,
                    "interleaved": True, "faster_means": f">= {_SPEED_MARGIN:.2f}x fp32 at batch 1 p50 and batch 32"},
         "variants": {n: {k: val for k, val in v.items() if k not in ("correct", "max_abs_logit_fp32")}
@@ -570,8 +719,26 @@ def _metrics(variants: dict[str, dict[str, Any]], parity: dict[str, Any], ccfg: 
     }
 
 
+def _int8_vs_own_fp32(variants: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each int8 variant against fp32 on its own engine (int8-onnx vs onnx-fp32): whether int8 itself
+    pays, apart from the engine's speed (onnxruntime fp32 alone may beat Paddle fp32)."""
+    out = {}
+    for name, own in (("int8-paddle", "fp32"), ("int8-onnx", "onnx-fp32")):
+        v, o = variants.get(name), variants.get(own)
+        if not (v and o and v["supported"] and o["supported"]):
+            continue
+        s1 = o["latency_ms_p50_bs1"] / v["latency_ms_p50_bs1"]
+        s32 = v["items_per_s_bs32"] / o["items_per_s_bs32"]
+        out[name] = {"own_fp32": own, "speedup_bs1": s1, "speedup_bs32": s32,
+                     "faster": bool(min(s1, s32) >= _SPEED_MARGIN)}
+    return out
+
+
 def _gate(metrics: dict[str, Any], variants: dict[str, dict[str, Any]], ccfg: CompressConfig, n: int) -> None:
     drop = metrics["int8_drop_points"]
+    if drop is None:
+        raise PipeError("int8: no int8 variant could be built (" + "; ".join(
+            f"{k}: {why}" for k, why in metrics["int8_unsupported"].items()) + ")")
     if drop > ccfg.max_drop:
         best = metrics["best_int8"]
         others = ", ".join(f"{k} {variants[k]['accuracy']:.2%}" for k in _int8_names(variants) if k != best)
@@ -580,7 +747,7 @@ def _gate(metrics: dict[str, Any], variants: dict[str, dict[str, Any]], ccfg: Co
                         f"max_drop {ccfg.max_drop:g}" + (f" ({others})" if others else "") + "; nothing written")
 
 
-def _print_table(variants: dict[str, dict[str, Any]], n: int) -> None:
+def _print_table(variants: dict[str, dict[str, Any]], n: int, io: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -591,14 +758,16 @@ def _print_table(variants: dict[str, dict[str, Any]], n: int) -> None:
     engines = {"paddle_inference": "Paddle Inference with oneDNN", "onnxruntime": "onnxruntime CPU"}
     caption = "; ".join(f"{', '.join(k for k, v in variants.items() if v['engine'] == e)}: {label}"
                         for e, label in engines.items() if any(v["engine"] == e for v in variants.values()))
-    t = Table(title=f"fp32 vs each variant: {n} test samples, timing interleaved", caption=caption)
+    what = (f"{n} test samples, texts as int64 ids padded to {io['pre']['max_len']}" if "vocab" in io
+            else f"{n} test samples")
+    t = Table(title=f"fp32 vs each variant: {what}, timing interleaved", caption=caption)
     for col in ("variant", "acc", "drop pts", "agree", "max|diff|", "KB", "p50 ms bs1", "p99 ms bs1",
                 "items/s bs32", "vs fp32 bs1 / bs32", "speed"):
         t.add_column(col, justify="left" if col in ("variant", "speed") else "right")
     for name, v in variants.items():
-        size = f"{v['size_bytes'] / 1024:.0f}"
+        size = "-" if v["size_bytes"] is None else f"{v['size_bytes'] / 1024:.0f}"
         if not v["supported"]:
-            t.add_row(name, "-", "-", "-", "-", size, "-", "-", "-", "-", "unsupported")
+            t.add_row(name, "-", "-", "-", "-", size, "-", "-", "-", "-", "[red]unsupported[/red] (below)")
             continue
         t.add_row(name, f"{v['accuracy']:.2%}", f"{(base['correct'] - v['correct']) / n * 100:.2f}",
                   f"{v['top1_agreement']:.3f}", f"{v['max_abs_diff']:.3g}", size, f"{v['latency_ms_p50_bs1']:.3f}",
@@ -607,11 +776,17 @@ def _print_table(variants: dict[str, dict[str, Any]], n: int) -> None:
     console.print(t)
     for name, v in variants.items():
         if name != "fp32" and v["note"]:
-            console.print(f"{name}: {v['note']}")
+            console.print(f"{name}: {'unsupported: ' if not v['supported'] else ''}{v['note']}", markup=False)
     int8 = _int8_names(variants)
     if int8 and not any(variants[k]["faster_than_fp32"] for k in int8):
         console.print(f"[bold yellow]int8 is not faster than fp32 here[/bold yellow] (faster = at least "
                       f"{_SPEED_MARGIN:.2f}x at both batch 1 and batch 32): {', '.join(int8)}")
+    own = _int8_vs_own_fp32(variants)
+    if own and not any(o["faster"] for o in own.values()):
+        console.print("[bold yellow]int8 does not pay on this model[/bold yellow]: no int8 variant is faster than fp32 "
+                      "on its own engine (" + "; ".join(f"{k} vs {o['own_fp32']}: {o['speedup_bs1']:.2f}x at batch 1, "
+                                                        f"{o['speedup_bs32']:.2f}x at batch 32" for k, o in own.items())
+                      + ")")
 
 
 def _verdict(name: str, v: dict[str, Any]) -> str:
@@ -640,7 +815,7 @@ def _paddleslim_main(spec: dict[str, Any]) -> int:
     """Child (FLAGS_enable_pir_api=0): quant_post_static on the legacy program."""
     _read_verified(spec["files"])
     shape = spec["calib_shape"]
-    calib = np.frombuffer(sys.stdin.buffer.read(), dtype=np.float32).reshape(shape)
+    calib = np.frombuffer(sys.stdin.buffer.read(), dtype=np.dtype(spec["calib_dtype"])).reshape(shape)
     paddle = runtime.import_paddle(int(os.environ.get("OMP_NUM_THREADS", "1")))
     paddle.enable_static()
     from paddleslim.quant import quant_post_static
