@@ -343,7 +343,7 @@ def _export_legacy(src: artifacts.Artifact, model: dict[str, Any], shape: list[i
     if proc.returncode == 2:  # the weights changed under us: not a model limitation
         raise InputError(proc.stderr.strip().splitlines()[-1])
     if proc.returncode != 0:
-        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        lines = [" ".join(ln.split()) for ln in proc.stderr.splitlines() if ln.strip()]
         shutil.rmtree(dest, ignore_errors=True)
         return f"legacy to_static failed: {lines[-1] if lines else 'no output'}"[:300]
     if not (dest / "model.pdmodel").is_file():
