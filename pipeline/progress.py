@@ -34,13 +34,13 @@ class View:
         elif kind == "step" and self.progress is not None:
             self.progress.update(
                 self.task, completed=ev["step"],
-                info=f"epoch {ev['epoch'] + 1}/{ev['epochs']}  loss {ev['loss']:.4f}  {ev['ips']:.0f} img/s",
+                info=f"epoch {ev['epoch'] + 1}/{ev['epochs']}  loss {ev['loss']:.4f}  {ev['ips']:.0f} samples/s",
             )
         elif kind == "epoch":
             self.console.print(
                 f"epoch {ev['epoch'] + 1}/{ev['epochs']}  step {ev['step']}  loss {ev['train_loss']:.4f}  "
                 f"val_loss {ev['val_loss']:.4f}  val_acc {ev['val_acc']:.4f}  lr {ev['lr']:.2e}  "
-                f"{ev['ips']:.0f} img/s" + ("  (best)" if ev.get("best") else "")
+                f"{ev['ips']:.0f} samples/s" + ("  (best)" if ev.get("best") else "")
             )
         elif kind == "notice":
             self.console.print(f"[yellow]note:[/yellow] {ev['text']}")
