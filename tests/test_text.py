@@ -83,11 +83,13 @@ def _reviews(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("model", ["text_cnn", "bigru", "transformer"])
+@pytest.mark.parametrize("model", ["text_cnn", "bigru", "transformer", "text_fasttext"])
 def test_text_models_train_and_carry_the_vocabulary(tmp_path, cli, model):
     src = _reviews(tmp_path)
+    # 15 steps: a bag of embeddings needs a higher peak LR than 3e-3 to get anywhere that fast
+    lr = ["--set", "train.lr=1e-2"] if model == "text_fasttext" else []
     code, _, err = cli("train", "--data", src, "--model", model, "--run", tmp_path / "run", "--epochs", "3",
-                       "--batch-size", "32", "--set", "data.max_len=24", "--set", "data.min_count=1")
+                       "--batch-size", "32", "--set", "data.max_len=24", "--set", "data.min_count=1", *lr)
     assert code == 0, err
     art = artifacts.verify(tmp_path / "run" / "train", ("train",))
     assert {p.name for p in art.path.iterdir()} >= {"vocab.json", "model.safetensors", "manifest.json"}
@@ -102,7 +104,7 @@ def test_text_model_on_image_data_is_refused(tmp_path, cli):
     assert code == 2 and "--model text_cnn: not a model for image data" in err
 
 
-@pytest.mark.parametrize("model,legacy", [("text_cnn", True), ("bigru", False)])
+@pytest.mark.parametrize("model,legacy", [("text_cnn", True), ("bigru", False), ("text_fasttext", True)])
 def test_text_export_takes_int64_ids_of_any_length(tmp_path, cli, model, legacy):
     src = _reviews(tmp_path)
     run = tmp_path / "run"
@@ -128,3 +130,52 @@ def test_text_export_takes_int64_ids_of_any_length(tmp_path, cli, model, legacy)
         h.copy_from_cpu(np.full((2, length), 3, np.int64))
         pred.run()
         assert pred.get_output_handle(pred.get_output_names()[0]).copy_to_cpu().shape == (2, 2)
+
+
+def _fasttext(vocab_size: int = 50):
+    from pipeline import models, runtime
+
+    paddle = runtime.import_paddle()
+    paddle.seed(0)
+    net = models.build("text_fasttext", 3, (24,), vocab_size)
+    net.eval()
+    return paddle, net
+
+
+def test_fasttext_takes_any_length_and_ignores_trailing_padding():
+    paddle, net = _fasttext()
+    rng = np.random.RandomState(0)
+    for length in (1, 2, 7, 40):  # 1: no bigram at all; 40: longer than the max_len it was built for
+        x = rng.randint(1, 50, (4, length)).astype(np.int64)
+        x[1, length // 2 + 1:] = 0  # a shorter text in the same batch
+        out = net(paddle.to_tensor(x)).numpy()
+        assert out.shape == (4, 3) and np.isfinite(out).all()
+        padded = np.concatenate([x, np.zeros((4, 9), np.int64)], axis=1)
+        np.testing.assert_allclose(net(paddle.to_tensor(padded)).numpy(), out, rtol=0, atol=1e-5)
+
+
+def test_fasttext_bigram_hashing_is_exact_in_int64():
+    """Bigram ids are computed in the graph; ids from a vocabulary of 1e6 must not overflow or round."""
+    from pipeline import models
+
+    paddle, _ = _fasttext()
+    x = np.array([[999_999, 999_998, 5, 0, 0], [1, 2, 3, 4, 0]], np.int64)
+    got = models._hashed_ngrams(paddle.to_tensor(x), 2, 20011).numpy()
+    want = np.zeros_like(x)
+    for i, row in enumerate(x.tolist()):
+        for j in range(len(row) - 1):
+            if row[j] and row[j + 1]:
+                want[i, j] = (row[j] * 1000003 + row[j + 1]) % 20011 + 1
+    assert (got == want).all()
+
+
+def test_fasttext_export_onnx_parity(tmp_path, cli):
+    """The hashing's int64 arithmetic survives paddle2onnx (scalar constants once went through float32)."""
+    src = _reviews(tmp_path)
+    run = tmp_path / "run"
+    assert cli("train", "--data", src, "--model", "text_fasttext", "--run", run, "--epochs", "1",
+               "--batch-size", "32", "--set", "data.max_len=24", "--set", "data.min_count=1")[0] == 0
+    code, _, err = cli("export", run / "train", "--onnx")
+    assert code == 0, err
+    m = artifacts.verify(run / "export", ("export",)).manifest["metrics"]
+    assert m["parity_rel"] <= 1e-4 and m["legacy_parity_rel"] <= 1e-4 and m["onnx_parity_rel"] <= 1e-4
