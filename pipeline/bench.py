@@ -33,11 +33,12 @@ def run(out_file: Path, quick: bool = False) -> None:
     rows += _train_throughput(repeats)
     rows += _data_parallel(repeats=1)
     rows += _pipe_all()
-    from pipeline import bench_compress, bench_serving  # each builds its own runs in temp dirs
+    from pipeline import bench_compress, bench_serving, bench_text  # each builds its own runs in temp dirs
 
     rows += bench_compress.rows(quick)
     rows += bench_serving.rows(quick)
     rows += bench_serving.text_rows(quick)
+    rows += bench_text.rows(1 if quick else 2)
     _write(out_file, rows, quick)
 
 

@@ -46,7 +46,8 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str = _opt("digits_cnn", "digits_cnn, mlp, resnet18, mobilenet_v3_small, or package.module:factory")
+    name: str = _opt("digits_cnn", "images: digits_cnn, mlp, resnet18, mobilenet_v3_small; text: text_fasttext, "
+                                   "text_cnn, bigru, transformer; or package.module:factory")
 
 
 @dataclass(frozen=True)
