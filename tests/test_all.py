@@ -163,3 +163,23 @@ def test_gate_diverged_exit_3(tmp_path, cli, monkeypatch):
     assert code == 3, err
     assert err.startswith("pipe all: loss NaN/Inf for 2 consecutive steps") and err.count("\n") == 1
     assert not (tmp_path / "run" / "export").exists()
+
+
+def test_distillation_in_pipe_all_is_judged_against_the_teacher(first_run, tmp_path, cli):
+    """compress.distill: the variants are the student's; the budget is measured from the teacher. A
+    2-epoch MLP student is far below the CNN teacher, so within 1 point nothing of it qualifies and
+    the teacher's fp32 export is packaged; with a 100-point budget the student is."""
+    run = _copy(first_run, tmp_path / "run")
+    distil = [*FAST, "--run", run, "--set", "compress.distill=true", "--set", "compress.student=mlp"]
+    code, out, err = cli("all", *distil)
+    assert code == 0, err
+    m = _manifest(run / "compress")["metrics"]
+    gap = (m["distill"]["teacher_test_acc"] - m["variants"]["fp32"]["accuracy"]) * 100
+    assert gap > 1.0, "the student came within a point of the teacher: pick another budget for this test"
+    assert "no student variant within 1.00 points of the teacher digits_cnn" in out
+    assert _manifest(run / "package")["input"]["stage"] == "export"  # the teacher's export
+    code, out, err = cli("all", *distil, "--set", "compress.max_drop=100")
+    assert code == 0, err
+    assert "package: " in out and "distilled student mlp: " in out
+    chain = json.loads((run / "pipeline.json").read_text())["packaged"]
+    assert chain["from"] == "compress" and _manifest(run / "package")["input"]["stage"] == "compress"
