@@ -67,7 +67,7 @@ def rows(quick: bool) -> list[Row]:
     timing, repeats = (_QUICK_TIMING, 1) if quick else ((), _REPEATS)
     tmp = Path(tempfile.mkdtemp(prefix="pipe-bench-compress-"))
     try:
-        data = _synthetic(tmp / "synthetic.npz")
+        data = synthetic(tmp / "synthetic.npz")
         out: list[Row] = []
         for model in _MODELS:
             name = f"compress {model} {'x'.join(map(str, _SHAPE))}"
@@ -95,7 +95,7 @@ def text_rows(quick: bool) -> list[Row]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _synthetic(path: Path) -> Path:
+def synthetic(path: Path) -> Path:
     """10 classes told apart by a per-class colour shift under heavy per-pixel noise; seeded, fixed split."""
     rng = np.random.default_rng(0)
     n = sum(_SPLIT)

@@ -132,7 +132,7 @@ def _build_mobilenet_package(tmp: Path, quick: bool) -> Path:
     from pipeline import bench_compress
 
     run = tmp / "run"
-    data = bench_compress._synthetic(tmp / "synthetic.npz")
+    data = bench_compress.synthetic(tmp / "synthetic.npz")
     steps = [["train", "--data", str(data), "--model", "mobilenet_v3_small", "--run", str(run), "--epochs", "1"],
              ["export", str(run / "train")], ["package", str(run / "export"), "--no-triton"]]
     for args in steps:

@@ -208,10 +208,10 @@ def _plans(given: str, art: artifacts.Artifact, threads: int, cache: dict[str, _
         if engine == "paddle_inference" and len(paths) == 2:
             def build() -> Callable[[np.ndarray], np.ndarray]:
                 paddle = runtime.import_paddle(threads)
-                return c._paddle_entry(c._paddle_predictor(paddle, paths[0], paths[1], threads, precision))["run"]
+                return c.paddle_entry(c.paddle_predictor(paddle, paths[0], paths[1], threads, precision))["run"]
         elif engine == "onnxruntime" and len(paths) == 1:
             def build() -> Callable[[np.ndarray], np.ndarray]:
-                return c._ort_entry(paths[0], threads)["run"]
+                return c.ort_entry(paths[0], threads)["run"]
         else:
             build = None
             if row.ok:
@@ -354,8 +354,8 @@ def _time(first: dict[tuple[Any, ...], _Plan], engines: dict[tuple[Any, ...], Ca
         groups = [{p.row.label: engines[p.key] for p in plans if p.row.engine == e}
                   for e in ("paddle_inference", "onnxruntime")]
         groups = [g for g in groups if g]
-        lat = c._interleaved(groups, x1, n_lat)
-        thr = c._interleaved(groups, x32, n_thr)
+        lat = c.interleaved(groups, x1, n_lat)
+        thr = c.interleaved(groups, x32, n_thr)
         for p in plans:
             p.row.p50_ms = float(np.percentile(lat[p.row.label], 50) * 1e3)
             p.row.p99_ms = float(np.percentile(lat[p.row.label], 99) * 1e3)

@@ -61,7 +61,7 @@ from pipeline.errors import GateError, InputError, ParityError, PipeError
 _EVAL_BATCH = 256
 _BS_THROUGHPUT = 32
 _WARMUP = 20  # runs per variant and batch size before anything is timed
-_ROUNDS, _SEGMENTS, _BLOCK_WARMUP = 10, 2, 3  # see _interleaved
+_ROUNDS, _SEGMENTS, _BLOCK_WARMUP = 10, 2, 3  # see interleaved()
 _SWITCH_PAUSE_S = 0.3  # > KMP_BLOCKTIME (200 ms): the other engine's threads have stopped spinning
 _SPEED_MARGIN = 1.05  # "faster" means at least 5% faster at batch 1 (p50) and at batch 32
 _CHILD_TIMEOUT = 1800
@@ -455,8 +455,8 @@ def _engines(paddle: Any, src: artifacts.Artifact, cdir: Path, io: dict[str, Any
     to `skipped`), so the artifact ships no unusable files."""
     exp_model, exp_params = src.file("model.json"), src.file("model.pdiparams")
     out: dict[str, dict[str, Any]] = {}
-    fp32 = _paddle_predictor(paddle, exp_model, exp_params, threads, "fp32")
-    out["fp32"] = {**_paddle_entry(fp32), "format": "pir", "precision": "fp32", "files": [], "source": "export"}
+    fp32 = paddle_predictor(paddle, exp_model, exp_params, threads, "fp32")
+    out["fp32"] = {**paddle_entry(fp32), "format": "pir", "precision": "fp32", "files": [], "source": "export"}
     bf16_reason = runtime.bf16_unsupported()
     if bf16_reason:
         out["bf16"] = {"run": None, "reason": bf16_reason, "engine": "paddle_inference", "format": "pir",
@@ -464,8 +464,8 @@ def _engines(paddle: Any, src: artifacts.Artifact, cdir: Path, io: dict[str, Any
                        "outputs": [io["output"]]}
     else:
         try:
-            bf16 = _paddle_predictor(paddle, exp_model, exp_params, threads, "bf16")
-            out["bf16"] = {**_paddle_entry(bf16), "format": "pir", "precision": "bf16", "files": [],
+            bf16 = paddle_predictor(paddle, exp_model, exp_params, threads, "bf16")
+            out["bf16"] = {**paddle_entry(bf16), "format": "pir", "precision": "bf16", "files": [],
                            "source": "export"}
         except PipeError as e:
             out["bf16"] = {"run": None, "reason": f"oneDNN bf16 cannot run this model: {e}",
@@ -473,9 +473,9 @@ def _engines(paddle: Any, src: artifacts.Artifact, cdir: Path, io: dict[str, Any
                            "source": "export", "inputs": [io["input"]], "outputs": [io["output"]]}
     if "paddle" in backends and "int8-paddle" not in skipped:
         try:
-            int8 = _paddle_predictor(paddle, cdir / "int8-paddle/model.pdmodel",
+            int8 = paddle_predictor(paddle, cdir / "int8-paddle/model.pdmodel",
                                      cdir / "int8-paddle/model.pdiparams", threads, "int8")
-            out["int8-paddle"] = {**_paddle_entry(int8), "format": "legacy", "precision": "int8",
+            out["int8-paddle"] = {**paddle_entry(int8), "format": "legacy", "precision": "int8",
                                   "files": list(_VARIANT_FILES["int8-paddle"]), "source": "compress"}
         except PipeError as e:
             shutil.rmtree(cdir / "int8-paddle")
@@ -487,12 +487,12 @@ def _engines(paddle: Any, src: artifacts.Artifact, cdir: Path, io: dict[str, Any
     if "onnxruntime" in backends:
         for name, precision in (("onnx-fp32", "fp32"), ("int8-onnx", "int8")):
             (rel,) = _VARIANT_FILES[name]
-            out[name] = {**_ort_entry(cdir / rel, threads), "format": "onnx", "precision": precision,
+            out[name] = {**ort_entry(cdir / rel, threads), "format": "onnx", "precision": precision,
                          "files": [rel], "source": "compress"}
     return out
 
 
-def _paddle_predictor(paddle: Any, model: Path, params: Path, threads: int, precision: str) -> Any:
+def paddle_predictor(paddle: Any, model: Path, params: Path, threads: int, precision: str) -> Any:
     c = paddle.inference.Config(str(model), str(params))
     c.enable_onednn()
     if precision == "int8":
@@ -505,7 +505,7 @@ def _paddle_predictor(paddle: Any, model: Path, params: Path, threads: int, prec
         return paddle.inference.create_predictor(c)
 
 
-def _paddle_entry(pred: Any) -> dict[str, Any]:
+def paddle_entry(pred: Any) -> dict[str, Any]:
     (name_in,), names_out = pred.get_input_names(), pred.get_output_names()
     if len(names_out) != 1:
         raise PipeError(f"a predictor has {len(names_out)} outputs, expected 1 (logits)")
@@ -519,7 +519,7 @@ def _paddle_entry(pred: Any) -> dict[str, Any]:
     return {"run": run, "engine": "paddle_inference", "inputs": [name_in], "outputs": list(names_out)}
 
 
-def _ort_entry(model: Path, threads: int) -> dict[str, Any]:
+def ort_entry(model: Path, threads: int) -> dict[str, Any]:
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -572,8 +572,8 @@ def _measure(engines: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: 
     groups = [{n: e["run"] for n, e in live.items() if e["engine"] == engine}
               for engine in ("paddle_inference", "onnxruntime")]
     groups = [g for g in groups if g]
-    lat = _interleaved(groups, x1, ccfg.latency_runs)
-    thr = _interleaved(groups, x32, ccfg.throughput_runs)
+    lat = interleaved(groups, x1, ccfg.latency_runs)
+    thr = interleaved(groups, x32, ccfg.throughput_runs)
     out: dict[str, dict[str, Any]] = {}
     for name, e in engines.items():
         v = {k: e[k] for k in ("format", "precision", "engine", "files", "source", "inputs", "outputs")}
@@ -614,7 +614,7 @@ def _measure(engines: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: 
     return out
 
 
-def _interleaved(groups: list[dict[str, Callable[[np.ndarray], np.ndarray]]], x: np.ndarray,
+def interleaved(groups: list[dict[str, Callable[[np.ndarray], np.ndarray]]], x: np.ndarray,
                  n: int) -> dict[str, list[float]]:
     """Seconds per call, `n` per variant. Each group (one engine) is timed in `_SEGMENTS` turns, groups
     alternating; within a turn every variant runs a block of calls per round, the order rotating each
