@@ -133,14 +133,7 @@ def _build_mobilenet_package(tmp: Path, quick: bool) -> Path:
 
     run = tmp / "run"
     data = bench_compress.synthetic(tmp / "synthetic.npz")
-    steps = [["train", "--data", str(data), "--model", "mobilenet_v3_small", "--run", str(run), "--epochs", "1"],
-             ["export", str(run / "train")], ["package", str(run / "export"), "--no-triton"]]
-    for args in steps:
-        r = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=_REPO, capture_output=True, text=True,
-                           timeout=1800, check=False)
-        if r.returncode != 0:
-            raise PipeError(f"bench: `pipe {args[0]}` failed ({r.returncode}): {r.stderr.strip()[-500:]}")
-    return run / "package"
+    return _train_export_package(run, ["--data", str(data), "--model", "mobilenet_v3_small", "--epochs", "1"])
 
 
 def _build_package(tmp: Path, quick: bool) -> Path:
@@ -348,9 +341,14 @@ def text_rows(quick: bool) -> list[tuple[str, str, str, str]]:
 def _build_text_package(tmp: Path, quick: bool) -> Path:
     """train (text_cnn on the built-in corpus; quick: 1 epoch), export, package without Triton."""
     run = tmp / "run"
-    steps = [["train", "--data", "chinese_sentiment", "--model", "text_cnn", "--run", str(run),
-              "--epochs", "1" if quick else "3"],
-             ["export", str(run / "train")], ["package", str(run / "export"), "--no-triton"]]
+    return _train_export_package(run, ["--data", "chinese_sentiment", "--model", "text_cnn",
+                                       "--epochs", "1" if quick else "3"])
+
+
+def _train_export_package(run: Path, train_args: list[str]) -> Path:
+    """`pipe train ... --run RUN`, `pipe export`, `pipe package --no-triton`, each a child process."""
+    steps = [["train", *train_args, "--run", str(run)], ["export", str(run / "train")],
+             ["package", str(run / "export"), "--no-triton"]]
     for args in steps:
         r = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=_REPO, capture_output=True, text=True,
                            timeout=1800, check=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -45,3 +46,20 @@ def trained_digits(tmp_path_factory) -> Path:
                  "--epochs", "2"])
     assert code == 0
     return run
+
+
+def reviews(path: Path) -> Path:
+    """A small, learnable two-class Chinese review file (deterministic), written to `path` as .jsonl."""
+    import numpy as np
+
+    rng = np.random.RandomState(0)
+    good, bad, filler = "好棒赞喜爱满意优", "差烂坏糟失望慢", "这个东西我们的买了一次还是很"
+    rows = []
+    for i in range(240):
+        label = i % 2
+        chars = [filler[j] for j in rng.randint(0, len(filler), 12)]
+        for _ in range(3):
+            chars.insert(rng.randint(0, len(chars)), (good if label else bad)[rng.randint(0, 7)])
+        rows.append({"text": "".join(chars) + str(i), "label": ["neg", "pos"][label]})
+    path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows), encoding="utf-8")
+    return path

@@ -4,7 +4,6 @@ uses them), and the protobuf schemas the package files are checked against."""
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import shutil
@@ -15,11 +14,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import httpx
 import numpy as np
 
 from pipeline.cli import main
+from tests.conftest import reviews
 
 REPO = Path(__file__).resolve().parent.parent
 _BUILT: dict[str, Path] = {}
@@ -44,32 +45,35 @@ def packaged_run(trained_digits: Path, tmp_root: Path) -> Path:
     return run
 
 
-def _reviews(path: Path) -> Path:
-    """A small, learnable two-class Chinese review file (deterministic; as tests/test_text.py makes it)."""
-    rng = np.random.RandomState(0)
-    good, bad, filler = "好棒赞喜爱满意优", "差烂坏糟失望慢", "这个东西我们的买了一次还是很"
-    rows = []
-    for i in range(240):
-        label = i % 2
-        chars = [filler[j] for j in rng.randint(0, len(filler), 12)]
-        for _ in range(3):
-            chars.insert(rng.randint(0, len(chars)), (good if label else bad)[rng.randint(0, 7)])
-        rows.append({"text": "".join(chars) + str(i), "label": ["neg", "pos"][label]})
-    path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows), encoding="utf-8")
-    return path
-
 
 def packaged_text_run(tmp_root: Path) -> Path:
     """A tiny text_cnn run (1 epoch, max_len 24) trained, exported and packaged once per session."""
     if "text" not in _BUILT:
         run = tmp_root / "text-run"
-        src = _reviews(tmp_root / "reviews.jsonl")
+        src = reviews(tmp_root / "reviews.jsonl")
         assert main(["train", "--data", str(src), "--model", "text_cnn", "--run", str(run), "--epochs", "1",
                      "--batch-size", "32", "--set", "data.max_len=24", "--set", "data.min_count=1"]) == 0
         assert main(["export", str(run / "train")]) == 0
         assert main(["package", str(run / "export")]) == 0
         _BUILT["text"] = run
     return _BUILT["text"]
+
+
+def package_predictor(package: Path, dtype: type) -> Callable[[np.ndarray], np.ndarray]:
+    """The package's program in a bare Paddle Inference predictor (1 thread): what served outputs must equal."""
+    import paddle
+
+    c = paddle.inference.Config(str(package / "model.json"), str(package / "model.pdiparams"))
+    c.disable_glog_info()
+    c.set_cpu_math_library_num_threads(1)
+    pred = paddle.inference.create_predictor(c)
+
+    def predict(x: np.ndarray) -> np.ndarray:
+        pred.get_input_handle("x").copy_from_cpu(np.ascontiguousarray(x, dtype))
+        pred.run()
+        return pred.get_output_handle(pred.get_output_names()[0]).copy_to_cpu()
+
+    return predict
 
 
 def client_config_class():

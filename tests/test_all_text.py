@@ -12,8 +12,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import REPO
-from tests.serving_helpers import _reviews, start_server
+from tests.conftest import REPO, reviews
+from tests.serving_helpers import start_server
 
 EXAMPLE = REPO / "examples/chinese_sentiment.yaml"
 
@@ -23,7 +23,7 @@ def text_run(tmp_path_factory) -> tuple[Path, list[str]]:
     from pipeline.cli import main
 
     root = tmp_path_factory.mktemp("all-text")
-    data = _reviews(root / "reviews.jsonl")
+    data = reviews(root / "reviews.jsonl")
     args = ["all", "--config", str(EXAMPLE), "--run", str(root / "run"), "--set", f"data.source={data}",
             "--set", "data.max_len=24", "--set", "data.min_count=1", "--set", "train.epochs=4",
             "--set", "train.batch_size=32", "--set", "compress.calib_batches=4", "--set", "compress.latency_runs=20", "--set", "compress.throughput_runs=5"]

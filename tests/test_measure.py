@@ -19,6 +19,7 @@ import pytest
 from pipeline import measure
 from pipeline.cli import main
 from pipeline.errors import InputError
+from tests.conftest import reviews
 
 FAST_COMPRESS = ("--set", "compress.latency_runs=20", "--set", "compress.throughput_runs=5")
 
@@ -36,22 +37,6 @@ def build_full_run(trained_digits: Path, tmp_path_factory) -> Path:
     assert main(["package", str(run / "compress")]) == 0
     return run
 
-
-def reviews(path: Path) -> Path:
-    """A small learnable two-class review file (as tests/test_text.py builds it)."""
-    import numpy as np
-
-    rng = np.random.RandomState(0)
-    good, bad, filler = "好棒赞喜爱满意优", "差烂坏糟失望慢", "这个东西我们的买了一次还是很"
-    rows = []
-    for i in range(240):
-        label = i % 2
-        chars = [filler[j] for j in rng.randint(0, len(filler), 12)]
-        for _ in range(3):
-            chars.insert(rng.randint(0, len(chars)), (good if label else bad)[rng.randint(0, 7)])
-        rows.append({"text": "".join(chars) + str(i), "label": ["neg", "pos"][label]})
-    path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows), encoding="utf-8")
-    return path
 
 
 def build_text_run(tmp_path_factory) -> Path:

@@ -11,6 +11,7 @@ import pytest
 from pipeline import artifacts, data
 from pipeline.config import DataConfig
 from pipeline.errors import InputError
+from tests.conftest import reviews
 
 
 def test_chinese_sentiment_is_deduplicated_before_the_split():
@@ -67,25 +68,10 @@ def test_text_file_must_be_utf8(tmp_path):
         data.load(DataConfig(source=str(path)))
 
 
-def _reviews(tmp_path: Path) -> Path:
-    """A small, learnable two-class review file (deterministic)."""
-    rng = np.random.RandomState(0)
-    good, bad, filler = "好棒赞喜爱满意优", "差烂坏糟失望慢", "这个东西我们的买了一次还是很"
-    rows = []
-    for i in range(240):
-        label = i % 2
-        chars = [filler[j] for j in rng.randint(0, len(filler), 12)]
-        for _ in range(3):
-            chars.insert(rng.randint(0, len(chars)), (good if label else bad)[rng.randint(0, 7)])
-        rows.append({"text": "".join(chars) + str(i), "label": ["neg", "pos"][label]})
-    path = tmp_path / "reviews.jsonl"
-    path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows), encoding="utf-8")
-    return path
-
 
 @pytest.mark.parametrize("model", ["text_cnn", "bigru", "transformer", "text_fasttext"])
 def test_text_models_train_and_carry_the_vocabulary(tmp_path, cli, model):
-    src = _reviews(tmp_path)
+    src = reviews(tmp_path / "reviews.jsonl")
     # 15 steps: a bag of embeddings needs a higher peak LR than 3e-3 to get anywhere that fast
     lr = ["--set", "train.lr=1e-2"] if model == "text_fasttext" else []
     code, _, err = cli("train", "--data", src, "--model", model, "--run", tmp_path / "run", "--epochs", "3",
@@ -106,7 +92,7 @@ def test_text_model_on_image_data_is_refused(tmp_path, cli):
 
 @pytest.mark.parametrize("model,legacy", [("text_cnn", True), ("bigru", False), ("text_fasttext", True)])
 def test_text_export_takes_int64_ids_of_any_length(tmp_path, cli, model, legacy):
-    src = _reviews(tmp_path)
+    src = reviews(tmp_path / "reviews.jsonl")
     run = tmp_path / "run"
     assert cli("train", "--data", src, "--model", model, "--run", run, "--epochs", "1", "--batch-size", "32",
                "--set", "data.max_len=24", "--set", "data.min_count=1")[0] == 0
@@ -171,7 +157,7 @@ def test_fasttext_bigram_hashing_is_exact_in_int64():
 
 def test_fasttext_export_onnx_parity(tmp_path, cli):
     """The hashing's int64 arithmetic survives paddle2onnx (scalar constants once went through float32)."""
-    src = _reviews(tmp_path)
+    src = reviews(tmp_path / "reviews.jsonl")
     run = tmp_path / "run"
     assert cli("train", "--data", src, "--model", "text_fasttext", "--run", run, "--epochs", "1",
                "--batch-size", "32", "--set", "data.max_len=24", "--set", "data.min_count=1")[0] == 0

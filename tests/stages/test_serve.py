@@ -33,7 +33,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pipeline import artifacts, data as data_mod
 from pipeline.serving import batcher, validate, wire
-from tests.serving_helpers import REPO, metric, packaged_run, serving_client_python, start_server, wait_for
+from tests.serving_helpers import (REPO, metric, package_predictor, packaged_run, serving_client_python, start_server,
+                                   wait_for)
 
 CAP = 8 << 20  # the package's default body cap
 MARK = "zq-MARKER-71"  # put into bad requests: must never come back in an answer
@@ -62,20 +63,7 @@ def client(server):
 
 @pytest.fixture(scope="module")
 def predictor(run):
-    import paddle
-
-    pkg = run / "package"
-    c = paddle.inference.Config(str(pkg / "model.json"), str(pkg / "model.pdiparams"))
-    c.disable_glog_info()
-    c.set_cpu_math_library_num_threads(1)
-    pred = paddle.inference.create_predictor(c)
-
-    def predict(x: np.ndarray) -> np.ndarray:
-        pred.get_input_handle("x").copy_from_cpu(np.ascontiguousarray(x, np.float32))
-        pred.run()
-        return pred.get_output_handle(pred.get_output_names()[0]).copy_to_cpu()
-
-    return predict
+    return package_predictor(run / "package", np.float32)
 
 
 @pytest.fixture(scope="module")

@@ -30,8 +30,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pipeline import artifacts, data as data_mod
 from pipeline.serving import batcher, spec as spec_mod, wire
-from tests.serving_helpers import (REPO, client_config_class, metric, packaged_text_run, serving_client_python,
-                                   start_server, triton_model_config_class)
+from tests.serving_helpers import (REPO, client_config_class, metric, package_predictor, packaged_text_run,
+                                   serving_client_python, start_server, triton_model_config_class)
 
 MARK = "zq-MARKER-71"  # put into bad requests: must never come back in an answer
 JSON_HDR = {"content-type": "application/json"}
@@ -56,20 +56,7 @@ def _encode(texts: list[str], vocab: dict[str, int]) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def predictor(run):
-    import paddle
-
-    pkg = run / "package"
-    c = paddle.inference.Config(str(pkg / "model.json"), str(pkg / "model.pdiparams"))
-    c.disable_glog_info()
-    c.set_cpu_math_library_num_threads(1)
-    pred = paddle.inference.create_predictor(c)
-
-    def predict(x: np.ndarray) -> np.ndarray:
-        pred.get_input_handle("x").copy_from_cpu(np.ascontiguousarray(x, np.int64))
-        pred.run()
-        return pred.get_output_handle(pred.get_output_names()[0]).copy_to_cpu()
-
-    return predict
+    return package_predictor(run / "package", np.int64)
 
 
 @pytest.fixture(scope="module")
