@@ -206,6 +206,7 @@ def takes_images(spec: Spec) -> bool:
 
 
 _FIELDS = {"inputs", "images", "text"}
+INLINE_DECODE_BYTES = 64 << 10  # base64 characters of all images in a request
 
 
 async def v1_inputs(doc: Any, spec: Spec, s: Settings) -> np.ndarray:
@@ -226,7 +227,11 @@ async def v1_inputs(doc: Any, spec: Spec, s: Settings) -> np.ndarray:
     if not isinstance(images, list) or not 1 <= len(images) <= s.max_batch_size \
             or not all(isinstance(im, str) for im in images):
         raise ApiError(422, "invalid_request", f"images: a list of 1..{s.max_batch_size} base64 strings")
-    # Decoding is CPU work: off the event loop.
+    # Decoding is CPU work. Small images decode on the event loop: a thread hand-off costs more than
+    # decoding a 64x64 PNG and its GIL ping-pong slowed every batch (mobilenet at 3x64x64 under 16 clients:
+    # +15% requests/s inline). Bigger bodies go to a thread so the loop keeps answering.
+    if sum(map(len, images)) <= INLINE_DECODE_BYTES:
+        return _decode_images(images, spec, s)
     return await asyncio.to_thread(_decode_images, images, spec, s)
 
 

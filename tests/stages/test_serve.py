@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from pipeline import artifacts, data as data_mod
+from pipeline import artifacts, data as data_mod, loadgen
 from pipeline.serving import batcher, validate, wire
 from tests.serving_helpers import (REPO, metric, package_predictor, packaged_run, serving_client_python, start_server,
                                    wait_for)
@@ -93,11 +93,15 @@ def _until(cond: Callable[[], bool], timeout: float = 20.0) -> None:
         time.sleep(0.02)
 
 
-def _png(img: np.ndarray, fmt: str = "PNG") -> str:
-    from PIL import Image
+def _png(img: np.ndarray, fmt: str = "PNG", meta: int = 0) -> str:
+    """`meta`: bytes of an extra text chunk (same pixels, bigger file)."""
+    from PIL import Image, PngImagePlugin
 
     buf = io.BytesIO()
-    Image.fromarray(img[0]).save(buf, fmt)
+    info = PngImagePlugin.PngInfo()
+    if meta:
+        info.add_text("padding", "x" * meta)
+    Image.fromarray(img[0]).save(buf, fmt, **({"pnginfo": info} if fmt == "PNG" else {}))
     return base64.b64encode(buf.getvalue()).decode()
 
 
@@ -126,9 +130,14 @@ def test_served_outputs_equal_the_predictor(client, predictor, digits):
     got_all, want_all = np.concatenate(got), np.concatenate(want)
     assert got_all.shape == (len(x), 10)
     assert float(np.abs(got_all - want_all).max()) == 0.0
-    r = client.post("/v1/predict", json={"images": [_png(im) for im in raw[:16]]})
-    assert r.status_code == 200, r.text
-    assert float(np.abs(np.asarray(r.json()["logits"], np.float32) - predictor(x[:16])).max()) == 0.0
+    # Small image bodies decode on the event loop, big ones on a thread: both give the predictor's outputs.
+    # The big ones are the same pixels carrying a large text chunk, so the body passes the inline limit.
+    for meta in (0, validate.INLINE_DECODE_BYTES):
+        images = [_png(im, meta=meta) for im in raw[:16]]
+        assert (sum(map(len, images)) > validate.INLINE_DECODE_BYTES) == (meta > 0)
+        r = client.post("/v1/predict", json={"images": images})
+        assert r.status_code == 200, r.text
+        assert float(np.abs(np.asarray(r.json()["logits"], np.float32) - predictor(x[:16])).max()) == 0.0
 
 
 def test_paddle_serving_wire_format(client, predictor, digits):
@@ -158,6 +167,17 @@ def test_paddle_serving_wire_format(client, predictor, digits):
     jt = doc["outputs"][0]["tensor"][0]
     assert jt["shape"] == [2, 10] and jt["alias_name"] == "logits"
     np.testing.assert_array_equal(np.asarray(jt["float_data"], np.float32).reshape(2, 10), predictor(x[:2]))
+
+
+def test_bench_load_generator_counts_answers_and_errors(server, digits):
+    """The serving benchmark's load generator (`pipeline/loadgen.py`) against this server: every request
+    answered and counted, non-200 answers counted as errors."""
+    _, x = digits
+    good = json.dumps({"inputs": x[:1].tolist()}).encode()
+    r = loadgen.run(server.url, [good], clients=4, count=5)
+    assert (r["done"], r["errors"]) == (20, 0) and r["p99"] >= r["p50"] > 0
+    r = loadgen.run(server.url, [good, b"{}"], clients=2, count=4)  # every other body is a 422
+    assert (r["done"], r["errors"]) == (8, 4)
 
 
 def test_model_metrics_docs(client):
