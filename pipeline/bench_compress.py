@@ -13,9 +13,8 @@ The accuracy goal (drop <= 0.3 point) comes from `pipe all --config examples/dig
 
 Text (issue 7), `text_rows`: the built-in `chinese_sentiment` task (int64 ids padded to max_len 160),
 `pipe train` of text_fasttext (the example's model) and, unless quick, text_cnn for a few epochs on the
-real split, then the same export + compress runs: Paddle fp32, bf16 (unsupported on text_fasttext: its
-1-D pool; the row says why), int8 (PaddleSlim; the transformer and the BiGRU have no legacy program,
-so their Paddle int8 would be unsupported) and onnxruntime fp32 and int8 as
+real split, then the same export + compress runs: Paddle fp32, bf16, int8 (PaddleSlim) and
+onnxruntime fp32 and int8 as
 ratios to Paddle fp32 side by side, plus the int8 accuracy drop against the issue's goal (<= 0.5 point).
 
     python -c "from pipeline import bench_compress; [print(r) for r in bench_compress.text_rows(quick=True)]"

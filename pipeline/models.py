@@ -127,13 +127,6 @@ def _text_cnn(vocab_size: int, num_classes: int, max_len: int) -> Any:
     return TextCNN()
 
 
-def _masked_mean(h: Any, x: Any) -> Any:
-    import paddle
-
-    mask = (x != 0).astype(h.dtype).unsqueeze(-1)
-    return (h * mask).sum(axis=1) / paddle.clip(mask.sum(axis=1), min=1.0)
-
-
 def _bigru(vocab_size: int, num_classes: int, max_len: int) -> Any:
     """Embedding + one bidirectional GRU layer + masked mean pooling."""
     from paddle import nn
@@ -147,35 +140,80 @@ def _bigru(vocab_size: int, num_classes: int, max_len: int) -> Any:
 
         def forward(self, x: Any) -> Any:
             out, _ = self.gru(self.embed(x))
-            return self.fc(_masked_mean(out, x))
+            return self.fc(_masked_mean_pooled(out, (x != 0).astype(out.dtype)))
 
     return BiGRU()
 
 
 def _transformer(vocab_size: int, num_classes: int, max_len: int) -> Any:
-    """A small Transformer encoder: 2 layers, d=128, 4 heads, learned positions, masked mean pooling."""
+    """A small Transformer encoder: 2 post-norm layers, d=128, 4 heads, FFN 256, learned positions,
+    masked mean pooling.
+
+    Written out rather than nn.TransformerEncoder: attention as einsum and the masked mean as average
+    pools, because Paddle 3.3.1's legacy (PIR off) to_static rejects the matmul and Tensor.sum that
+    nn.MultiHeadAttention and a sum-based mean use, and PaddleSlim's int8 needs that legacy program."""
     import paddle
     from paddle import nn
+    from paddle.nn import functional as F
+
+    d, heads, ffn, layers = 128, 4, 256, 2
+
+    class Attention(nn.Layer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = nn.Linear(d, 3 * d)
+            self.out = nn.Linear(d, d)
+            self.drop = nn.Dropout(0.1)
+
+        def forward(self, h: Any, bias: Any) -> Any:
+            n, length = paddle.shape(h)[0], paddle.shape(h)[1]
+            qkv = self.qkv(h).reshape([n, length, 3, heads, d // heads])
+            q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # (N, L, H, D/H)
+            scores = paddle.einsum("nqhd,nkhd->nhqk", q, k) * (d // heads) ** -0.5 + bias
+            a = self.drop(F.softmax(scores, axis=-1))
+            return self.out(paddle.einsum("nhqk,nkhd->nqhd", a, v).reshape([n, length, d]))
+
+    class Layer(nn.Layer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn = Attention()
+            self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.ff1, self.ff2 = nn.Linear(d, ffn), nn.Linear(ffn, d)
+            self.drop = nn.Dropout(0.1)
+
+        def forward(self, h: Any, bias: Any) -> Any:
+            h = self.norm1(h + self.drop(self.attn(h, bias)))
+            return self.norm2(h + self.drop(self.ff2(self.drop(F.relu(self.ff1(h))))))
 
     class Encoder(nn.Layer):
         def __init__(self) -> None:
             super().__init__()
-            self.embed = nn.Embedding(vocab_size, 128, padding_idx=0)
-            self.pos = nn.Embedding(max_len, 128)
-            layer = nn.TransformerEncoderLayer(128, 4, 256, dropout=0.1)
-            self.encoder = nn.TransformerEncoder(layer, 2)
-            self.norm = nn.LayerNorm(128)
-            self.fc = nn.Linear(128, num_classes)
+            self.embed = nn.Embedding(vocab_size, d, padding_idx=0)
+            self.pos = nn.Embedding(max_len, d)
+            self.layers = nn.LayerList([Layer() for _ in range(layers)])
+            self.norm = nn.LayerNorm(d)
+            self.fc = nn.Linear(d, num_classes)
 
         def forward(self, x: Any) -> Any:
-            positions = paddle.arange(x.shape[1], dtype="int64").unsqueeze(0)
+            positions = paddle.arange(paddle.shape(x)[1], dtype="int64").unsqueeze(0)
             h = self.embed(x) + self.pos(positions)
-            keep = (x != 0).astype("float32")  # (N, L): 1 = token, 0 = padding
-            attn_mask = ((1.0 - keep) * -1e4).unsqueeze(1).unsqueeze(1)  # added to attention scores
-            h = self.encoder(h, src_mask=attn_mask)
-            return self.fc(_masked_mean(self.norm(h), x))
+            keep = (x != 0).astype(h.dtype)  # (N, L): 1 = token, 0 = padding
+            bias = ((1.0 - keep) * -1e4).unsqueeze(1).unsqueeze(1)  # added to the attention scores
+            for layer in self.layers:
+                h = layer(h, bias)
+            return self.fc(_masked_mean_pooled(self.norm(h), keep))
 
     return Encoder()
+
+
+def _masked_mean_pooled(h: Any, keep: Any) -> Any:
+    """Mean of h (N, L, E) over the positions where keep (N, L) is 1, as einsums (no Tensor.sum or
+    matmul: the legacy program rejects them; no 1-D pool: oneDNN bf16 rejects it)."""
+    import paddle
+
+    total = paddle.einsum("nle,nl->ne", h, keep)
+    count = paddle.einsum("nl,nl->n", keep, keep).unsqueeze(-1)  # keep is 0/1
+    return total / paddle.clip(count, min=1e-6)
 
 
 def _hashed_ngrams(x: Any, n: int, buckets: int) -> Any:
@@ -224,13 +262,9 @@ def _text_fasttext(vocab_size: int, num_classes: int, max_len: int) -> Any:
         def forward(self, x: Any) -> Any:
             bi = _hashed_ngrams(x, 2, buckets)
             e = paddle.concat([self.unigram(x), self.bigram(bi)], axis=1)  # (N, 2L, E)
-            keep = paddle.concat([(x != 0).astype(e.dtype), (bi != 0).astype(e.dtype)], axis=1).unsqueeze(-1)
-            # The masked mean as average pools, not Tensor.sum: Tensor.sum/matmul fail in the legacy
-            # program (PaddleSlim's int8 input). oneDNN bf16 cannot run this program (nor a 2-D pool).
-            pool = nn.functional.adaptive_avg_pool1d
-            frac = pool(keep.transpose([0, 2, 1]), 1).squeeze(-1)  # share of real tokens
-            mean = pool((e * keep).transpose([0, 2, 1]), 1).squeeze(-1) / paddle.clip(frac, min=1e-6)
-            return self.fc(self.drop(mean))
+            keep = paddle.concat([(x != 0).astype(e.dtype), (bi != 0).astype(e.dtype)], axis=1)
+            # oneDNN bf16 cannot run the pooled mean (1-D pools; a 2-D pool fails the same way).
+            return self.fc(self.drop(_masked_mean_pooled(e, keep)))
 
     return FastText()
 

@@ -90,7 +90,8 @@ def test_text_model_on_image_data_is_refused(tmp_path, cli):
     assert code == 2 and "--model text_cnn: not a model for image data" in err
 
 
-@pytest.mark.parametrize("model,legacy", [("text_cnn", True), ("bigru", False), ("text_fasttext", True)])
+@pytest.mark.parametrize("model,legacy", [("text_cnn", True), ("bigru", False), ("text_fasttext", True),
+                                          ("transformer", True)])
 def test_text_export_takes_int64_ids_of_any_length(tmp_path, cli, model, legacy):
     src = reviews(tmp_path / "reviews.jsonl")
     run = tmp_path / "run"

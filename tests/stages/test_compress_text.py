@@ -274,25 +274,39 @@ def test_image_student_for_a_text_teacher_is_refused(cnn, tmp_path, cli):
 
 
 def test_a_model_onednn_bf16_cannot_run_is_recorded_not_fatal(reviews, tmp_path, cli):
-    """text_fasttext pools with adaptive_*_pool1d; oneDNN's bf16 passes reject that program on Paddle
-    3.3.1 ("(InvalidArgument) the input of Op(pool) should be 4-D or 5-D Tensor", measured here on an
-    avx512_bf16 CPU), which used to fail the whole stage at predictor creation. Now bf16 is measured
-    or recorded unsupported with the engine's message, and the int8 variants are measured regardless."""
-    from pipeline import models
+    """A model with a 1-D average pool (tests/pooled_text_model.py): oneDNN's bf16 passes reject its
+    program on Paddle 3.3.1 ("(InvalidArgument) the input of Op(pool) should be 4-D or 5-D Tensor",
+    measured here on an avx512_bf16 CPU), which used to fail the whole stage at predictor creation. bf16
+    is recorded unsupported with the engine's message, and the int8 variants are measured regardless."""
+    from pipeline import runtime
 
-    if "text_fasttext" not in models.BUILTIN:
-        pytest.skip("no text_fasttext model in this checkout")
-    run = _train_export(reviews, "text_fasttext", tmp_path / "run")
+    run = _train_export(reviews, "tests.pooled_text_model:pooled_bag", tmp_path / "run")
     code, _, err = cli("compress", run / "export", "--int8", "--backend", "onnxruntime", *FAST_TIMING)
     assert code == 0, err
     met = _manifest(run / "compress")["metrics"]
     bf16 = met["variants"]["bf16"]
-    if bf16["supported"]:
-        assert isinstance(bf16["accuracy"], float) and bf16["top1_agreement"] >= 0.95
-    else:
-        assert bf16["reason"].startswith(("oneDNN bf16 cannot run this model: ", "this CPU has no avx512_bf16")), bf16
-        assert bf16["accuracy"] is None and bf16["size_bytes"] > 0
+    cpu_reason = runtime.bf16_unsupported()
+    want = cpu_reason if cpu_reason else "oneDNN bf16 cannot run this model: "
+    assert not bf16["supported"] and bf16["reason"].startswith(want), bf16
+    assert cpu_reason or "should be 4-D or 5-D Tensor" in bf16["reason"]
+    assert bf16["accuracy"] is None and bf16["size_bytes"] > 0
     assert met["variants"]["int8-onnx"]["supported"] and met["int8_drop_points"] <= MAX_DROP_POINTS
+
+
+@pytest.mark.parametrize("model", ["text_fasttext", "transformer"])
+def test_built_in_text_models_run_in_bf16_and_paddleslim_int8(reviews, tmp_path, cli, model):
+    """Their masked means are einsums (no 1-D pool, no Tensor.sum), so oneDNN bf16 runs them and the
+    legacy program PaddleSlim's int8 needs can be written."""
+    from pipeline import runtime
+
+    run = _train_export(reviews, model, tmp_path / "run")
+    code, _, err = cli("compress", run / "export", "--int8", "--backend", "paddle", *FAST_TIMING)
+    assert code == 0, err
+    met = _manifest(run / "compress")["metrics"]
+    v = met["variants"]
+    assert v["int8-paddle"]["supported"] and met["int8_drop_points"] <= MAX_DROP_POINTS, v["int8-paddle"]
+    if runtime.bf16_unsupported() is None:
+        assert v["bf16"]["supported"] and v["bf16"]["top1_agreement"] >= 0.95, v["bf16"]
 
 
 def test_distill_transformer_teacher_to_text_cnn_student(reviews, tmp_path, cli):
