@@ -14,7 +14,7 @@ back to the export through the manifest's input lineage). Writes `package/`, cop
     triton/<name>/config.pbtxt, 1/model.onnx,     a Triton model repository (onnxruntime backend);
     triton/<name>/labels.txt                      the ONNX is the compress stage's, else paddle2onnx's
     vocab.json                                    text models only: the export's vocabulary
-    README.md, manifest.json                      how to call it; sha256 of every file
+    README.md, manifest.json                      how to call it (`pipeline/serving/readme.py`); sha256 of every file
 
 A text model (int64 ids [-1, -1]) gets a `text:` section in serving.yaml (char tokenizer, max_len,
 pad/unk ids, vocabulary file), a client config with an int64 feed of variable length (`shape: -1`), a
@@ -29,7 +29,6 @@ max|logit| or the stage fails with exit 5, writing nothing.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import shutil
@@ -45,7 +44,7 @@ import yaml
 
 from pipeline import artifacts, runtime
 from pipeline.errors import InputError, ParityError, PipeError
-from pipeline.serving import spec as serving_spec
+from pipeline.serving import readme, spec as serving_spec
 
 # The package contract lives with its reader (pipeline/serving/spec.py); re-exported for callers and tests.
 PRECISIONS, DTYPES, MODEL_FILES = serving_spec.PRECISIONS, serving_spec.DTYPES, serving_spec.MODEL_FILES
@@ -134,7 +133,8 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
         (w.dir / "serving.yaml").write_text(yaml.safe_dump(spec, sort_keys=False, allow_unicode=True),
                                             encoding="utf-8")
         (w.dir / "serving_client_conf.prototxt").write_text(_client_conf(inp, outp), encoding="utf-8")
-        (w.dir / "README.md").write_text(_readme(spec, inp, outp, _example_ids(source, text)), encoding="utf-8")
+        (w.dir / "README.md").write_text(readme.render(spec, inp, outp, readme.example_ids(source.vocab, text)),
+                                             encoding="utf-8")
         _check_file_set(w.dir, allowlist(source.format, name if cfg.triton else None,
                                          text["vocab_file"] if text else None))
         w.interface = {**iface, "inputs": [inp], "outputs": [outp]}
@@ -496,145 +496,6 @@ def _client_conf(inp: dict[str, Any], outp: dict[str, Any]) -> str:
                 f"  is_lod_tensor: false\n  {kind}_type: {DTYPES[io['dtype']][0]}\n  {dims}\n}}\n")
 
     return var("feed", inp) + var("fetch", outp)
-
-
-_EXAMPLE_TEXT = "这个手机很好用"
-
-
-def _example_ids(source: _Source, text: dict[str, Any] | None) -> list[int] | None:
-    """The README's example text as token ids (padding dropped: the server pads), by the training encoder."""
-    if text is None:
-        return None
-    from pipeline import data as data_mod
-
-    ids = data_mod.encode_texts([_EXAMPLE_TEXT], serving_spec.check_vocab(source.vocab, text), text["max_len"])[0]
-    return [int(i) for i in ids[:min(len(_EXAMPLE_TEXT), text["max_len"])]]
-
-
-def _readme(spec: dict[str, Any], inp: dict[str, Any], outp: dict[str, Any], ids: list[int] | None) -> str:
-    text = spec.get("text")
-    sample = list(inp["shape"][1:])
-    if text is not None:
-        tensor_json = json.dumps({"inputs": [ids]}, separators=(",", ":"))
-        x_line = f"x = np.array([{ids}], np.int64)  # token ids of {_EXAMPLE_TEXT!r} (pipe serve pads them)"
-        body_line = f"json={{\"text\": [\"{_EXAMPLE_TEXT}\", \"质量太差了，不推荐\"]}}"
-    else:
-        zeros = "0.0" if inp["dtype"] == "float32" else "0"
-        nested = zeros
-        for d in reversed(sample):
-            nested = "[" + ", ".join([nested] * d) + "]"
-        tensor_json = json.dumps({"inputs": [json.loads(nested)]}, separators=(",", ":"))
-        x_line = (f"x = np.zeros(({', '.join(['1'] + [str(d) for d in sample])}), np.{inp['dtype']})  "
-                  "# one sample, already preprocessed")
-        body_line = "json={\"inputs\": x.tolist()}"
-    if len(tensor_json) > 600:
-        tensor_json = None
-    image = spec["preprocessing"].get("kind") == "image"
-    b = spec["batching"]
-    lines = [
-        f"# {spec['name']}: a pipe serving package",
-        "",
-        f"Precision {spec['precision']}, {spec['model']['format']} program `{spec['model']['program']}`. "
-        f"Input `{inp['alias']}` {inp['dtype']} {inp['shape']} (first dim: batch), output `{outp['alias']}` "
-        f"{outp['shape']}, {len(spec['labels'])} labels. Every file's sha256 is in `manifest.json`; "
-        "`pipe serve` refuses to start if one does not match.",
-        "",
-    ]
-    if text is not None:
-        lines += [
-            f"A text model: `pipe serve` encodes text with `{text['vocab_file']}` ({text['vocab_size']} entries, "
-            f"one id per character, `[PAD]` = {text['pad_id']}, `[UNK]` = {text['unk_id']} for characters "
-            f"it lacks) exactly as training did, truncates it to {text['max_len']} characters and pads it with "
-            f"{text['pad_id']} to {text['max_len']}. Token ids sent as `inputs` are truncated and padded the same "
-            "way, so a text gets the same logits alone or batched with longer or shorter ones.",
-            "",
-        ]
-    lines += [
-        "## Serve",
-        "",
-        "```sh",
-        "pipe serve .                 # http://127.0.0.1:8000",
-        "pipe serve . --port 9000 --max-batch-size 64",
-        "```",
-        "",
-        f"Concurrent requests are batched: up to {b['max_batch_size']} samples per run, waiting at most "
-        f"{b['max_wait_ms']} ms for more. Health: `GET /livez`, `GET /readyz`; metadata `GET /v1/model`; "
-        "Prometheus metrics `GET /metrics`; the OpenAPI schema `GET /openapi.json`, and interactive docs at "
-        "`GET /docs` where the `fastapi-offline` package is installed (Swagger UI served by the server "
-        "itself, no CDN; without it there is no /docs page). It listens on 127.0.0.1 only unless `--host` "
-        "is given: it has no authentication or TLS, so put it behind a proxy before exposing it.",
-        "",
-        "## curl",
-        "",
-        "```sh",
-    ]
-    if text is not None:
-        lines += ["curl -s http://127.0.0.1:8000/v1/predict -H 'Content-Type: application/json' \\",
-                  f"     -d '{{\"text\": [\"{_EXAMPLE_TEXT}\"]}}'"]
-    if tensor_json:
-        if text is not None:
-            lines += [f"# the same text as token ids of {text['vocab_file']}:"]
-        lines += ["curl -s http://127.0.0.1:8000/v1/predict -H 'Content-Type: application/json' \\",
-                  f"     -d '{tensor_json}'"]
-    if image:
-        lines += ["# a PNG or JPEG, resized and normalised as at training time:",
-                  "curl -s http://127.0.0.1:8000/v1/predict -H 'Content-Type: application/json' \\",
-                  "     -d '{\"images\": [\"'$(base64 -w0 picture.png)'\"]}'"]
-    lines += [
-        "```",
-        "",
-        "The answer: `{\"labels\": [...], \"scores\": [...], \"logits\": [[...]]}` (one entry per sample; "
-        "`scores` is the softmax probability of the label). Errors: "
-        "`{\"error\": {\"code\": 422, \"type\": \"invalid_tensor\", \"message\": \"...\"}}`"
-        + (" (empty text: 422 `empty_text`; a body that is not UTF-8: 400)." if text is not None else "."),
-        "",
-        "## Python",
-        "",
-        "```python",
-        "import httpx" + ("" if text is not None else ", numpy as np"),
-        "",
-    ]
-    if text is None:
-        lines += [x_line]
-    lines += [
-        f"r = httpx.post(\"http://127.0.0.1:8000/v1/predict\", {body_line})",
-        "r.raise_for_status()",
-        "print(r.json()[\"labels\"])",
-        "```",
-        "",
-        "Paddle Serving clients (`paddle-serving-client` 0.9.0, Python <= 3.9) work unchanged against "
-        "`pipe serve`, in protobuf and JSON mode" + (" (token ids as int64, feed type 0):" if text is not None
-                                                     else ":"),
-        "",
-        "```python",
-        "import numpy as np",
-        "from paddle_serving_client import HttpClient",
-        "",
-        x_line,
-        "client = HttpClient()",
-        "client.load_client_config(\"serving_client_conf.prototxt\")",
-        "client.connect([\"127.0.0.1:8000\"])          # dotted IPv4 only",
-        f"out = client.predict(feed={{\"{inp['alias']}\": x}}, fetch=[\"{outp['alias']}\"], batch=True)",
-        "print(out.outputs[0].tensor[0].float_data)  # after client.set_http_proto(False): a dict",
-        "```",
-        "",
-    ]
-    if spec.get("triton"):
-        t = spec["triton"]
-        lines += [
-            "## Triton",
-            "",
-            f"`triton/` is a Triton model repository (onnxruntime backend, model `{t['model']}`, ONNX from "
-            f"{t['onnx_source']}): `tritonserver --model-repository $PWD/triton`.",
-            "",
-        ]
-        if text is not None:
-            lines[-1:-1] = [
-                "",
-                f"Triton has no tokenizer: send int64 token ids of `{text['vocab_file']}` (dims [-1]: any length), "
-                f"padded with {text['pad_id']} to {text['max_len']} as `pipe serve` does to get the same logits.",
-            ]
-    return "\n".join(lines)
 
 
 def _check_file_set(d: Path, want: set[str]) -> None:

@@ -468,7 +468,6 @@ class _Trainer:
 
     def _train_epoch(self, epoch: int, st: "_State") -> None:
         paddle, ctx, t = self.p, self.ctx, self.cfg.train
-        F = paddle.nn.functional
         a = self.cfg.amp
         self.model.train()
         self.sampler.set_epoch(epoch, start=st.batch)
