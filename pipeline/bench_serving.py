@@ -73,6 +73,7 @@ def _image_rows(quick: bool, name: str, build: Callable[[Path, bool], Path],
         served = loadgen.run(url, bodies, clients, count=total // clients)
         after, (_, cpu1) = _batches(url), _usage(proc.pid)
         bare.append(bare_loop(x, n_bare))
+        cost = _batch_cost_row(name, bare_loop, x, threads)
 
         if load:
             rss_before = _usage(proc.pid)[0]
@@ -99,6 +100,7 @@ def _image_rows(quick: bool, name: str, build: Callable[[Path, bool], Path],
          f"{samples / max(runs, 1):.2f} ({runs:.0f})", "", ""),
         (f"serve {name}: CPU seconds in the served run: clients (this process) / HTTP server / predictor(s)",
          f"{cpu[0]:.2f} / {cpu[1]:.2f} / {cpu[2]:.2f} ({served['wall']:.2f} s wall)", "", ""),
+        cost,
     ]
     if load:
         out += [
@@ -224,9 +226,9 @@ def _batches(url: str) -> tuple[float, float]:
     return float(found["pipe_batch_size_sum"]), float(found["pipe_batch_size_count"])
 
 
-def _bare_predictor(package: Path, spec: dict, threads: int) -> Callable[[np.ndarray, int], float]:
+def _bare_predictor(package: Path, spec: dict, threads: int) -> Callable[..., float]:
     """The package's model in Paddle Inference as the server configures it (oneDNN, same threads); the
-    loop answers batch-1 inputs one by one (copy in, run, copy out) and returns items/s."""
+    loop answers inputs one by one (copy in, run, copy out; `batch` samples per run) and returns items/s."""
     paddle = runtime.import_paddle(threads)
     c = paddle.inference.Config(str(package / spec["model"]["program"]), str(package / spec["model"]["params"]))
     if not c.onednn_enabled():
@@ -237,17 +239,39 @@ def _bare_predictor(package: Path, spec: dict, threads: int) -> Callable[[np.nda
     h_in = pred.get_input_handle(spec["input"]["name"])
     h_out = pred.get_output_handle(spec["output"]["name"])
 
-    def loop(x: np.ndarray, total: int) -> float:
+    def loop(x: np.ndarray, total: int, batch: int = 1) -> float:
+        runs = max(1, total // batch)
         t0 = time.perf_counter()
-        for i in range(total):
-            h_in.copy_from_cpu(x[i % len(x)][None])
+        for i in range(runs):
+            j = (i * batch) % (len(x) - batch + 1)
+            h_in.copy_from_cpu(x[j:j + batch])
             pred.run()
             h_out.copy_to_cpu()
-        return total / (time.perf_counter() - t0)
+        return runs * batch / (time.perf_counter() - t0)
 
     sample = [int(spec["text"]["max_len"])] if spec.get("text") else spec["input"]["shape"][1:]
-    loop(np.zeros((1, *sample), spec["input"]["dtype"]), 20)  # oneDNN builds kernels per shape once
+    for batch in _COST_BATCHES:  # oneDNN builds kernels per shape once
+        loop(np.zeros((batch, *sample), spec["input"]["dtype"]), 5 * batch, batch)
     return loop
+
+
+_COST_BATCHES = (1, 8, 16)
+
+
+def _batch_cost_row(name: str, loop: Callable[..., float], x: np.ndarray, threads: int) -> tuple[str, str, str, str]:
+    """The predictor's cost per sample by batch size (what batching can save), then at batch 8 while
+    another process keeps a core busy (what sharing the CPU with the HTTP server costs the predictor)."""
+    ms = {b: 1000 / loop(x, 40 * b, b) for b in _COST_BATCHES}
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        busy = 1000 / loop(x, 320, 8)
+    finally:
+        spin.kill()
+        spin.wait()
+    return (f"predictor alone ({name}, {threads} thread(s)): ms per sample at batch "
+            f"{' / '.join(map(str, _COST_BATCHES))}; at batch 8 with a busy process beside it",
+            f"{' / '.join(f'{ms[b]:.2f}' for b in _COST_BATCHES)}; {busy:.2f}", "", "")
 
 
 def text_rows(quick: bool) -> list[tuple[str, str, str, str]]:
@@ -274,6 +298,7 @@ def text_rows(quick: bool) -> list[tuple[str, str, str, str]]:
         served = loadgen.run(url, bodies, clients, count=total // clients)
         after = _batches(url)
         bare.append(bare_loop(x, max(total, 500)))
+        cost = _batch_cost_row("text_cnn", bare_loop, x, threads)
     finally:
         if proc is not None:
             _stop(proc)
@@ -292,6 +317,7 @@ def text_rows(quick: bool) -> list[tuple[str, str, str, str]]:
          "met" if ratio >= 2 and not served["errors"] else "**missed**"),
         ("serve text: average batch size from /metrics (predictor runs)", f"{samples / max(runs, 1):.2f} ({runs:.0f})",
          "", ""),
+        cost,
     ]
 
 
