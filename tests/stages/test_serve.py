@@ -169,6 +169,20 @@ def test_paddle_serving_wire_format(client, predictor, digits):
     np.testing.assert_array_equal(np.asarray(jt["float_data"], np.float32).reshape(2, 10), predictor(x[:2]))
 
 
+def test_only_small_images_decode_on_the_event_loop(digits):
+    """Small in bytes and in the pixels their headers declare: a 16 kB PNG of 4096x4096 zeros is small
+    in bytes but would block the event loop while it decodes, so it goes to a thread."""
+    from PIL import Image
+
+    raw, _ = digits
+    assert validate.inline_decode([_png(im) for im in raw[:32]])
+    assert not validate.inline_decode([_png(raw[0], meta=validate.INLINE_DECODE_BYTES)])
+    buf = io.BytesIO()
+    Image.new("L", (4096, 4096)).save(buf, "PNG")
+    bomb = base64.b64encode(buf.getvalue()).decode()
+    assert len(bomb) < validate.INLINE_DECODE_BYTES and not validate.inline_decode([bomb])
+
+
 def test_bench_load_generator_counts_answers_and_errors(server, digits):
     """The serving benchmark's load generator (`pipeline/loadgen.py`) against this server: every request
     answered and counted, non-200 answers counted as errors."""
