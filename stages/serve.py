@@ -27,7 +27,8 @@ Limits (defaults in the package's serving.yaml, flags override; `pipeline/servin
 model or images on a text model -> 422 (the message names what was expected and never echoes input);
 queue full -> 503 + Retry-After; per-request timeout -> 504 (408 while still reading the body). Errors
 always have the schema {"error": {"code", "type", "message"}}. `/readyz` is 200 only after every predictor
-ran a warm-up batch of each size, and 503 while draining. SIGTERM (or Ctrl-C): stop admitting requests,
+ran a warm-up batch of each bucket size (batches run padded to 1, 2, 4, ... max_batch_size samples: see
+`pipeline/serving/predictor.py`), and 503 while draining. SIGTERM (or Ctrl-C): stop admitting requests,
 finish the in-flight ones (at most `drain_s`), exit 0; a second signal exits at once.
 """
 

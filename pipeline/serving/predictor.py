@@ -5,6 +5,15 @@ only for custom devices): predictors on threads would stall the HTTP event loop 
 child process the predictor runs while the server waits on a pipe with the GIL released. Frames on the
 child's stdin/stdout: 4-byte header length, JSON header, 8-byte payload length, raw C-order bytes (no
 pickle). The child ignores SIGINT/SIGTERM: the server drains first, then closes its stdin.
+
+Batch shapes: dynamic batching makes batches of every size, and Paddle Inference's oneDNN kernels are
+built per input shape; with its default cache a change of batch size rebuilt them (mobilenet_v3_small
+3x64x64, 1 thread: 1.7-2.0 ms per sample at random batch sizes 1-16 against 0.9 at a fixed 8). So a
+batch runs at the next of a few bucket sizes (powers of two up to max_batch, and max_batch), padded with
+copies of its first sample whose outputs are dropped, and the predictor caches one set of kernels per
+bucket (0.84-1.05 ms per sample at random sizes). A cache of every size instead cost 180 MB (mobilenet)
+to 750 MB (resnet18) at max_batch 32. Samples are independent in inference, so padding changes no
+real sample's output (measured: 0.0 on the image models, <= 4e-7 on the text models).
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ class PredictorProcess:
     def __init__(self, spec: Spec, threads: int, max_batch: int):
         self.doc = {"program": str(spec.program), "params": str(spec.params), "precision": spec.precision,
                     "threads": threads, "input": spec.inp["name"], "output": spec.outp["name"],
-                    "dtype": spec.inp["dtype"], "sample_shape": list(spec.sample_shape), "max_batch": max_batch}
+                    "dtype": spec.inp["dtype"], "sample_shape": list(spec.sample_shape), "buckets": buckets(max_batch)}
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -80,6 +89,11 @@ class PredictorProcess:
         except (OSError, subprocess.TimeoutExpired):
             self.proc.kill()
             self.proc.wait(timeout)
+
+
+def buckets(max_batch: int) -> list[int]:
+    """The batch sizes a predictor runs: 1, 2, 4, ... below max_batch, and max_batch."""
+    return [1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch] + [max_batch]
 
 
 def start_predictors(spec: Spec, n: int, threads: int, max_batch: int) -> list[PredictorProcess]:
@@ -130,6 +144,7 @@ def _create_predictor(paddle: Any, doc: dict[str, Any]) -> Any:
     elif doc["precision"] == "int8":
         c.enable_onednn_int8()
     c.set_cpu_math_library_num_threads(doc["threads"])
+    c.set_onednn_cache_capacity(len(doc["buckets"]))  # one set of kernels per bucket (module docstring)
     c.disable_glog_info()
     try:
         pred = paddle.inference.create_predictor(c)
@@ -157,9 +172,13 @@ def _predictor_main(doc: dict[str, Any]) -> int:
     h_in, h_out = pred.get_input_handle(doc["input"]), pred.get_output_handle(doc["output"])
 
     def infer(x: np.ndarray) -> np.ndarray:
+        n = len(x)
+        size = next((b for b in doc["buckets"] if b >= n), n)
+        if size > n:  # padded with copies of a real sample (a valid input for any model), outputs dropped
+            x = np.concatenate([x, np.repeat(x[:1], size - n, axis=0)])
         h_in.copy_from_cpu(x)
         pred.run()
-        return h_out.copy_to_cpu()
+        return h_out.copy_to_cpu()[:n]
 
     write_frame(channel, {"ok": True})
     while True:
@@ -169,10 +188,9 @@ def _predictor_main(doc: dict[str, Any]) -> int:
             return 0
         try:
             if head["op"] == "warm":
-                # oneDNN builds its kernels per input shape on first sight (~3 ms each): pay it before /readyz.
-                zeros = np.zeros((doc["max_batch"], *doc["sample_shape"]), doc["dtype"])
-                for n in range(1, doc["max_batch"] + 1):
-                    infer(zeros[:n])
+                # oneDNN builds its kernels per input shape on first sight: pay it before /readyz.
+                for n in doc["buckets"]:
+                    infer(np.zeros((n, *doc["sample_shape"]), doc["dtype"]))
                 write_frame(channel, {"ok": True})
             else:
                 x = np.frombuffer(payload, head["dtype"]).reshape(head["shape"])
