@@ -175,12 +175,12 @@ def test_only_small_images_decode_on_the_event_loop(digits):
     from PIL import Image
 
     raw, _ = digits
-    assert validate.inline_decode([_png(im) for im in raw[:32]])
-    assert not validate.inline_decode([_png(raw[0], meta=validate.INLINE_DECODE_BYTES)])
-    buf = io.BytesIO()
-    Image.new("L", (4096, 4096)).save(buf, "PNG")
-    bomb = base64.b64encode(buf.getvalue()).decode()
-    assert len(bomb) < validate.INLINE_DECODE_BYTES and not validate.inline_decode([bomb])
+    assert validate.inline_decode([base64.b64decode(_png(im)) for im in raw[:32]])
+    assert not validate.inline_decode([base64.b64decode(_png(raw[0], meta=validate.INLINE_DECODE_BYTES))])
+    for fmt, side in (("PNG", 4096), ("JPEG", 512)):  # the PNG header is read directly, a JPEG's by PIL
+        buf = io.BytesIO()
+        Image.new("L", (side, side)).save(buf, fmt)
+        assert len(buf.getvalue()) < validate.INLINE_DECODE_BYTES and not validate.inline_decode([buf.getvalue()])
 
 
 def test_bench_load_generator_counts_answers_and_errors(server, digits):
