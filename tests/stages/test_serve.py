@@ -32,7 +32,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pipeline import artifacts, data as data_mod, loadgen
-from pipeline.serving import batcher, validate, wire
+from pipeline.serving import batcher, predictor as predictor_mod, validate, wire
 from tests.serving_helpers import (REPO, metric, package_predictor, packaged_run, serving_client_python, start_server,
                                    wait_for)
 
@@ -181,6 +181,16 @@ def test_only_small_images_decode_on_the_event_loop(digits):
         buf = io.BytesIO()
         Image.new("L", (side, side)).save(buf, fmt)
         assert len(buf.getvalue()) < validate.INLINE_DECODE_BYTES and not validate.inline_decode([buf.getvalue()])
+
+
+def test_batches_run_at_bucket_sizes():
+    """Few input shapes for oneDNN to cache (see pipeline/serving/predictor.py); every size up to the
+    maximum has a bucket at least as big. Padded batches giving the predictor's own outputs is what
+    the output tests above check (batches of 2, 3, 24, ... samples)."""
+    assert predictor_mod.buckets(32) == [1, 2, 4, 8, 16, 32]
+    assert predictor_mod.buckets(24) == [1, 2, 4, 8, 16, 24] and predictor_mod.buckets(1) == [1]
+    for m in (1, 5, 24, 64):
+        assert all(any(b >= n for b in predictor_mod.buckets(m)) for n in range(1, m + 1))
 
 
 def test_bench_load_generator_counts_answers_and_errors(server, digits):
