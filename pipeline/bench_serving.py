@@ -4,7 +4,7 @@
     python -c "from pipeline import bench_serving; print(bench_serving.text_rows(quick=True))"
 
 `rows` builds a digits package in a temp dir, starts `pipe serve` on a free port on 127.0.0.1 and loads it
-with keep-alive clients from this process (`pipeline/loadgen.py`: asyncio, ~0.1 ms of CPU per request; a
+with keep-alive clients from this process (`pipeline/loadgen.py`: asyncio, 0.1-0.2 ms of CPU per request; a
 fixed count, then a fixed time: every load stops by itself).
 `text_rows` does the same for the built-in Chinese sentiment task (text_cnn): one review per request as
 `{"text": [...]}`, tokenized in the server, against a bare predictor fed the same reviews encoded to

@@ -5,7 +5,7 @@
 On a 2-core machine the load generator shares the CPU with the server it measures. One httpx.Client per
 thread spent ~1.7 ms of CPU per request (3.4 s for 2,000 requests), more than the server's own HTTP work;
 this generator writes each request as one pre-built byte string and reads the answer by Content-Length,
-~0.1 ms per request. It speaks only what `pipe serve` answers: HTTP/1.1 with a Content-Length. A
+0.1-0.2 ms per request. It speaks only what `pipe serve` answers: HTTP/1.1 with a Content-Length. A
 transport error or a non-200 answer counts as an error; after a transport error the client reconnects.
 """
 
