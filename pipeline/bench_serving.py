@@ -65,15 +65,9 @@ def _image_rows(quick: bool, name: str, build: Callable[[Path, bool], Path],
             bodies = [json.dumps({"images": [b64]}).encode() for b64 in _pngs(x.shape[1:], len(x))]
         rss_ready = _usage(proc.pid)[0]
 
-        # Interleaved: bare, served, bare; the machine's noise hits both sides.
         n_bare = max(total, 2000) if load else total  # digits: ~1 s; shorter loops are all noise
-        bare_loop = _bare_predictor(package, spec, threads)
-        bare = [bare_loop(x, n_bare)]
-        before, (_, cpu0) = _batches(url), _usage(proc.pid)
-        served = loadgen.run(url, bodies, clients, count=total // clients)
-        after, (_, cpu1) = _batches(url), _usage(proc.pid)
-        bare.append(bare_loop(x, n_bare))
-        cost = _batch_cost_row(name, bare_loop, x, threads)
+        out = _side_by_side(proc, url, bodies, _bare_predictor(package, spec, threads), x, n_bare, clients, total,
+                            name, "batch-1", "batch 1 (oneDNN)", threads)
 
         if load:
             rss_before = _usage(proc.pid)[0]
@@ -84,24 +78,6 @@ def _image_rows(quick: bool, name: str, build: Callable[[Path, bool], Path],
             _stop(proc)
         shutil.rmtree(tmp, ignore_errors=True)
 
-    bare_rate = float(np.mean(bare))
-    ratio = served["rate"] / bare_rate
-    samples, runs = after[0] - before[0], after[1] - before[1]
-    cpu = [b - a for a, b in zip(cpu0, cpu1)]
-    out = [
-        (f"serve {name}: {clients} keep-alive clients x {total // clients} batch-1 requests, requests/s "
-         f"(p50/p99 ms)", f"{served['rate']:.0f} ({served['p50']:.1f}/{served['p99']:.1f})"
-         + (f", {served['errors']} errors" if served["errors"] else ""), "", ""),
-        (f"bare Paddle Inference predictor ({name}), batch 1 one by one (oneDNN, {threads} thread(s)), items/s "
-         "(before/after the served run)", f"{bare_rate:.0f} ({bare[0]:.0f}/{bare[1]:.0f})", "", ""),
-        (f"serve / bare predictor one by one, {name} ({os.cpu_count()} cores shared by clients, HTTP server, "
-         "predictor)", f"{ratio:.2f}x", ">= 2x", "met" if ratio >= 2 and not served["errors"] else "**missed**"),
-        (f"serve {name}: average batch size from /metrics (predictor runs)",
-         f"{samples / max(runs, 1):.2f} ({runs:.0f})", "", ""),
-        (f"serve {name}: CPU seconds in the served run: clients (this process) / HTTP server / predictor(s)",
-         f"{cpu[0]:.2f} / {cpu[1]:.2f} / {cpu[2]:.2f} ({served['wall']:.2f} s wall)", "", ""),
-        cost,
-    ]
     if load:
         out += [
             (f"serve load run: {load_clients} clients x {load_s:g} s on 127.0.0.1, requests (requests/s, p99 ms)",
@@ -112,6 +88,36 @@ def _image_rows(quick: bool, name: str, build: Callable[[Path, bool], Path],
              f"{rss_ready:.0f} / {rss_before:.0f} / {rss_after:.0f} MB", "reported", ""),
         ]
     return out
+
+
+def _side_by_side(proc: subprocess.Popen, url: str, bodies: list[bytes], bare_loop: Callable[..., float],
+                  x: np.ndarray, n_bare: int, clients: int, total: int, name: str, request: str, bare_what: str,
+                  threads: int) -> list[tuple[str, str, str, str]]:
+    """Interleaved bare, served, bare (the machine's noise hits both sides), then the predictor's own
+    cost by batch size: the rows of one served model against its bare predictor."""
+    bare = [bare_loop(x, n_bare)]
+    before, (_, cpu0) = _batches(url), _usage(proc.pid)
+    served = loadgen.run(url, bodies, clients, count=total // clients)
+    after, (_, cpu1) = _batches(url), _usage(proc.pid)
+    bare.append(bare_loop(x, n_bare))
+    bare_rate = float(np.mean(bare))
+    ratio = served["rate"] / bare_rate
+    samples, runs = after[0] - before[0], after[1] - before[1]
+    cpu = [b - a for a, b in zip(cpu0, cpu1)]
+    return [
+        (f"serve {name}: {clients} keep-alive clients x {total // clients} {request} requests, requests/s "
+         f"(p50/p99 ms)", f"{served['rate']:.0f} ({served['p50']:.1f}/{served['p99']:.1f})"
+         + (f", {served['errors']} errors" if served["errors"] else ""), "", ""),
+        (f"bare Paddle Inference predictor ({name}), {bare_what}, one by one ({threads} thread(s)), items/s "
+         "(before/after the served run)", f"{bare_rate:.0f} ({bare[0]:.0f}/{bare[1]:.0f})", "", ""),
+        (f"serve / bare predictor one by one, {name} ({os.cpu_count()} cores shared by clients, HTTP server, "
+         "predictor)", f"{ratio:.2f}x", ">= 2x", "met" if ratio >= 2 and not served["errors"] else "**missed**"),
+        (f"serve {name}: average batch size from /metrics (predictor runs)",
+         f"{samples / max(runs, 1):.2f} ({runs:.0f})", "", ""),
+        (f"serve {name}: CPU seconds in the served run: clients (this process) / HTTP server / predictor(s)",
+         f"{cpu[0]:.2f} / {cpu[1]:.2f} / {cpu[2]:.2f} ({served['wall']:.2f} s wall)", "", ""),
+        _batch_cost_row(name, bare_loop, x, threads),
+    ]
 
 
 def _pngs(chw: tuple[int, ...], n: int) -> list[str]:
@@ -292,33 +298,14 @@ def text_rows(quick: bool) -> list[tuple[str, str, str, str]]:
         bodies = [json.dumps({"text": [t]}, ensure_ascii=False).encode() for t in texts]
         vocab = {t: i for i, t in enumerate(json.loads((package / "vocab.json").read_text(encoding="utf-8")))}
         x = data_mod.encode_texts(texts, vocab, int(spec["text"]["max_len"]))
-        bare_loop = _bare_predictor(package, spec, threads)
-        bare = [bare_loop(x, max(total, 500))]
-        before = _batches(url)
-        served = loadgen.run(url, bodies, clients, count=total // clients)
-        after = _batches(url)
-        bare.append(bare_loop(x, max(total, 500)))
-        cost = _batch_cost_row("text_cnn", bare_loop, x, threads)
+        max_len = spec["text"]["max_len"]
+        return _side_by_side(proc, url, bodies, _bare_predictor(package, spec, threads), x, max(total, 500),
+                             clients, total, f"text_cnn text, max_len {max_len}", "one-review",
+                             f"the same reviews as ids [1, {max_len}]", threads)
     finally:
         if proc is not None:
             _stop(proc)
         shutil.rmtree(tmp, ignore_errors=True)
-    bare_rate = float(np.mean(bare))
-    ratio = served["rate"] / bare_rate
-    samples, runs = after[0] - before[0], after[1] - before[1]
-    max_len = spec["text"]["max_len"]
-    return [
-        (f"serve text (text_cnn, max_len {max_len}): {clients} keep-alive clients x {total // clients} one-review "
-         "requests, requests/s (p50/p99 ms)", f"{served['rate']:.0f} ({served['p50']:.1f}/{served['p99']:.1f})"
-         + (f", {served['errors']} errors" if served["errors"] else ""), "", ""),
-        (f"bare predictor on the same reviews as ids [1, {max_len}], one by one ({threads} thread(s)), items/s "
-         "(before/after)", f"{bare_rate:.0f} ({bare[0]:.0f}/{bare[1]:.0f})", "", ""),
-        ("serve text / bare predictor one by one", f"{ratio:.2f}x", ">= 2x",
-         "met" if ratio >= 2 and not served["errors"] else "**missed**"),
-        ("serve text: average batch size from /metrics (predictor runs)", f"{samples / max(runs, 1):.2f} ({runs:.0f})",
-         "", ""),
-        cost,
-    ]
 
 
 def _build_text_package(tmp: Path, quick: bool) -> Path:
