@@ -149,8 +149,8 @@ def _transformer(vocab_size: int, num_classes: int, max_len: int) -> Any:
     """A small Transformer encoder: 2 post-norm layers, d=128, 4 heads, FFN 256, learned positions,
     masked mean pooling.
 
-    Written out rather than nn.TransformerEncoder: attention as einsum and the masked mean as average
-    pools, because Paddle 3.3.1's legacy (PIR off) to_static rejects the matmul and Tensor.sum that
+    Written out rather than nn.TransformerEncoder: attention and the masked mean as einsums, because
+    Paddle 3.3.1's legacy (PIR off) to_static rejects the matmul and Tensor.sum that
     nn.MultiHeadAttention and a sum-based mean use, and PaddleSlim's int8 needs that legacy program."""
     import paddle
     from paddle import nn
