@@ -65,7 +65,8 @@ class TrainConfig:
     grad_clip_norm: float = _opt(0.0, "clip gradients to this global norm; 0 = off", min=0)
     label_smoothing: float = _opt(0.0, "label smoothing of the cross-entropy loss", min=0)
     seed: int = _opt(0, "seed for parameters, data order and dropout")
-    deterministic: bool = _opt(False, "ask Paddle for deterministic kernels (GPU); CPU runs are deterministic anyway")
+    deterministic: bool = _opt(False, "set Paddle's deterministic-kernel flags this build has (cuDNN, embedding on GPU; "
+                                      "sorted gradient sums); the manifest records what was set and what was not")
     patience: int = _opt(0, "stop after this many epochs without val improvement; 0 = off", min=0)
     checkpoint_every: int = _opt(0, "also checkpoint every N optimizer steps; 0 = at epoch ends only", min=0)
     keep_last: int = _opt(3, "checkpoints kept besides the best one", min=1)

@@ -13,6 +13,7 @@ which also does multi-node (`--nnodes K --master HOST:PORT`).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import json
@@ -29,7 +30,7 @@ import warnings
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -48,6 +49,13 @@ _RESUME_SAFE = {
 }
 _TRAINING_SECTIONS = ("data", "model", "train", "amp", "dist", "distill")  # later stages' keys don't matter
 _STEP_FIELDS = ["step", "epoch", "loss", "lr"]
+# train.deterministic: flag -> (value, GPU-only). Each is set where this build accepts it, else recorded.
+_DETERMINISTIC_FLAGS = {
+    "FLAGS_cudnn_deterministic": (True, True),  # cuDNN picks deterministic convolution algorithms
+    "FLAGS_embedding_deterministic": (1, True),  # embedding gradients without atomic adds
+    "FLAGS_cpu_deterministic": (True, False),  # CPU reductions in a fixed order (Paddle 2.x builds)
+    "FLAGS_sort_sum_gradient": (True, False),  # dygraph: a tensor's gradients summed in a fixed order
+}
 _EPOCH_FIELDS = ["epoch", "step", "train_loss", "val_loss", "val_acc", "lr", "img_per_s", "loss_scale",
                  "skipped_steps"]
 
@@ -272,6 +280,7 @@ class _Ctx:
     emit: Emit
     paddle: Any
     amp_active: bool = False
+    deterministic: dict[str, Any] = field(default_factory=dict)
 
 
 def _worker(cfg: RunConfig, out_dir: Path, ckpt_dir: Path, resume_from: Path | None, emit: Emit) -> None:
@@ -284,10 +293,44 @@ def _worker(cfg: RunConfig, out_dir: Path, ckpt_dir: Path, resume_from: Path | N
         dist.init_parallel_env()
         rank, world = dist.get_rank(), dist.get_world_size()
     paddle.set_device(_device(cfg, paddle, world))
-    if cfg.train.deterministic:
-        paddle.set_flags({"FLAGS_cudnn_deterministic": True, "FLAGS_embedding_deterministic": 1})
-    ctx = _Ctx(cfg, rank, world, emit if rank == 0 else (lambda ev: None), paddle)
-    _Trainer(ctx, out_dir, ckpt_dir).fit(resume_from)
+    with _deterministic(paddle, cfg.train.deterministic, cfg.train.seed) as det:
+        ctx = _Ctx(cfg, rank, world, emit if rank == 0 else (lambda ev: None), paddle, deterministic=det)
+        if det.get("unavailable"):
+            ctx.emit({"event": "notice", "text": f"train.deterministic: {', '.join(det['unavailable'])} not available "
+                                                 f"on this build; set {', '.join(det['set']) or 'no flag'} "
+                                                 "(recorded in the manifest)"})
+        _Trainer(ctx, out_dir, ckpt_dir).fit(resume_from)
+
+
+@contextlib.contextmanager
+def _deterministic(paddle: Any, on: bool, seed: int) -> Iterator[dict[str, Any]]:
+    """Set the flags of `_DETERMINISTIC_FLAGS` that this build accepts; yield what was set and what
+    could not be, for the manifest. The flags are put back afterwards: a world-size-1 run shares its
+    process with the stages that follow it."""
+    if not on:
+        yield {"requested": False}
+        return
+    wanted: dict[str, Any] = {}
+    before: dict[str, Any] = {}
+    unavailable: dict[str, str] = {}
+    for flag, (value, gpu_only) in _DETERMINISTIC_FLAGS.items():
+        if gpu_only and not paddle.is_compiled_with_cuda():
+            unavailable[flag] = "GPU-only; this Paddle is not compiled with CUDA"
+            continue
+        try:
+            before[flag] = paddle.get_flags([flag])[flag]
+        except ValueError:  # paddle.set_flags refuses what get_flags refuses: not a public flag here
+            unavailable[flag] = f"not a flag of paddlepaddle {paddle.__version__}"
+            continue
+        wanted[flag] = value
+    paddle.set_flags(wanted)
+    try:
+        # seeds and the data order are fixed in every run; CPU kernels are bit-identical run to run at a
+        # given thread count (MKL splits its sums by thread), so the count is recorded with them
+        yield {"requested": True, "set": wanted, "unavailable": unavailable, "seed": seed,
+               "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+    finally:
+        paddle.set_flags(before)
 
 
 def _device(cfg: RunConfig, paddle: Any, world: int) -> str:
@@ -768,7 +811,8 @@ class _Trainer:
                 if self.teacher is not None:
                     w.metrics["teacher_test_acc"] = self.teacher_acc
                 w.extra = {"amp": {"requested": self.cfg.amp.level, "active": self.ctx.amp_active,
-                                   "dtype": self.cfg.amp.dtype}, "format": "safetensors"}
+                                   "dtype": self.cfg.amp.dtype}, "format": "safetensors",
+                           "deterministic": self.ctx.deterministic}
         if self.ctx.world > 1:
             import paddle.distributed as dist
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import artifacts
+from pipeline import artifacts, runtime
 from tests.conftest import REPO, tree_hash
 
 DIGITS = REPO / "examples" / "digits.yaml"
@@ -229,6 +229,50 @@ def test_two_processes_through_the_launcher_match_one_process(tmp_path, cli, mon
     logs = two / "logs" / "train"
     assert (logs / "workerlog.0").exists() and (logs / "workerlog.1").exists()
     assert not (tmp_path / "log").exists()
+
+
+def _deterministic_runs(tmp_path: Path, cli, *args: str) -> tuple[list[float], dict, str]:
+    """Two identical train.deterministic runs: their per-step losses must be equal to the bit on the CPU."""
+    results = []
+    for name in ("a", "b"):
+        code, _, err = cli("train", "--config", DIGITS, "--run", tmp_path / name, "--epochs", "1",
+                           "--set", "train.deterministic=true", *args)
+        assert code == 0, err
+        results.append((_losses(tmp_path / name / "train"), artifacts.verify(tmp_path / name / "train", ("train",))))
+    (a, m), (b, _) = results
+    assert a == b and len(a) == STEPS_PER_EPOCH
+    return a, m.manifest, err
+
+
+def _cpu_build_record(threads: int) -> dict:
+    """What train.deterministic sets on the CPU build of paddlepaddle 3.3.1, and what it cannot."""
+    import paddle
+
+    return {"requested": True, "set": {"FLAGS_sort_sum_gradient": True},
+            "unavailable": {"FLAGS_cudnn_deterministic": "GPU-only; this Paddle is not compiled with CUDA",
+                            "FLAGS_embedding_deterministic": "GPU-only; this Paddle is not compiled with CUDA",
+                            "FLAGS_cpu_deterministic": f"not a flag of paddlepaddle {paddle.__version__}"},
+            "seed": 0, "omp_num_threads": str(threads)}
+
+
+def test_deterministic_mode_on_the_cpu_build(tmp_path, cli):
+    import paddle
+
+    losses, m, err = _deterministic_runs(tmp_path, cli)
+    np.testing.assert_allclose(losses[:5], GOLDEN, rtol=1e-6)  # the same numbers as without it on the CPU
+    assert m["deterministic"] == _cpu_build_record(int(os.environ["OMP_NUM_THREADS"]))
+    assert err.count("train.deterministic: FLAGS_cudnn_deterministic, FLAGS_embedding_deterministic, "
+                     "FLAGS_cpu_deterministic not available on this build; set FLAGS_sort_sum_gradient") == 1
+    # the flag is put back: `pipe all` runs the later stages in this process
+    assert paddle.get_flags(["FLAGS_sort_sum_gradient"]) == {"FLAGS_sort_sum_gradient": False}
+
+
+def test_deterministic_mode_with_two_processes(tmp_path, cli, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _, m, err = _deterministic_runs(tmp_path, cli, "--model", "mlp", "--nproc", "2")
+    assert m["metrics"]["world_size"] == 2 and m["metrics"]["ranks_consistent"]
+    assert m["deterministic"] == _cpu_build_record(runtime.threads_per_process(2))
+    assert "set FLAGS_sort_sum_gradient" in err
 
 
 def _free_port() -> int:
