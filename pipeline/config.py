@@ -67,7 +67,9 @@ class TrainConfig:
     seed: int = _opt(0, "seed for parameters, data order and dropout")
     deterministic: bool = _opt(False, "set Paddle's deterministic-kernel flags this build has (cuDNN, embedding on GPU; "
                                       "sorted gradient sums); the manifest records what was set and what was not")
-    patience: int = _opt(0, "stop after this many epochs without val improvement; 0 = off", min=0)
+    monitor: str = _opt("val_acc", "what picks the best checkpoint and counts for patience: val_acc (a tie goes to the "
+                                   "lower val_loss) or val_loss (a tie goes to the higher val_acc)", ("val_acc", "val_loss"))
+    patience: int = _opt(0, "stop after this many epochs without a better train.monitor; 0 = off", min=0)
     checkpoint_every: int = _opt(0, "also checkpoint every N optimizer steps; 0 = at epoch ends only", min=0)
     keep_last: int = _opt(3, "checkpoints kept besides the best one", min=1)
     log_interval: int = _opt(10, "steps between progress updates", min=1)

@@ -48,6 +48,8 @@ _RESUME_SAFE = {
     "dist.nproc_per_node", "dist.gpus", "dist.nnodes", "dist.master", "dist.node_rank", "dist.peer_timeout",
 }
 _TRAINING_SECTIONS = ("data", "model", "train", "amp", "dist", "distill")  # later stages' keys don't matter
+# Why a key other than the model's and the data's is refused on resume.
+_RESUME_REFUSED_WHY = {"train.monitor": "it chose the best checkpoint and counted patience so far"}
 _STEP_FIELDS = ["step", "epoch", "loss", "lr"]
 # train.deterministic: flag -> (value, GPU-only). Each is set where this build accepts it, else recorded.
 _DETERMINISTIC_FLAGS = {
@@ -154,14 +156,16 @@ def _resolve_resume(resume: str | None, ckpt_dir: Path, cfg: RunConfig) -> Path 
 
 
 def _check_resume_config(saved: dict[str, Any], cfg: RunConfig, path: Path) -> None:
-    now = cfg.to_dict()
-    for section, body in saved.items():
-        for key, old in body.items():
+    now, defaults = cfg.to_dict(), RunConfig().to_dict()
+    for section in _TRAINING_SECTIONS:
+        old_body, new_body = saved.get(section, {}), now[section]
+        for key in {**old_body, **new_body}:
             name = f"{section}.{key}"
-            new = now.get(section, {}).get(key)
-            if section in _TRAINING_SECTIONS and name not in _RESUME_SAFE and old != new:
-                raise InputError(f"--resume {path}: {name} was {old!r}, now {new!r}; "
-                                 "it changes the model or the data, start a new run instead")
+            old = old_body.get(key, defaults[section].get(key))  # a key newer than the checkpoint ran at its default
+            new = new_body.get(key)
+            if name not in _RESUME_SAFE and old != new:
+                why = _RESUME_REFUSED_WHY.get(name, "it changes the model or the data")
+                raise InputError(f"--resume {path}: {name} was {old!r}, now {new!r}; {why}, start a new run instead")
 
 
 def _checkpoints(ckpt_dir: Path) -> list[Path]:
@@ -596,12 +600,13 @@ class _Trainer:
     def _end_epoch(self, epoch: int, st: "_State") -> None:
         self._sync_buffers()
         val_loss, val_acc = self._evaluate(self.data.val, shard=True)
-        improved = st.best_acc is None or val_acc > st.best_acc
+        t = self.cfg.train
+        # every rank decides alike: _evaluate all-reduced the totals
+        improved = _better(t.monitor, val_acc, val_loss, st.best_acc, st.best_loss)
         if improved:
-            st.best_acc, st.bad_epochs = val_acc, 0
+            st.best_acc, st.best_loss, st.bad_epochs = val_acc, val_loss, 0
         else:
             st.bad_epochs += 1
-        t = self.cfg.train
         if t.patience and st.bad_epochs >= t.patience:
             st.stopped_early = True
         scale = float(self.scaler._scale) if self.scaler._enable else ""
@@ -666,7 +671,8 @@ class _Trainer:
                 (w.dir / "state.json").write_text(json.dumps(self._state_doc(st), indent=1))
                 _write_csv(w.dir / "steps.csv", _STEP_FIELDS, st.step_rows)
                 _write_csv(w.dir / "metrics.csv", _EPOCH_FIELDS, st.epoch_rows)
-                w.metrics = {"step": st.step, "epoch": st.epoch, "best_val_acc": st.best_acc}
+                w.metrics = {"step": st.step, "epoch": st.epoch, "best_val_acc": st.best_acc,
+                             "best_val_loss": st.best_loss}
                 time.sleep(float(os.environ.get("PIPE_FAULT_SLOW_CHECKPOINT", "0")))  # test hook: widen the window
             artifacts.write_text_atomic(self.ckpt_dir / "last", name)
             if best:
@@ -713,7 +719,8 @@ class _Trainer:
         paddle = self.p
         return {
             "step": st.step, "epoch": st.epoch, "batch": st.batch, "skipped": st.skipped,
-            "nonfinite_run": st.nonfinite_run, "best_acc": st.best_acc, "bad_epochs": st.bad_epochs,
+            "nonfinite_run": st.nonfinite_run, "best_acc": st.best_acc, "best_loss": st.best_loss,
+            "bad_epochs": st.bad_epochs,
             "stopped_early": st.stopped_early, "world_size": self.ctx.world,
             "scheduler": self.sched.state_dict(), "scaler": _jsonable(self.scaler.state_dict()),
             "rng": {"paddle": [s.__getstate__() for s in paddle.get_rng_state()],
@@ -757,10 +764,13 @@ class _Trainer:
         py = doc["rng"]["python"]
         random.setstate((py[0], tuple(py[1]), py[2]))
         st = _State(step=doc["step"], epoch=doc["epoch"], batch=doc["batch"], skipped=doc["skipped"],
-                    nonfinite_run=doc["nonfinite_run"], best_acc=doc["best_acc"], bad_epochs=doc["bad_epochs"],
-                    stopped_early=doc["stopped_early"])
+                    nonfinite_run=doc["nonfinite_run"], best_acc=doc["best_acc"], best_loss=doc.get("best_loss"),
+                    bad_epochs=doc["bad_epochs"], stopped_early=doc["stopped_early"])
         st.step_rows = _read_csv(art.file("steps.csv"))
         st.epoch_rows = _read_csv(art.file("metrics.csv"))
+        if st.best_loss is None and st.best_acc is not None:
+            # written before train.monitor: its best was the first epoch to reach best_acc
+            st.best_loss = next(r["val_loss"] for r in st.epoch_rows if r["val_acc"] == st.best_acc)
         return st
 
     # ---- the artifact
@@ -827,6 +837,7 @@ class _State:
     skipped: int = 0
     nonfinite_run: int = 0
     best_acc: float | None = None
+    best_loss: float | None = None
     bad_epochs: int = 0
     stopped_early: bool = False
     epoch_loss: float = float("nan")
@@ -890,6 +901,16 @@ def _logit_layer(net: Any, num_classes: int, who: str) -> str:
         raise InputError(f"distill: the {who} has no Linear layer with {num_classes} outputs to distil from; "
                          "use --set distill.engine=plain")
     return names[-1]
+
+
+def _better(monitor: str, acc: float, loss: float, best_acc: float | None, best_loss: float | None) -> bool:
+    """Whether an epoch's (val_acc, val_loss) beats the best so far: by `monitor`, a tie going to the
+    other one. The best checkpoint and patience both use it."""
+    if best_acc is None or best_loss is None:
+        return True
+    if monitor == "val_loss":
+        return loss < best_loss or (loss == best_loss and acc > best_acc)
+    return acc > best_acc or (acc == best_acc and loss < best_loss)
 
 
 def _fault_steps(var: str) -> set[int]:

@@ -78,19 +78,6 @@ def test_loader_workers_give_the_same_losses(tmp_path, cli):
     np.testing.assert_allclose(_losses(tmp_path / "train")[:5], GOLDEN, rtol=1e-6)
 
 
-def test_early_stopping_after_patience_epochs(tmp_path, cli):
-    # lr=0: only BatchNorm statistics move, so validation accuracy soon stops improving
-    code, _, err = cli("train", "--config", DIGITS, "--run", tmp_path, "--epochs", "8", "--lr", "0",
-                       "--set", "train.patience=1")
-    assert code == 0, err
-    m = json.loads((tmp_path / "train" / "manifest.json").read_text())["metrics"]
-    with open(tmp_path / "train" / "metrics.csv", newline="") as f:
-        acc = [float(r["val_acc"]) for r in csv.DictReader(f)]
-    last_gain = max(i for i in range(len(acc)) if acc[i] > max(acc[:i], default=-1.0))
-    assert m["stopped_early"] is True and len(acc) == m["epochs_run"] < 8
-    assert m["epochs_run"] == last_gain + 1 + 1  # exactly `patience` epochs after the last improvement
-
-
 def test_digits_example_reaches_97_percent(tmp_path, cli):
     code, _, err = cli("train", "--config", DIGITS, "--run", tmp_path)
     assert code == 0, err
