@@ -22,7 +22,8 @@ Text packages tokenize in the server with the package's vocab.json and the train
 training, so a sample gets the same logits alone or batched with texts of other lengths.
 
 Limits (defaults in the package's serving.yaml, flags override; `pipeline/serving/validate.py`): body cap
--> 413 (Content-Length, then while reading); content type -> 415; JSON depth, NaN/Infinity, invalid UTF-8
+-> 413 (Content-Length, then while reading; a client still sending reads it: `pipeline/serving/lingering.py`);
+content type -> 415; JSON depth, NaN/Infinity, invalid UTF-8
 -> 400; dtype, rank, shape, token ids against the package's input spec, empty text, text on an image
 model or images on a text model -> 422 (the message names what was expected and never echoes input);
 queue full -> 503 + Retry-After; per-request timeout -> 504 (408 while still reading the body). Errors
@@ -402,6 +403,8 @@ class _Observe:
 def _make_server(state: _State, sock: socket.socket) -> Any:
     import uvicorn
 
+    from pipeline.serving.lingering import LingeringHttpToolsProtocol
+
     drain_s = state.s.drain_s
 
     class _Server(uvicorn.Server):
@@ -424,7 +427,10 @@ def _make_server(state: _State, sock: socket.socket) -> Any:
     # Idle keep-alive connections outlive the clients' own pool expiry (httpx: 5 s), so a client never
     # reuses a connection the server is closing at that very moment ("Server disconnected without
     # sending a response" was seen in CI with both at 5 s).
-    config = uvicorn.Config(_build_app(state), log_level="warning", access_log=False, lifespan="on",
+    # httptools with nginx's lingering close: a client still sending its body reads an early 413 (or 415,
+    # 503) instead of a connection reset (pipeline/serving/lingering.py).
+    config = uvicorn.Config(_build_app(state), http=LingeringHttpToolsProtocol, log_level="warning",
+                            access_log=False, lifespan="on",
                             timeout_keep_alive=_KEEP_ALIVE_S, timeout_graceful_shutdown=_SHUTDOWN_GRACE_S,
                             server_header=False,
                             limit_concurrency=max(256, 4 * state.s.queue_size))

@@ -6,6 +6,7 @@
     wire       Paddle Serving's HttpClient wire format (protobuf messages built here, and JSON)
     predictor  Paddle Inference predictors in child processes (`python -m pipeline.serving.predictor`)
     batcher    the bounded queue and dynamic batching threads in front of the predictor processes
+    lingering  uvicorn's httptools protocol with nginx's lingering close after an early answer (413)
     openapi    the OpenAPI fragments for bodies read by hand, and the offline /docs page
 
 Nothing here imports paddle at module level (the predictor child imports it inside its main).
