@@ -1,0 +1,102 @@
+"""Paddle Inference on the CPU with oneDNN: fp32 and bf16 on the PIR program, int8 on PaddleSlim's
+legacy program (oneDNN int8 kernels; without `enable_onednn_int8` the quantized program runs its
+fake-quant ops, slower than fp32).
+
+int8 on a CPU without VNNI: oneDNN's `fc`/matmul int8 kernels saturate int16 there (`pipeline/cpu.py`),
+so the matmul family is left out of the int8 op set and runs in fp32; `describe()` says which set ran.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from pipeline import cpu, runtime
+from pipeline.errors import PipeError
+
+NAME = "paddle_inference"
+
+
+@dataclass
+class Engine:
+    predictor: Any
+    info: dict[str, Any]
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.inputs, self.outputs = self.predictor.get_input_names(), self.predictor.get_output_names()
+        if len(self.inputs) != 1 or len(self.outputs) != 1:
+            raise PipeError(f"{self.info['files'][0]}: has {len(self.inputs)} inputs and {len(self.outputs)} "
+                            "outputs; pipe runs models with 1 and 1 (logits)")
+        self._in = self.predictor.get_input_handle(self.inputs[0])
+        self._out = self.predictor.get_output_handle(self.outputs[0])
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        self._in.copy_from_cpu(np.ascontiguousarray(x))
+        self.predictor.run()
+        return self._out.copy_to_cpu()
+
+    def describe(self) -> dict[str, Any]:
+        return dict(self.info)
+
+
+def load(files: list[Path], *, threads: int, precision: str = "fp32", cache_capacity: int = 0,
+         device: str = "cpu") -> Engine:
+    """`files` = [program (model.json | model.pdmodel), params]. `cache_capacity` > 0 caps oneDNN's
+    per-shape kernel cache (the server's one set per batch bucket). device: only 'cpu' is run here."""
+    if device != "cpu":
+        raise PipeError(f"Paddle Inference device {device!r}: this pipe runs the CPU build only")
+    program, params = (Path(f) for f in files)
+    paddle = runtime.import_paddle(threads)
+    c = paddle.inference.Config(str(program), str(params))
+    c.enable_onednn()
+    info: dict[str, Any] = {"engine": NAME, "version": paddle.__version__, "precision": precision,
+                            "threads": threads, "device": device, "files": [program.name, params.name]}
+    if precision == "int8":
+        ops = cpu.onednn_int8_ops()
+        c.enable_onednn_int8(ops)
+        info["onednn_int8_ops"] = sorted(ops) or "all"
+        if ops:
+            info["note"] = ("no exact oneDNN int8 matmul here (no VNNI): fc/matmul run in fp32, the other "
+                            "quantized ops in int8")
+    elif precision == "bf16":
+        c.enable_onednn_bfloat16()
+    elif precision != "fp32":
+        raise PipeError(f"Paddle Inference precision {precision!r}: expected fp32, bf16 or int8")
+    c.set_cpu_math_library_num_threads(threads)
+    if cache_capacity:
+        c.set_onednn_cache_capacity(cache_capacity)
+    c.disable_glog_info()
+    with quiet_fd2(f"{program}: Paddle Inference predictor"):  # the int8/bf16 passes print past glog, on fd 2
+        pred = paddle.inference.create_predictor(c)
+    return Engine(pred, info)
+
+
+@contextlib.contextmanager
+def quiet_fd2(what: str) -> Iterator[None]:
+    """fd 2 goes to a scratch file meanwhile; on an error, its last line joins the one-line message."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        except Exception as e:
+            sink.seek(0)
+            said = [ln for ln in sink.read().decode(errors="replace").splitlines() if ln.strip()]
+            lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()] or [""]
+            # Paddle's enforce messages end with a "[Hint: ...]" line; the "(InvalidArgument) ..." line says more
+            last = next((ln for ln in lines if ln.startswith("(") and ") " in ln[:40]), lines[-1])
+            raise PipeError(f"{what} failed: {e.__class__.__name__}: {last}"
+                            + (f" ({said[-1]})" if said else "")) from e
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
