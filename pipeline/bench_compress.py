@@ -193,16 +193,31 @@ def _speed_rows(name: str, runs: list[dict[str, Any]], lost: dict[str, str], sam
             why = x["reason"] if x else lost.get(key, "not built")
             out.append((f"{name}: {label}", f"not measured: {why}", "", "**unsupported**" if x else "**failed**"))
             continue
-        out.append((f"{name}: {label} items/s bs32 vs Paddle fp32",
+        tag = f" [{int8_tag(runs[0], key)}]" if x["precision"] == "int8" else ""
+        out.append((f"{name}: {label} items/s bs32 vs Paddle fp32{tag}",
                     *_ratio(*_median(runs, key, "speedup_bs32"), f"{thr[key]:.0f} items/s")))
-        out.append((f"{name}: {label} speed-up at bs1 (fp32 p50 / its p50)",
+        out.append((f"{name}: {label} speed-up at bs1 (fp32 p50 / its p50){tag}",
                     *_ratio(*_median(runs, key, "speedup_bs1"), f"{lat[key]:.2f} ms")))
+        if x.get("status", "ok") != "ok":
+            out.append((f"{name}: {label} status{tag}", x["status"], "", "**not shippable**"))
     int8 = [(k, v[k]) for k in ("int8-paddle", "int8-onnx") if v.get(k, {}).get("supported")]
-    out.append((f"{name}: int8 top-1 agreement with fp32 ({runs[0]['test_samples']} {samples})",
-                ", ".join(f"{k} {x['top1_agreement']:.3f}" for k, x in int8) or "-", "", ""))
+    agreed = runs[0].get("agreement_samples", runs[0]["test_samples"])
+    out.append((f"{name}: int8 top-1 agreement with fp32 ({agreed} samples of all splits) "
+                f"[{int8_tag(runs[0])}]", ", ".join(f"{k} {x['top1_agreement']:.3f}" for k, x in int8) or "-", "", ""))
     out.append((f"{name}: fastest variant at bs1 / at bs32 (medians)",
                 f"{min(lat, key=lat.__getitem__)} / {max(thr, key=thr.__getitem__)}", "", ""))
     return out
+
+
+def int8_tag(metrics: dict[str, Any], variant: str = "") -> str:
+    """The CPU's int8 capability as compress recorded it, for the label of an int8 row."""
+    cap = metrics.get("cpu") or {}
+    if not cap:
+        return "int8 capability not recorded"
+    engine = {"int8-paddle": "paddle_inference", "int8-onnx": "onnxruntime"}.get(variant)
+    exact = cap["int8_exact"][engine] if engine else not cap["int8_saturates"]
+    forced = f", forced {cap['forced']}" if cap.get("forced") else ""
+    return f"int8 {'exact' if exact else 'saturating'} on this CPU ({'VNNI' if cap['vnni'] else 'no VNNI'}{forced})"
 
 
 def _ratio(s: float, spread: str, absolute: str) -> tuple[str, str, str]:

@@ -131,9 +131,13 @@ class CompressConfig:
     calib_seed: int = _opt(0, "seed of the draw of calibration samples from the train split")
     max_drop: float = _opt(1.0, "gate: exit 4 if the best int8 variant's test accuracy is more than this many "
                                 "points below fp32", min=0)
-    min_agreement: float = _opt(0.99, "gate: an int8 variant whose top-1 agreement with fp32 (over up to 4,096 samples "
-                                      "of all splits) is below this is never shipped; exit 4 if none reaches it",
+    min_agreement: float = _opt(0.99, "an int8 (or any) variant whose top-1 agreement with fp32, over up to 4,096 samples "
+                                      "of all splits, is below this is never shipped; compress exits 4 if no int8 "
+                                      "variant reaches it",
                                 min=0, max=1)
+    reduce_range: bool = _opt(True, "onnxruntime int8 with 7-bit weights: the same numbers on every x86 CPU; false = "
+                                    "8-bit weights, exact only with VNNI (elsewhere loaded with "
+                                    "session.x64quantprecision=1, at about fp32 speed)")
     latency_runs: int = _opt(200, "timed batch-1 runs per variant after warm-up, interleaved across variants", min=1)
     throughput_runs: int = _opt(30, "timed batch-32 runs per variant after warm-up, interleaved", min=1)
     distill: bool = _opt(False, "train `student` from the export's model (knowledge distillation), export it, "

@@ -8,7 +8,7 @@ it holds (export: fp32 and bf16 Paddle Inference on the PIR program, `model.onnx
 package: the packaged program at its precision and the Triton ONNX) a row gives format, status
 (`ok`, `unsupported: reason`, `failed: reason`), size, test accuracy on the data the model was trained
 on (the data config in the manifest; text is encoded with the artifact's own `vocab.json`), p50/p99 ms at
-batch 1 and items/s at batch 32. Engines, predictors and the interleaved timing are stages/compress.py's,
+batch 1 and items/s at batch 32. Engines are `pipeline/engines/`, the interleaved timing stages/compress.py's,
 so `pipe bench` and `pipe compress` measure alike. A model met twice (compress fp32 is the export's
 program; a package copies its variant) is built and timed once and its numbers shared.
 
@@ -27,7 +27,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from pipeline import artifacts, config as config_mod, data as data_mod, runtime
+from pipeline import artifacts, config as config_mod, cpu, data as data_mod, runtime
+from pipeline.engines import ort as ort_engine, paddle as paddle_engine
 from pipeline.errors import InputError, PipeError
 
 STAGES = ("export", "compress", "package")
@@ -158,6 +159,7 @@ def render_table(rows: Sequence[BenchRow]) -> str:
     # wide enough that paths are never folded; the table itself is only as wide as its content
     Console(file=buf, width=400, force_terminal=False, color_system=None, soft_wrap=False).print(t)
     lines = [ln.rstrip() for ln in buf.getvalue().rstrip("\n").splitlines()]
+    lines.append(f"int8 on this CPU: {machine()['int8_summary']}")
     if any(r.shared_with for r in rows):
         lines.append("(=): the same model bytes, engine and precision as an earlier row: measured once")
     f1, f32 = fastest(rows, "bs1"), fastest(rows, "bs32")
@@ -177,24 +179,16 @@ def to_json(rows: Sequence[BenchRow]) -> dict[str, Any]:
 
 
 def machine() -> dict[str, Any]:
-    """CPU model (from /proc/cpuinfo), cores and the threads each engine is given."""
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu or "unknown CPU", "cores": os.cpu_count(), "threads": runtime.threads_per_process(1)}
+    """CPU model, its int8 capability (`pipeline/cpu.py`), cores and the threads each engine is given."""
+    cap = cpu.capability()
+    return {"cpu": cap["cpu"], "int8": cap, "int8_summary": cpu.summary(cap), "cores": os.cpu_count(),
+            "threads": runtime.threads_per_process(1)}
 
 
 # ------------------------------------------------------------------ what each artifact holds
 
 
 def _plans(given: str, art: artifacts.Artifact, threads: int, cache: dict[str, _TestData]) -> list[_Plan]:
-    from stages import compress as c
-
     m = art.manifest
     stage = m["stage"]
     data = _test_data(art, cache)
@@ -207,11 +201,10 @@ def _plans(given: str, art: artifacts.Artifact, threads: int, cache: dict[str, _
         row = BenchRow(given, stage, variant, fmt, engine, precision, status, size)
         if engine == "paddle_inference" and len(paths) == 2:
             def build() -> Callable[[np.ndarray], np.ndarray]:
-                paddle = runtime.import_paddle(threads)
-                return c.paddle_entry(c.paddle_predictor(paddle, paths[0], paths[1], threads, precision))["run"]
+                return paddle_engine.load(paths, threads=threads, precision=precision).run
         elif engine == "onnxruntime" and len(paths) == 1:
             def build() -> Callable[[np.ndarray], np.ndarray]:
-                return c.ort_entry(paths[0], threads)["run"]
+                return ort_engine.load(paths, threads=threads, precision=precision).run
         else:
             build = None
             if row.ok:

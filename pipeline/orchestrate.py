@@ -17,8 +17,8 @@ drop over `compress.max_drop` 4 (and `release.min_accuracy` on the packaged mode
 5, a missing or unverifiable artifact 6.
 
 What gets packaged (`release.pick`): among the variants `pipe serve` can run (Paddle Inference fp32, bf16,
-int8-paddle) that compress measured within `compress.max_drop` points of the reference accuracy, the
-fastest (items/s at batch 32, and not slower at batch 1), the smallest, or fp32. Said with the numbers.
+int8-paddle) that compress measured within `compress.max_drop` points of the reference accuracy and
+marked shippable (agreement >= `compress.min_agreement`, not unreliable on this CPU), the fastest (items/s at batch 32, and not slower at batch 1), the smallest, or fp32. Said with the numbers.
 """
 
 from __future__ import annotations
@@ -139,10 +139,13 @@ def choose(cfg: RunConfig, export_dir: Path, compress_dir: Path | None) -> Choic
     if "distill" in metrics:  # the variants are the student's; the budget is against the teacher
         ref, ref_name = metrics["distill"]["teacher_test_acc"], f"teacher {metrics['distill']['teacher_model']}"
     budget = cfg.compress.max_drop
-    within, dropped = [], []
+    within, dropped, refused = [], [], []
     for name in _SERVABLE:
         v = variants.get(name)
         if not isinstance(v, dict) or v.get("supported") is False or not isinstance(v.get("accuracy"), float):
+            continue
+        if v.get("shippable") is False:  # below compress.min_agreement, or unreliable on this CPU: never shipped
+            refused.append(f"{name} ({v.get('status')})")
             continue
         drop = (ref - v["accuracy"]) * 100
         (within if drop <= budget + 1e-9 else dropped).append((name, v, drop))
@@ -153,7 +156,7 @@ def choose(cfg: RunConfig, export_dir: Path, compress_dir: Path | None) -> Choic
             return Choice(export_dir, "fp32", "fp32", f"no student variant within {budget:.2f} points of the "
                           f"{ref_name} ({names}): the teacher's fp32 export", acc)
         raise GateError(f"release gate: no servable variant within compress.max_drop {budget:g} points of fp32 "
-                        f"({', '.join(f'{n} -{d:.2f}' for n, _, d in dropped)})")
+                        f"({', '.join([f'{n} -{d:.2f}' for n, _, d in dropped] + refused)})")
     ranked = {n: (v, d) for n, v, d in within}
     pick = cfg.release.pick
     if pick == "fp32" and "fp32" in ranked:
@@ -179,6 +182,8 @@ def choose(cfg: RunConfig, export_dir: Path, compress_dir: Path | None) -> Choic
                    f"batch 1 on this machine ({others})")
     v, drop = ranked[name]
     why += f"; accuracy {v['accuracy']:.2%} (drop {drop:.2f} points)"
+    if refused:
+        why += "; not considered: " + ", ".join(refused)
     if "distill" in metrics:
         why = f"distilled student {metrics['distill']['student']}: " + why
     return Choice(compress_dir, name, _PRECISION[name], why, v["accuracy"])

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from pipeline import artifacts
+from pipeline import artifacts, cpu
 from pipeline.errors import InputError
 
 STAGES = ("train", "export", "compress", "package")
@@ -257,7 +257,8 @@ def _variant_rows(stages: dict[str, Stage]) -> tuple[list[tuple[str, dict[str, A
         if not isinstance(v, dict):
             continue
         supported = v.get("supported", True)
-        status = "ok" if supported else f"unsupported: {v.get('reason') or v.get('note') or 'no reason recorded'}"
+        status = (v.get("status") or "ok") if supported else \
+            f"unsupported: {v.get('reason') or v.get('note') or 'no reason recorded'}"
         size = v.get("size_bytes")
         rows.append((prefix + name, {
             "status": status, "engine": v.get("engine", _NA), "precision": v.get("precision", _NA),
@@ -266,6 +267,12 @@ def _variant_rows(stages: dict[str, Stage]) -> tuple[list[tuple[str, dict[str, A
             "p50": v.get("latency_ms_p50_bs1"), "p99": v.get("latency_ms_p99_bs1"),
             "items_s": v.get("items_per_s_bs32"), "note": v.get("note", "") if supported else ""}))
     timing = _get(comp.manifest, "metrics", "timing", default={})
+    cap = _get(comp.manifest, "metrics", "cpu", default=None)
+    if isinstance(cap, dict):
+        notes.append(f"CPU where compress measured, and its int8 capability: {cpu.summary(cap)}. Top-1 agreement "
+                     f"is over {_get(comp.manifest, 'metrics', 'agreement_samples', default=_NA)} samples of all "
+                     f"splits; budget compress.min_agreement "
+                     f"{_get(comp.manifest, 'metrics', 'min_agreement', default=_NA)}.")
     notes.append(f"Measured by compress on {_get(comp.manifest, 'metrics', 'test_samples', default=_NA)} test "
                  f"samples with {_get(comp.manifest, 'metrics', 'threads', default=_NA)} threads: "
                  f"{timing.get('latency_runs', _NA)} timed batch-1 runs and {timing.get('throughput_runs', _NA)} "

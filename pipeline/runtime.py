@@ -60,9 +60,12 @@ def bf16_unsupported() -> str:
     except OSError:
         return "cannot read /proc/cpuinfo to check for avx512_bf16"
     flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), [])
-    if "avx512_bf16" in flags or "amx_bf16" in flags:
-        return ""
-    return "this CPU has no avx512_bf16/amx_bf16: oneDNN bf16 kernels cannot run here"
+    if "avx512_bf16" not in flags and "amx_bf16" not in flags:
+        return "this CPU has no avx512_bf16/amx_bf16: oneDNN bf16 kernels cannot run here"
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "").lower()
+    if isa and isa not in ("all", "default") and "bf16" not in isa and "amx" not in isa and "avx10" not in isa:
+        return f"ONEDNN_MAX_CPU_ISA={isa.upper()} keeps oneDNN off its bf16 kernels"
+    return ""
 
 
 def gpu_count(paddle: Any) -> int:

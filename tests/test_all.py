@@ -170,7 +170,10 @@ def test_distillation_in_pipe_all_is_judged_against_the_teacher(first_run, tmp_p
     2-epoch MLP student is far below the CNN teacher, so within 1 point nothing of it qualifies and
     the teacher's fp32 export is packaged; with a 100-point budget the student is."""
     run = _copy(first_run, tmp_path / "run")
-    distil = [*FAST, "--run", run, "--set", "compress.distill=true", "--set", "compress.student=mlp"]
+    # min_agreement: the 2-epoch MLP student's int8 agreed with its fp32 on 0.9900 of digits (measured), at
+    # the edge of the default budget; this test is about the teacher-relative accuracy budget.
+    distil = [*FAST, "--run", run, "--set", "compress.distill=true", "--set", "compress.student=mlp",
+              "--set", "compress.min_agreement=0.97"]
     code, out, err = cli("all", *distil)
     assert code == 0, err
     m = _manifest(run / "compress")["metrics"]

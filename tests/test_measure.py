@@ -142,10 +142,14 @@ def test_fastest_table_and_json(benched):
     assert f"fastest on this machine at batch 1: {f1.label}" in table
     assert f"fastest on this machine at batch 32: {f32.label}" in table
     assert "\x1b[" not in table  # no colour codes in a string meant for logs and files
+    from pipeline import cpu
+
+    assert f"int8 on this CPU: {cpu.summary()}" in table
     for r in benched:
         assert r.artifact in table and r.status in table
     doc = json.loads(json.dumps(measure.to_json(benched)))  # JSON-serialisable as is
     assert doc["fastest"] == {"bs1": f1.label, "bs32": f32.label}
+    assert doc["machine"]["int8"] == cpu.capability() and doc["machine"]["int8_summary"] == cpu.summary()
     assert [row["label"] for row in doc["rows"]] == [r.label for r in benched]
     assert doc["rows"][0]["p50_ms"] == benched[0].p50_ms
     assert doc["machine"]["cores"] >= 1 and doc["machine"]["threads"] >= 1
