@@ -234,7 +234,8 @@ def all_(
 @app.command()
 def inspect(
     artifact_dir: Path = typer.Argument(..., help="Any stage directory."),
-    verify: bool = typer.Option(False, "--verify", help="Check every file's sha256 along the lineage."),
+    verify: bool = typer.Option(False, "--verify", help="Check every file's sha256 along the lineage; for a "
+                                "package also run its reference set here, as pipe serve does (exit 4 below budget)."),
 ) -> None:
     """Print an artifact's manifest summary and its lineage back to training."""
     from rich.table import Table
@@ -262,6 +263,10 @@ def inspect(
         out.print(f"input  {io['name']}: {io['dtype']} {io['shape']}")
     if iface.get("labels"):
         out.print(f"labels {len(iface['labels'])}: {', '.join(iface['labels'][:12])}")
+    if verify and art.manifest.get("stage") == "package":  # its numbers on this CPU, as pipe serve checks them
+        from pipeline import reference
+
+        reference.verify_here(art.path)
 
 
 _KEY_METRICS = {

@@ -14,6 +14,8 @@ back to the export through the manifest's input lineage). Writes `package/`, cop
     triton/<name>/config.pbtxt, 1/model.onnx,     a Triton model repository (onnxruntime backend);
     triton/<name>/labels.txt                      the ONNX is the compress stage's, else paddle2onnx's
     vocab.json                                    text models only: the export's vocabulary
+    reference.safetensors                         256 real inputs and their fp32 outputs (pipeline/reference.py),
+                                                  checked here (exit 4 below compress.min_agreement) and by serve
     README.md, manifest.json                      how to call it (`pipeline/serving/readme.py`); sha256 of every file
 
 A text model (int64 ids [-1, -1]) gets a `text:` section in serving.yaml (char tokenizer, max_len,
@@ -42,8 +44,9 @@ from typing import Any
 import numpy as np
 import yaml
 
-from pipeline import artifacts, runtime
-from pipeline.errors import InputError, ParityError, PipeError
+from pipeline import artifacts, cpu, reference, runtime
+from pipeline.engines import paddle as paddle_engine
+from pipeline.errors import GateError, InputError, ParityError, PipeError
 from pipeline.serving import readme, spec as serving_spec
 
 # The package contract lives with its reader (pipeline/serving/spec.py); re-exported for callers and tests.
@@ -114,6 +117,7 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
     if source.program != source.fp32_program:
         io_names, _ = _probe(paddle, source.program, source.params, x_checks, threads)
     inp, outp = {**inp, "name": io_names[0]}, {**outp, "name": io_names[1]}
+    ref_x, ref_y, ref_check = _reference(src, source, cfg, text, threads)
     doc = {**src.manifest["config"], "package": dataclasses.asdict(cfg)}
     with artifacts.write_stage(out_dir, "package", doc, src) as w:
         model_file = MODEL_FILES[source.format]
@@ -121,7 +125,9 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
         _copy_model(source.params, w.dir / PARAMS_FILE)
         if text is not None:
             shutil.copyfile(source.vocab, w.dir / text["vocab_file"])
-        metrics: dict[str, Any] = {"precision": source.precision, "variant": source.variant}
+        reference.save(w.dir / reference.FILE, ref_x, ref_y)
+        metrics: dict[str, Any] = {"precision": source.precision, "variant": source.variant,
+                                   "reference": ref_check, "cpu": cpu.capability()}
         metrics.update({f"variant_{k}": v for k, v in source.variant_metrics.items()
                         if isinstance(v, (int, float, str)) and not isinstance(v, bool)})
         triton = None
@@ -129,14 +135,14 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
             triton = _triton(w.dir / "triton" / name, name, source, inp, outp, iface["labels"], cfg,
                              x_checks, y_refs, threads)
             metrics.update(triton.pop("metrics"))
-        spec = _serving_spec(name, source, model_file, inp, outp, iface, cfg, triton, text)
+        spec = _serving_spec(name, source, model_file, inp, outp, iface, cfg, triton, text, ref_check)
         (w.dir / "serving.yaml").write_text(yaml.safe_dump(spec, sort_keys=False, allow_unicode=True),
                                             encoding="utf-8")
         (w.dir / "serving_client_conf.prototxt").write_text(_client_conf(inp, outp), encoding="utf-8")
         (w.dir / "README.md").write_text(readme.render(spec, inp, outp, readme.example_ids(source.vocab, text)),
                                              encoding="utf-8")
         _check_file_set(w.dir, allowlist(source.format, name if cfg.triton else None,
-                                         text["vocab_file"] if text else None))
+                                         text["vocab_file"] if text else None, reference=True))
         w.interface = {**iface, "inputs": [inp], "outputs": [outp]}
         w.metrics = metrics
         w.extra = {"format": source.format, "precision": source.precision, "name": name,
@@ -205,6 +211,10 @@ def _from_compress(comp: artifacts.Artifact, precision: str, want_onnx: bool) ->
     if var.get("supported") is False:
         raise InputError(f"{where}: the {name} variant could not run where it was made "
                          f"({var.get('reason') or 'unsupported'}); pick another --precision")
+    if str(var.get("status", "")).startswith("below budget"):  # never shipped (compress.min_agreement)
+        raise GateError(f"{where}: the {name} variant is {var['status']}; pick another --precision")
+    if str(var.get("status", "")).startswith("unreliable"):
+        print(f"package: note: {name} was measured {var['status']}")
     files = var.get("files") or []
     if not files:
         if var.get("source") != "export":
@@ -343,6 +353,33 @@ def _probe(paddle: Any, program: Path, params: Path, xs: list[np.ndarray],
     return (ins[0], outs[0]), ys
 
 
+def _reference(src: artifacts.Artifact, source: _Source, cfg: PackageConfig, text: dict[str, Any] | None,
+               threads: int) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """The reference set (`pipeline/reference.py`): real inputs, the fp32 program's outputs, and the packaged
+    program's agreement with them here, through the engine `pipe serve` runs. Below the budget
+    (compress.min_agreement) nothing is written (exit 4): a package never ships what fails its own check."""
+    exp = src if src.stage == "export" else _lineage_export(src)
+    vocab = serving_spec.check_vocab(source.vocab, text) if text is not None else None
+    x = reference.draw(exp.manifest["config"], exp.manifest["interface"], vocab)
+    budget = float(((src.manifest.get("config") or {}).get("compress") or {}).get("min_agreement", 0.99))
+    fp32 = paddle_engine.load([source.fp32_program, source.fp32_params], threads=threads)
+    y = reference.run(fp32.run, x, cfg.max_batch_size).astype(np.float32)
+    out: dict[str, Any] = {"samples": int(len(x)), "min_agreement": budget, "cpu": cpu.summary()}
+    if source.precision == "bf16" and runtime.bf16_unsupported():
+        out["not_run_here"] = runtime.bf16_unsupported()
+        print(f"package: reference check not run here ({out['not_run_here']}); pipe serve runs it where it serves")
+        return x, y, out
+    eng = fp32 if source.program == source.fp32_program and source.precision == "fp32" else paddle_engine.load(
+        [source.program, source.params], threads=threads, precision=source.precision)
+    result = reference.compare(reference.run(eng.run, x, cfg.max_batch_size), y)
+    out.update(result, engine=eng.describe())
+    print(f"package: {reference.describe(result, budget)} on {eng.describe()['engine']} {source.precision} here")
+    if not reference.verdict(result, budget):
+        raise GateError(f"package: {source.variant} fails its own {reference.describe(result, budget)} on this CPU "
+                        f"({cpu.summary()}); nothing written. Package fp32: pipe package {src.path} --precision fp32")
+    return x, y, out
+
+
 def _copy_model(src: Path, dest: Path) -> None:
     """Copy a model file, refusing anything that looks like a pickle (protocol 2+ starts with 0x80)."""
     with open(src, "rb") as f:
@@ -468,7 +505,7 @@ def _triton_config(name: str, ort_in: Any, ort_out: Any, cfg: PackageConfig) -> 
 
 def _serving_spec(name: str, source: _Source, model_file: str, inp: dict[str, Any], outp: dict[str, Any],
                   iface: dict[str, Any], cfg: PackageConfig, triton: dict[str, Any] | None,
-                  text: dict[str, Any] | None) -> dict[str, Any]:
+                  text: dict[str, Any] | None, ref_check: dict[str, Any]) -> dict[str, Any]:
     doc = {
         "schema": SERVING_SCHEMA,
         "name": name,
@@ -482,6 +519,9 @@ def _serving_spec(name: str, source: _Source, model_file: str, inp: dict[str, An
         "batching": {"max_batch_size": cfg.max_batch_size, "max_wait_ms": cfg.max_wait_ms},
         "server": dict(SERVER_DEFAULTS),
         "triton": triton,
+        "reference": {"file": reference.FILE, "samples": ref_check["samples"],
+                      "min_agreement": ref_check["min_agreement"],
+                      "at_package": {k: ref_check.get(k) for k in ("top1_agreement", "max_abs_diff", "cpu")}},
     }
     if text is not None:
         doc["text"] = text

@@ -27,8 +27,10 @@ content type -> 415; JSON depth, NaN/Infinity, invalid UTF-8
 -> 400; dtype, rank, shape, token ids against the package's input spec, empty text, text on an image
 model or images on a text model -> 422 (the message names what was expected and never echoes input);
 queue full -> 503 + Retry-After; per-request timeout -> 504 (408 while still reading the body). Errors
-always have the schema {"error": {"code", "type", "message"}}. `/readyz` is 200 only after every predictor
-ran a warm-up batch of each bucket size (batches run padded to 1, 2, 4, ... max_batch_size samples: see
+always have the schema {"error": {"code", "type", "message"}}. Before it listens, every predictor runs the package's
+reference set (`pipeline/reference.py`): below the package's agreement budget it exits 4 with one line (the
+engine, this CPU's int8 capability, the numbers, the fp32 re-package command). `/readyz` is 200 only after
+every predictor ran a warm-up batch of each bucket size (batches run padded to 1, 2, 4, ... max_batch_size samples: see
 `pipeline/serving/predictor.py`), and 503 while draining. SIGTERM (or Ctrl-C): stop admitting requests,
 finish the in-flight ones (at most `drain_s`), exit 0; a second signal exits at once.
 """
@@ -47,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from pipeline import __version__
-from pipeline.errors import InputError
+from pipeline.errors import GateError, InputError
 from pipeline.serving import openapi, spec as spec_mod, validate, wire
 from pipeline.serving.batcher import Batcher, Job
 from pipeline.serving.predictor import PredictorProcess, start_predictors
@@ -100,7 +102,8 @@ def run(cfg: ServeConfig, package_dir: Path) -> None:
     preds: list[PredictorProcess] = []
     try:
         preds = start_predictors(spec, settings.predictors, settings.threads, settings.max_batch_size)
-        state = _State(spec, settings, preds)
+        checked = _reference_check(spec, settings, preds)
+        state = _State(spec, settings, preds, checked)
         server = _make_server(state, sock)
         host, port = sock.getsockname()[:2]
         print(f"pipe serve: {spec.name} ({spec.precision}, {settings.predictors} predictor(s) x "
@@ -115,6 +118,24 @@ def run(cfg: ServeConfig, package_dir: Path) -> None:
     left = state.inflight
     print(f"pipe serve: stopped ({state.handled} inference requests handled"
           + (f", {left} still in flight after the {settings.drain_s:g} s drain" if left else "") + ")", flush=True)
+
+
+def _reference_check(spec: Spec, s: Settings, preds: list[PredictorProcess]) -> dict[str, Any] | None:
+    """Run the package's reference set (`pipeline/reference.py`) on every predictor, before anything is
+    served: the numbers this engine computes on this CPU. Below the package's budget: exit 4."""
+    from pipeline import cpu, reference
+
+    worst, budget = reference.check(spec, [p.run for p in preds], s.max_batch_size)
+    if worst is None:
+        print("pipe serve: warning: this package has no reference set (made by an older pipe): its numbers on "
+              "this CPU are not checked; re-package it to get one", file=sys.stderr)
+        return None
+    engine = preds[0].engine
+    where = f"{engine.get('engine', 'paddle_inference')} {spec.precision} on this CPU ({cpu.summary()})"
+    if not reference.verdict(worst, budget):
+        raise GateError(reference.failure(worst, budget, where, spec.program.parent))
+    print(f"pipe serve: {reference.describe(worst, budget)} on {where}", flush=True)
+    return {**worst, "min_agreement": budget, "passed": True, "engine": engine, "cpu": cpu.capability()}
 
 
 def _exit_while_loading(sig: int, frame: Any) -> None:
@@ -174,6 +195,11 @@ class _Metrics:
             lambda: state.inflight)
         Gauge("pipe_ready", "1 once warmed up and not draining", registry=r).set_function(
             lambda: float(state.is_ready()))
+        if state.reference is not None:  # measured once at start-up, before serving
+            Gauge("pipe_reference_top1_agreement", "Top-1 agreement with the package's fp32 reference outputs, "
+                  "measured here at start-up", registry=r).set(state.reference["top1_agreement"])
+            Gauge("pipe_reference_max_abs_diff", "max|diff| against the package's fp32 reference outputs, measured "
+                  "here at start-up", registry=r).set(state.reference["max_abs_diff"])
 
     def observe_batch(self, samples: int, requests: int, seconds: float) -> None:
         self.batch.observe(samples)
@@ -185,8 +211,10 @@ class _Metrics:
 
 
 class _State:
-    def __init__(self, spec: Spec, s: Settings, preds: list[Any]):
+    def __init__(self, spec: Spec, s: Settings, preds: list[Any], reference: dict[str, Any] | None = None):
         self.spec, self.s = spec, s
+        self.reference = reference
+        self.engine = preds[0].engine if preds else {}
         self.inflight = 0
         self.handled = 0
         self.drain_started: float | None = None
@@ -212,6 +240,8 @@ class _State:
             "limits": {"max_body_bytes": s.max_body_bytes, "max_json_depth": s.max_json_depth,
                        "queue_size": s.queue_size, "timeout_s": s.timeout_s, "max_image_pixels": s.max_image_pixels},
             "package_manifest_sha256": sp.manifest_sha256,
+            "engine": self.engine,
+            "reference_check": self.reference,
         }
 
 

@@ -45,6 +45,7 @@ class PredictorProcess:
                     "threads": threads, "input": spec.inp["name"], "output": spec.outp["name"],
                     "dtype": spec.inp["dtype"], "sample_shape": list(spec.sample_shape), "buckets": buckets(max_batch)}
         self.proc: subprocess.Popen | None = None
+        self.engine: dict[str, Any] = {}  # the child's engine, as it describes itself (after `hello`)
 
     def start(self) -> None:
         env = dict(os.environ, GLOG_minloglevel="2", OMP_NUM_THREADS=str(self.doc["threads"]),
@@ -64,6 +65,7 @@ class PredictorProcess:
                             "loading; its stderr is above") from None
         if not head.get("ok"):
             raise (InputError if head.get("input_error") else PipeError)(head.get("error", "predictor failed"))
+        self.engine = head.get("engine") or {}
 
     def call(self, head: dict[str, Any], payload: bytes = b"") -> tuple[dict[str, Any], bytes]:
         write_frame(self.proc.stdin, head, payload)
@@ -131,29 +133,23 @@ def read_frame(f: Any) -> tuple[dict[str, Any], bytes]:
     return head, _read_exact(f, m) if m else b""
 
 
-def _create_predictor(paddle: Any, doc: dict[str, Any]) -> Any:
+def _create_predictor(doc: dict[str, Any]) -> Any:
+    """The package's program on Paddle Inference (`pipeline/engines/paddle.py`), one kernel set per bucket."""
+    from pipeline.engines import paddle as paddle_engine
+
     program = Path(doc["program"])
-    c = paddle.inference.Config(str(program), doc["params"])
-    if not c.onednn_enabled():
-        c.enable_onednn()
-    if doc["precision"] == "bf16":
-        if not paddle.base.core.supports_bfloat16():
-            raise InputError(f"{program.parent}: a bf16 package, but this CPU has no bf16 support "
-                             "(avx512_bf16); package the model with --precision fp32")
-        c.enable_onednn_bfloat16()
-    elif doc["precision"] == "int8":
-        c.enable_onednn_int8()
-    c.set_cpu_math_library_num_threads(doc["threads"])
-    c.set_onednn_cache_capacity(len(doc["buckets"]))  # one set of kernels per bucket (module docstring)
-    c.disable_glog_info()
+    if doc["precision"] == "bf16" and runtime.bf16_unsupported():
+        raise InputError(f"{program.parent}: a bf16 package, but {runtime.bf16_unsupported()}; package the "
+                         "model with --precision fp32")
     try:
-        pred = paddle.inference.create_predictor(c)
-    except Exception as e:  # Paddle's C++ error: one line, naming the file
-        raise PipeError(f"{program}: Paddle Inference cannot load it ({e.__class__.__name__})") from None
-    if pred.get_input_names() != [doc["input"]] or pred.get_output_names() != [doc["output"]]:
-        raise InputError(f"{program}: io names {pred.get_input_names()} -> {pred.get_output_names()} do not "
+        eng = paddle_engine.load([program, Path(doc["params"])], threads=doc["threads"], precision=doc["precision"],
+                                 cache_capacity=len(doc["buckets"]))  # one set of kernels per bucket (docstring)
+    except PipeError as e:  # Paddle's C++ error: one line, naming the file
+        raise PipeError(f"{program}: Paddle Inference cannot load it ({str(e)[-200:]})") from None
+    if eng.inputs != [doc["input"]] or eng.outputs != [doc["output"]]:
+        raise InputError(f"{program}: io names {eng.inputs} -> {eng.outputs} do not "
                          f"match serving.yaml ({doc['input']} -> {doc['output']})")
-    return pred
+    return eng
 
 
 def _predictor_main(doc: dict[str, Any]) -> int:
@@ -164,23 +160,20 @@ def _predictor_main(doc: dict[str, Any]) -> int:
     os.dup2(2, 1)
     source = sys.stdin.buffer
     try:
-        paddle = runtime.import_paddle(doc["threads"])
-        pred = _create_predictor(paddle, doc)
+        runtime.import_paddle(doc["threads"])
+        eng = _create_predictor(doc)
     except PipeError as e:
         write_frame(channel, {"ok": False, "error": str(e), "input_error": isinstance(e, InputError)})
         return 2
-    h_in, h_out = pred.get_input_handle(doc["input"]), pred.get_output_handle(doc["output"])
 
     def infer(x: np.ndarray) -> np.ndarray:
         n = len(x)
         size = next((b for b in doc["buckets"] if b >= n), n)
         if size > n:  # padded with copies of a real sample (a valid input for any model), outputs dropped
             x = np.concatenate([x, np.repeat(x[:1], size - n, axis=0)])
-        h_in.copy_from_cpu(x)
-        pred.run()
-        return h_out.copy_to_cpu()[:n]
+        return eng.run(x)[:n]
 
-    write_frame(channel, {"ok": True})
+    write_frame(channel, {"ok": True, "engine": eng.describe()})
     while True:
         try:
             head, payload = read_frame(source)

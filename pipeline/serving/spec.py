@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from pipeline import artifacts, data as data_mod
+from pipeline import artifacts, data as data_mod, reference
 from pipeline.errors import InputError
 
 PRECISIONS = ("fp32", "bf16", "int8")
@@ -35,6 +35,7 @@ PARAMS_FILE = "model.pdiparams"
 DOC_FILES = ("serving.yaml", "serving_client_conf.prototxt", "README.md")
 TRITON_FILES = ("config.pbtxt", "1/model.onnx", "labels.txt")
 VOCAB_FILE = "vocab.json"  # text packages: the only name `serve` accepts for the vocabulary
+REFERENCE_FILE = reference.FILE  # inputs and their fp32 outputs (pipeline/reference.py)
 SERVING_SCHEMA = 1
 # Server defaults written into serving.yaml; `pipe serve` flags override them.
 SERVER_DEFAULTS = {
@@ -45,9 +46,12 @@ SERVER_DEFAULTS = {
 TEXT_KEYS = ("tokenizer", "max_len", "pad_id", "unk_id", "vocab_file", "vocab_size")
 
 
-def allowlist(fmt: str, triton_name: str | None, vocab_file: str | None = None) -> set[str]:
-    """Every file a package holds (manifest.json included): the test and `serve` check against it."""
+def allowlist(fmt: str, triton_name: str | None, vocab_file: str | None = None, reference: bool = False) -> set[str]:
+    """Every file a package holds (manifest.json included): the test and `serve` check against it. Packages
+    made before the reference set existed have none (`serve` says their check cannot run)."""
     files = {MODEL_FILES[fmt], PARAMS_FILE, *DOC_FILES, artifacts.MANIFEST}
+    if reference:
+        files.add(REFERENCE_FILE)
     if vocab_file:
         files.add(vocab_file)
     if triton_name:
@@ -181,7 +185,13 @@ def load_package(path: Path) -> Spec:
         text = TextSpec(section["max_len"], section["pad_id"], section["unk_id"], section["vocab_size"], vocab,
                         section)
     triton = doc.get("triton") or {}
-    allowed = allowlist(fmt, triton.get("model") if triton else None, text.section["vocab_file"] if text else None)
+    ref = doc.get("reference")
+    if ref is not None and not (isinstance(ref, dict) and ref.get("file") == REFERENCE_FILE
+                                and isinstance(ref.get("min_agreement"), (int, float))
+                                and 0 <= ref["min_agreement"] <= 1):
+        raise InputError(f"{where}: reference must name {REFERENCE_FILE} and a min_agreement in 0..1")
+    allowed = allowlist(fmt, triton.get("model") if triton else None, text.section["vocab_file"] if text else None,
+                        reference=ref is not None)
     found = set(art.manifest["files"]) | {artifacts.MANIFEST}
     if found != allowed:
         odd = sorted(found - allowed) or sorted(allowed - found)

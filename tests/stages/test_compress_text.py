@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import artifacts, config as config_mod, data as data_mod
+from pipeline import artifacts, config as config_mod, cpu, data as data_mod
 from pipeline.cli import main
 from tests.conftest import REPO, tree_hash
 
@@ -113,7 +113,8 @@ def test_text_int8_manifest_has_both_routes_with_numbers(cnn_compressed):
             assert isinstance(v[k], float) and np.isfinite(v[k]), (name, k)
         drop = (met["fp32_accuracy"] - v["accuracy"]) * 100
         assert drop <= MAX_DROP_POINTS, f"{name} drops {drop:.2f} points on {n} texts"
-        assert v["top1_agreement"] >= 1 - 1.5 / n, f"{name} agrees on {v['top1_agreement']:.3f} of {n} texts"
+        assert v["test_top1_agreement"] >= 1 - 1.5 / n, f"{name} agrees on {v['test_top1_agreement']:.3f} of {n} texts"
+        assert v["agreement_samples"] == met["agreement_samples"] > n  # and over every split's texts
     assert met["int8_drop_points"] <= MAX_DROP_POINTS and met["int8_unsupported"] == {}
     # int8 weights: the ONNX model shrinks (the embedding table stays fp32, so by less than 4x)
     assert variants["int8-onnx"]["size_bytes"] < variants["onnx-fp32"]["size_bytes"]
@@ -180,7 +181,7 @@ def test_text_int8_variants_load_and_reproduce_accuracy(cnn_compressed):
         assert float((got.argmax(1) == y).mean()) == pytest.approx(v["accuracy"], abs=1e-12), name
     c = paddle.inference.Config(str(out / "int8-paddle/model.pdmodel"), str(out / "int8-paddle/model.pdiparams"))
     c.enable_onednn()
-    c.enable_onednn_int8()
+    c.enable_onednn_int8(cpu.onednn_int8_ops())  # the op set this CPU gets (fc/matmul in fp32 without VNNI)
     c.disable_glog_info()
     pred = paddle.inference.create_predictor(c)
     v = variants["int8-paddle"]
@@ -231,13 +232,17 @@ def test_text_gate_fails_exit_4_and_writes_nothing(cnn_compressed, tmp_path, cli
     m = _manifest(run0 / "compress")["metrics"]
     v, n = m["variants"]["int8-paddle"], m["test_samples"]
     drop = (m["fp32_accuracy"] - v["accuracy"]) * 100
-    assert drop > 0, f"int8-paddle lost nothing on this fixture ({v['accuracy']:.2%}): the gate needs another case"
     run = tmp_path / "run"
     shutil.copytree(run0, run)
     before = tree_hash(run / "compress")
     code, out, err = cli("compress", run / "export", "--int8", "--backend", "paddle", "--max-drop", "0",
                          *FAST_TIMING)
     assert code == 4, err
+    if not v["shippable"]:  # e.g. without VNNI: unreliable there, and the gate says so first
+        assert err.startswith("pipe compress: int8 gate: no int8 variant within budget on this CPU (int8-paddle: "), err
+        assert err.count("\n") == 1 and tree_hash(run / "compress") == before and _leftovers(run) == []
+        return
+    assert drop > 0, f"int8-paddle lost nothing on this fixture ({v['accuracy']:.2%}): the gate needs another case"
     assert err.startswith("pipe compress: int8 gate: best int8 variant int8-paddle "), err
     assert f"{v['accuracy']:.2%} vs fp32 {m['fp32_accuracy']:.2%} on {n} test samples" in err
     assert f"drop {drop:.2f} points > max_drop 0; nothing written" in err and err.count("\n") == 1
@@ -301,6 +306,9 @@ def test_built_in_text_models_run_in_bf16_and_paddleslim_int8(reviews, tmp_path,
 
     run = _train_export(reviews, model, tmp_path / "run")
     code, _, err = cli("compress", run / "export", "--int8", "--backend", "paddle", *FAST_TIMING)
+    if code == 4 and not cpu.int8_exact("paddle_inference"):  # without VNNI these all-fc models' int8 (fc in
+        assert "no int8 variant within budget on this CPU (int8-paddle: " in err, err  # fp32) may not pay: said
+        return
     assert code == 0, err
     met = _manifest(run / "compress")["metrics"]
     v = met["variants"]
@@ -337,3 +345,77 @@ def test_distill_transformer_teacher_to_text_cnn_student(reviews, tmp_path, cli)
     assert chain == [(run / p).resolve() for p in ("compress", "student-text_cnn/export", "student-text_cnn/train")]
     assert m["metrics"]["variants"]["int8-onnx"]["supported"]
     assert m["metrics"]["calibration"]["vocab_sha256"] == teacher_exp["files"]["vocab.json"]["sha256"]
+
+
+@pytest.fixture(scope="module")
+def cnn_int8_package(cnn_compressed, tmp_path_factory) -> Path:
+    """The text CNN's int8-paddle variant packaged (its reference check passed on this CPU at package time)."""
+    run0, _ = cnn_compressed
+    out = tmp_path_factory.mktemp("text-int8-package") / "package"
+    assert main(["package", str(run0 / "compress"), "--out", str(out), "--precision", "int8", "--no-triton"]) == 0
+    return out
+
+
+def test_serving_reports_its_reference_check(cnn_int8_package):
+    """`pipe serve` runs the package's 256 reference texts on its own predictor before /readyz: it prints
+    agreement and max|diff|, and /v1/model and /metrics carry them."""
+    import httpx
+
+    from tests.serving_helpers import metric, start_server
+
+    pkg = cnn_int8_package
+    at_package = _manifest(pkg)["metrics"]["reference"]
+    assert at_package["samples"] == 256 and at_package["top1_agreement"] >= 0.99
+    srv = start_server(pkg)
+    try:
+        info = httpx.get(srv.url + "/v1/model", timeout=10).json()
+        text = httpx.get(srv.url + "/metrics", timeout=10).text
+    finally:
+        assert srv.stop() == 0
+    ref = info["reference_check"]
+    assert ref["samples"] == 256 and ref["passed"] and ref["min_agreement"] == 0.99
+    assert ref["top1_agreement"] >= 0.99 and ref["top1_agreement"] == at_package["top1_agreement"]
+    assert info["engine"]["engine"] == "paddle_inference" and info["engine"]["precision"] == "int8"
+    assert metric(text, "pipe_reference_top1_agreement") == ref["top1_agreement"]
+    assert metric(text, "pipe_reference_max_abs_diff") == pytest.approx(ref["max_abs_diff"])
+    line = next(ln for ln in srv.out if "reference check:" in ln)
+    assert f"top-1 agreement with fp32 {ref['top1_agreement']:.4f} (budget 0.99)" in line and "int8" in line
+
+
+# oneDNN really runs its AVX2 int8 kernels (ONEDNN_MAX_CPU_ISA), while pipe is told the CPU is exact:
+# the detection is wrong, so the full int8 op set runs on saturating kernels. Measured here (Xeon with
+# AMX): agreement 0.9766 on the 256 texts vs 1.0000 with the right op set.
+_WRONG_CPU = {"PIPE_INT8_CAPABILITY": "exact", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def test_serve_refuses_a_package_whose_numbers_differ_here(cnn_int8_package):
+    """The reference check is behavioural: it catches what CPU detection missed. Exit 4, one line naming
+    the engine, the CPU's int8 capability, the numbers and the command that re-packages fp32; nothing
+    was served (no URL printed)."""
+    cmd = [sys.executable, "-m", "pipeline.cli", "serve", str(cnn_int8_package), "--port", "0"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300,
+                          env={**os.environ, **_WRONG_CPU})
+    assert proc.returncode == 4, proc.stderr
+    err = [ln for ln in proc.stderr.splitlines() if ln.startswith("pipe serve:")]
+    assert len(err) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    line = err[0]
+    assert line.startswith("pipe serve: reference check: 256 samples, top-1 agreement with fp32 0.")
+    assert "(budget 0.99)" in line and "on paddle_inference int8 on this CPU (" in line
+    assert "ONEDNN_MAX_CPU_ISA=AVX2" in line and "forced by PIPE_INT8_CAPABILITY=exact" in line
+    made_from = _manifest(cnn_int8_package)["input"]["path"]
+    assert line.endswith(f"Re-package fp32: pipe package {(cnn_int8_package / made_from).resolve()} --precision fp32")
+    agreement = float(line.split("top-1 agreement with fp32 ")[1].split(" ")[0])
+    assert agreement < 0.99
+    assert "listening on" not in proc.stdout
+
+
+def test_inspect_verify_runs_the_same_check_here(cnn_int8_package, cli, monkeypatch):
+    code, out, err = cli("inspect", cnn_int8_package, "--verify")
+    assert code == 0, err
+    assert "reference check: 256 samples, top-1 agreement with fp32" in out and "on paddle_inference int8" in out
+    for k, v in _WRONG_CPU.items():
+        monkeypatch.setenv(k, v)
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "inspect", str(cnn_int8_package), "--verify"],
+                          capture_output=True, text=True, cwd=REPO, timeout=300, env={**os.environ})
+    assert proc.returncode == 4 and proc.stderr.startswith("pipe inspect: reference check: 256 samples"), proc.stderr
+    assert proc.stderr.count("\n") == 1 and "below the budget" in proc.stderr

@@ -26,6 +26,7 @@ from tests.serving_helpers import client_config_class, packaged_run, triton_mode
 ALLOWLIST_PIR = {
     "manifest.json", "model.json", "model.pdiparams", "serving.yaml", "serving_client_conf.prototxt", "README.md",
     "triton/digits_cnn/config.pbtxt", "triton/digits_cnn/1/model.onnx", "triton/digits_cnn/labels.txt",
+    "reference.safetensors",
 }
 
 
@@ -63,9 +64,39 @@ def _test_inputs(run: Path) -> np.ndarray:
     return data_mod.prepare(x, m["interface"]["preprocessing"])
 
 
+def test_reference_set_is_real_data_and_fp32_outputs(run):
+    """reference.safetensors: 256 inputs drawn from the digits splits (each one a preprocessed sample of the
+    data, not noise), the fp32 export's outputs on them, the budget in serving.yaml, and the agreement the
+    packaged program (fp32 here: exactly 1.0) reached on this CPU in the manifest."""
+    from safetensors.numpy import load_file
+
+    import paddle
+
+    pkg = run / "package"
+    t = load_file(str(pkg / "reference.safetensors"))
+    assert sorted(t) == ["inputs", "outputs"] and t["inputs"].shape == (256, 1, 8, 8) and t["outputs"].shape == (256, 10)
+    assert t["inputs"].dtype == np.float32 and t["outputs"].dtype == np.float32
+    m = _manifest(run / "export")
+    ds = data_mod.load(data_mod.DataConfig(source="digits"))
+    every = np.concatenate([data_mod.prepare(sp.arrays()[0], m["interface"]["preprocessing"])
+                            for sp in (ds.train, ds.val, ds.test)]).reshape(-1, 64)
+    rows = {r.tobytes() for r in every}
+    assert all(r.tobytes() in rows for r in t["inputs"].reshape(-1, 64)), "reference inputs are not data samples"
+    assert len({r.tobytes() for r in t["inputs"].reshape(-1, 64)}) > 200  # a draw, not one sample repeated
+    pred = _predictor(paddle, run / "export/model.json", run / "export/model.pdiparams")
+    np.testing.assert_allclose(_predict(pred, t["inputs"]), t["outputs"], rtol=0, atol=1e-5)
+    doc = yaml.safe_load((pkg / "serving.yaml").read_text())
+    assert doc["reference"]["file"] == "reference.safetensors" and doc["reference"]["samples"] == 256
+    assert doc["reference"]["min_agreement"] == 0.99
+    ref = _manifest(pkg)["metrics"]["reference"]
+    assert ref["top1_agreement"] == 1.0 and ref["max_abs_diff"] < 1e-4 and ref["samples"] == 256
+    assert ref["engine"]["engine"] == "paddle_inference" and ref["engine"]["precision"] == "fp32"
+    assert _manifest(pkg)["metrics"]["cpu"]["probe"]["expected"] == 2072640
+
+
 def test_file_set_is_the_allowlist(run):
     pkg = run / "package"
-    assert _files(pkg) == ALLOWLIST_PIR == package_mod.allowlist("pir", "digits_cnn")
+    assert _files(pkg) == ALLOWLIST_PIR == package_mod.allowlist("pir", "digits_cnn", reference=True)
     for rel in _files(pkg):  # no pickle anywhere (protocol 2+ starts with 0x80)
         assert (pkg / rel).read_bytes()[:1] != b"\x80", rel
     art = artifacts.verify(pkg, ("package",))
@@ -173,7 +204,7 @@ def test_bf16_and_flags(run, tmp_path):
     out = tmp_path / "bf16"
     assert main(["package", str(run / "export"), "--out", str(out), "--precision", "bf16", "--no-triton",
                  "--name", "digits-bf16", "--max-batch-size", "8", "--max-wait-ms", "0.5"]) == 0
-    assert _files(out) == package_mod.allowlist("pir", None)
+    assert _files(out) == package_mod.allowlist("pir", None, reference=True)
     doc = yaml.safe_load((out / "serving.yaml").read_text())
     assert (doc["precision"], doc["name"], doc["triton"]) == ("bf16", "digits-bf16", None)
     assert doc["batching"] == {"max_batch_size": 8, "max_wait_ms": 0.5}
@@ -249,7 +280,7 @@ def test_compress_layout_int8_and_fp32(run, tmp_path):
     comp = _stand_in_compress(run, tmp_path / "compress")
     int8 = tmp_path / "pkg-int8"
     assert main(["package", str(comp), "--out", str(int8), "--precision", "int8"]) == 0
-    assert _files(int8) == package_mod.allowlist("legacy", "digits_cnn")
+    assert _files(int8) == package_mod.allowlist("legacy", "digits_cnn", reference=True)
     doc = yaml.safe_load((int8 / "serving.yaml").read_text())
     legacy_out = _manifest(run / "export")["legacy"]["outputs"][0]
     assert doc["precision"] == "int8" and doc["model"]["variant"] == "int8-paddle"
@@ -261,6 +292,20 @@ def test_compress_layout_int8_and_fp32(run, tmp_path):
     assert (fp32 / "model.json").read_bytes() == (run / "export/model.json").read_bytes()
     assert yaml.safe_load((fp32 / "serving.yaml").read_text())["model"]["variant"] == "fp32"
     assert _manifest(fp32)["input"]["stage"] == "compress"
+
+
+def test_a_variant_below_the_agreement_budget_is_never_packaged(run, tmp_path, cli):
+    """compress recorded int8-paddle as below budget (agreement < compress.min_agreement): exit 4 naming it,
+    nothing written."""
+    comp = _stand_in_compress(run, tmp_path / "compress")
+    m = json.loads((comp / "manifest.json").read_text())
+    status = "below budget: top-1 agreement 0.9711 < compress.min_agreement 0.99"
+    m["metrics"]["variants"]["int8-paddle"].update(status=status, shippable=False)
+    (comp / "manifest.json").write_text(json.dumps(m))  # the manifest is not in its own files list
+    code, _, err = cli("package", comp, "--out", tmp_path / "pkg", "--precision", "int8")
+    assert code == 4, err
+    assert err == f"pipe package: {comp / 'manifest.json'}: the int8-paddle variant is {status}; pick another --precision\n"
+    assert not (tmp_path / "pkg").exists()
 
 
 def test_compress_refuses_a_changed_export(run, tmp_path, cli):

@@ -100,7 +100,7 @@ def _close(got: np.ndarray, want: np.ndarray) -> None:
 def test_text_package_files_manifest_and_spec(run):
     pkg = run / "package"
     files = {p.relative_to(pkg).as_posix() for p in pkg.rglob("*") if p.is_file()}
-    assert files == spec_mod.allowlist("pir", "text_cnn", "vocab.json")
+    assert files == spec_mod.allowlist("pir", "text_cnn", "vocab.json", reference=True)
     art = artifacts.verify(pkg, ("package",))
     assert art.manifest["files"]["vocab.json"] == artifacts.verify(run / "export", ("export",)).manifest["files"][
         "vocab.json"]
@@ -168,7 +168,7 @@ def test_text_package_from_a_compress_artifact(run, tmp_path):
                      "--no-triton"]) == 0
         fmt = "pir" if precision == "fp32" else "legacy"
         assert {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} == \
-            spec_mod.allowlist(fmt, None, "vocab.json")
+            spec_mod.allowlist(fmt, None, "vocab.json", reference=True)
         assert (out / "vocab.json").read_bytes() == (run / "export/vocab.json").read_bytes()
         assert yaml.safe_load((out / "serving.yaml").read_text(encoding="utf-8"))["text"]["max_len"] == MAX_LEN
         assert spec_mod.load_package(out).text.vocab == json_vocab(run)
