@@ -73,6 +73,7 @@ def rows(quick: bool) -> list[Row]:
             out += _model_rows(model, name, ["--data", str(data), "--epochs", "1"], tmp / model, timing, repeats,
                                goals=model == "resnet18", samples="synthetic test samples")
         out += _digits_rows(tmp / "digits", timing)
+        out += _avx2_paddle_rows([("digits", tmp / "digits"), ("resnet18", tmp / "resnet18")], quick)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out + text_rows(quick)
@@ -159,12 +160,14 @@ def _model_rows(model: str, name: str, train_args: list[str], run: Path, timing:
 
 
 def _compress(run: Path, backend: str, timing: tuple[str, ...], i: int) -> dict[str, Any]:
-    """The compress manifest's metrics. --max-drop 100: this one-epoch model is near chance on the
-    synthetic test split, where one sample is ~1 point; the accuracy gate must not stop the timing
-    (digits measures accuracy)."""
+    """The compress manifest's metrics. --max-drop 100 and compress.min_agreement=0: this one-epoch model
+    is near chance on the synthetic test split, where one sample is ~1 point and near-tied logits flip
+    under int8; the accuracy and agreement gates must not stop the timing (digits measures accuracy with
+    the default gates; the agreement measured is still recorded in every row)."""
     out = run / f"compress-{backend}-{i}"
     _pipe("compress", str(run / "export"), "--out", str(out), "--int8", "--backend", backend,
-          "--calib-batches", str(_SPLIT[0] // _BATCH), "--max-drop", "100", *_sets(timing), cwd=run.parent)
+          "--calib-batches", str(_SPLIT[0] // _BATCH), "--max-drop", "100",
+          *_sets(("compress.min_agreement=0", *timing)), cwd=run.parent)
     return json.loads((out / "manifest.json").read_text())["metrics"]
 
 
@@ -286,6 +289,72 @@ def _text_accuracy_rows(name: str, run: Path) -> list[Row]:
     ]
 
 
+# ------------------------------------------------------------------ Paddle int8 on oneDNN's AVX2 kernels
+
+_AVX2_ENV = {"ONEDNN_MAX_CPU_ISA": "AVX2"}  # oneDNN runs as on a CPU without VNNI (pipeline/cpu.py)
+
+
+def _avx2_paddle_rows(runs: list[tuple[str, Path]], quick: bool) -> list[Row]:
+    """Issue 12: Paddle int8 with and without fc/matmul in oneDNN's int8 op set, on oneDNN's AVX2 kernels
+    (ONEDNN_MAX_CPU_ISA=AVX2: saturating u8 x s8), against Paddle fp32 on the same kernels, in one child
+    process per model: agreement over all splits and the speed ratios, timed interleaved."""
+    out: list[Row] = []
+    for name, run in runs:
+        comp = next((d for d in sorted(run.glob("compress*")) if (d / "int8-paddle/model.pdmodel").is_file()), None)
+        label = f"Paddle int8 on oneDNN's AVX2 kernels (ONEDNN_MAX_CPU_ISA=AVX2), {name}"
+        if comp is None:
+            out.append((label, "not measured: no int8-paddle variant was built", "", "**failed**"))
+            continue
+        env = {k: v for k, v in os.environ.items() if k != "PIPE_INT8_CAPABILITY"}
+        proc = subprocess.run([sys.executable, "-m", "pipeline.bench_compress", "--avx2-paddle", str(comp),
+                               "quick" if quick else "full"], capture_output=True, text=True, cwd=_REPO,
+                              env={**env, **_AVX2_ENV, "PYTHONPATH": str(_REPO)}, timeout=_TIMEOUT)
+        if proc.returncode != 0:
+            lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+            out.append((label, f"failed: {lines[-1] if lines else proc.returncode}", "", "**failed**"))
+            continue
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        for key, what in (("all", "every quantized op in int8 (what a VNNI CPU runs)"),
+                          ("no_matmul", "fc/matmul in fp32, convs in int8 (what pipe runs without VNNI)")):
+            v = r[key]
+            out.append((f"{label}: {what}", f"agreement {v['agreement']:.4f} over {r['samples']} samples, "
+                        f"{v['s1']:.2f}x fp32 at bs1, {v['s32']:.2f}x at bs32 (fp32 on the same kernels)", "", ""))
+    return out
+
+
+def _avx2_paddle_main(comp_dir: str, mode: str) -> int:
+    """Child (ONEDNN_MAX_CPU_ISA=AVX2): fp32 and both int8 op sets of one compress dir; one JSON line."""
+    from pipeline import artifacts, config as config_mod, cpu, data as data_mod, runtime
+    from pipeline.engines import paddle as paddle_engine
+    from stages import compress
+
+    runtime.import_paddle(runtime.threads_per_process(1))
+    threads = runtime.threads_per_process(1)
+    comp = artifacts.verify(Path(comp_dir), ("compress",))
+    exp = artifacts.verify((comp.path / comp.manifest["input"]["path"]).resolve(), ("export",))
+    ds = data_mod.load(config_mod.from_dict(exp.manifest["config"]).data)
+    prep = compress._preparer(ds, compress._read_export(exp))
+    xs = list(compress.fidelity_batches(ds, prep))
+    int8 = [comp.path / "int8-paddle/model.pdmodel", comp.path / "int8-paddle/model.pdiparams"]
+    engines = {"fp32": paddle_engine.load([exp.file("model.json"), exp.file("model.pdiparams")], threads=threads),
+               "all": paddle_engine.load(int8, threads=threads, precision="int8", int8_ops=set()),
+               "no_matmul": paddle_engine.load(int8, threads=threads, precision="int8",
+                                               int8_ops=set(cpu.ONEDNN_INT8_OPS_NO_VNNI))}
+    logits = {k: np.concatenate([e.run(x) for x in xs]) for k, e in engines.items()}
+    head = xs[0]
+    x1, x32 = np.ascontiguousarray(head[:1]), np.ascontiguousarray(np.resize(head, (32, *head.shape[1:])))
+    n1, n32 = (50, 10) if mode == "quick" else (200, 30)
+    group = [{k: e.run for k, e in engines.items()}]
+    lat, thr = compress.interleaved(group, x1, n1), compress.interleaved(group, x32, n32)
+    ref = logits["fp32"].argmax(1)
+    doc = {"samples": int(len(ref)), **{k: {"agreement": float((logits[k].argmax(1) == ref).mean()),
+                                            "s1": float(np.median(lat["fp32"]) / np.median(lat[k])),
+                                            "s32": float(np.median(thr["fp32"]) / np.median(thr[k]))}
+                                        for k in ("all", "no_matmul")}}
+    print(json.dumps(doc))
+    return 0
+
+
 # ------------------------------------------------------------------ accuracy: digits
 
 
@@ -309,3 +378,11 @@ def _digits_rows(run: Path, timing: tuple[str, ...]) -> list[Row]:
          f"{drop:.2f} points", f"<= {_GOAL_DROP} point", _status(drop <= _GOAL_DROP)),
         (f"{name}: wall time of train + export + compress + package", _wall(wall), "", ""),
     ]
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--avx2-paddle":
+        sys.exit(_avx2_paddle_main(sys.argv[2], sys.argv[3]))
+    print("usage: python -m pipeline.bench_compress --avx2-paddle COMPRESS_DIR quick|full (internal; use make bench)",
+          file=sys.stderr)
+    sys.exit(2)

@@ -49,9 +49,10 @@ class Engine:
 
 
 def load(files: list[Path], *, threads: int, precision: str = "fp32", cache_capacity: int = 0,
-         device: str = "cpu") -> Engine:
+         device: str = "cpu", int8_ops: set[str] | None = None) -> Engine:
     """`files` = [program (model.json | model.pdmodel), params]. `cache_capacity` > 0 caps oneDNN's
-    per-shape kernel cache (the server's one set per batch bucket). device: only 'cpu' is run here."""
+    per-shape kernel cache (the server's one set per batch bucket). `int8_ops`: the oneDNN int8 op set
+    (empty = all); None = this CPU's (`cpu.onednn_int8_ops`). device: only 'cpu' is run here."""
     if device != "cpu":
         raise PipeError(f"Paddle Inference device {device!r}: this pipe runs the CPU build only")
     program, params = (Path(f) for f in files)
@@ -61,7 +62,7 @@ def load(files: list[Path], *, threads: int, precision: str = "fp32", cache_capa
     info: dict[str, Any] = {"engine": NAME, "version": paddle.__version__, "precision": precision,
                             "threads": threads, "device": device, "files": [program.name, params.name]}
     if precision == "int8":
-        ops = cpu.onednn_int8_ops()
+        ops = cpu.onednn_int8_ops() if int8_ops is None else set(int8_ops)
         c.enable_onednn_int8(ops)
         info["onednn_int8_ops"] = sorted(ops) or "all"
         if ops:
