@@ -352,15 +352,16 @@ def _build_app(state: _State) -> Any:
 
     what = "text or token ids" if spec.text is not None else "model-input tensors or PNG/JPEG images"
 
-    @app.post("/v1/predict", summary=f"Classify {what}",
-              openapi_extra=openapi.predict(spec), response_description="labels, scores and logits per sample")
+    @app.post("/v1/predict", summary=f"Classify {what}")
     async def v1_predict(request: Request) -> Any:
         return await admitted(request, predict_v1)
 
-    @app.post("/GeneralModelService/inference", summary="Paddle Serving HttpClient endpoint (protobuf or JSON)",
-              openapi_extra=openapi.serving())
+    @app.post("/GeneralModelService/inference", summary="Paddle Serving HttpClient endpoint (protobuf or JSON)")
     async def serving_inference(request: Request) -> Any:
         return await admitted(request, predict_serving)
+
+    # The two bodies are read by hand (limits first): their schemas come from the package's spec.
+    openapi.install(app, spec, s)
 
     @app.get("/v1/model", summary="Model metadata: io spec, labels, preprocessing, batching, limits")
     async def model() -> dict[str, Any]:

@@ -1,4 +1,14 @@
-"""OpenAPI fragments for the bodies `pipe serve` reads by hand, and the offline Swagger UI page.
+"""The OpenAPI schemas of the bodies `pipe serve` reads by hand, and the offline Swagger UI page.
+
+The request and response schemas of `POST /v1/predict` and `POST /GeneralModelService/inference` are
+generated from the package's spec and the server's settings, to say what the server accepts: the input's
+dtype (number within float32 or integer within its range; token ids within the vocabulary), shape (fixed
+dims as minItems = maxItems, the batch as 1..max_batch_size), base64 images, non-blank text, and every
+error status with its fixed body and the `type`s it carries. A request valid against the schema is
+accepted (tests/stages/test_serve_openapi.py generates them from it), except for what JSON Schema cannot
+state: that a base64 string decodes to a PNG/JPEG of at most max_image_pixels, the body cap, that a text
+package's Paddle Serving tensor holds prod(shape) ids (an image package's schema states it), and a model
+output that is not finite (422 non_finite_output). Each is in the schema's descriptions.
 
 FastAPI's own /docs page loads Swagger UI's JavaScript and CSS from a CDN: blank on a machine without
 internet. `pipe serve` instead serves the copies vendored by the pinned `fastapi-offline` package
@@ -12,9 +22,11 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from pipeline.serving.spec import Spec
-from pipeline.serving.validate import KINDS
-from pipeline.serving.wire import PACKAGE
+import numpy as np
+
+from pipeline.serving.spec import DTYPES, Settings, Spec
+from pipeline.serving.validate import takes_images
+from pipeline.serving.wire import ENGINE_NAME, PACKAGE
 
 DOCS_ASSETS = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css", "favicon.png": "image/png"}
 
@@ -35,44 +47,190 @@ def docs_page(title: str) -> Any:
                                swagger_css_url="/docs/swagger-ui.css", swagger_favicon_url="/docs/favicon.png")
 
 
-def predict(spec: Spec) -> dict[str, Any]:
+# Every error `type` the two inference endpoints answer, by status (a test checks the server raises no other).
+ERRORS: dict[int, dict[str, str]] = {
+    400: {"invalid_json": "not UTF-8 JSON, NaN or Infinity, a number beyond a double, or nested deeper than "
+                          "max_json_depth",
+          "bad_request": "an invalid Content-Length, or a corrupt or truncated gzip body",
+          "invalid_protobuf": "not a Paddle Serving Request message",
+          "client_disconnected": "the client went away before the body was read"},
+    408: {"request_timeout": "the body did not arrive within the request timeout"},
+    413: {"body_too_large": "the body, or the body after gzip decompression, exceeds max_body_bytes"},
+    415: {"unsupported_media_type": "a Content-Type or Content-Encoding this endpoint does not take"},
+    422: {"invalid_request": "the body is not an object of the request schema's fields",
+          "invalid_tensor": "a tensor of another dtype, rank or shape, or values outside the dtype's range",
+          "invalid_image": "not strict base64, or not a PNG/JPEG decodable to at most max_image_pixels pixels",
+          "empty_text": "a text that is empty or only whitespace",
+          "non_finite_output": "the model's output for these inputs is not finite (inputs far outside the "
+                               "training range)"},
+    500: {"internal": "a predictor process died (it is replaced)"},
+    503: {"not_ready": "warming up", "draining": "shutting down", "overloaded": "the queue is full"},
+    504: {"timeout": "no result within the request timeout"},
+}
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+# Strict base64 (the alphabet, padding only at the end), as `validate._unbase64` decodes it.
+BASE64 = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+# Not blank: a character that str.strip() keeps, which `validate._encode_text` asks of every text. Every
+# str.isspace() character is below U+3001.
+NON_BLANK = "[^" + "".join(f"\\u{c:04x}" for c in range(0x3001) if chr(c).isspace()) + "]"
+
+
+def install(app: Any, spec: Spec, s: Settings) -> None:
+    """`app.openapi` (what /openapi.json serves): FastAPI's document, with the request body and the answers
+    of the two inference operations as generated here. Not through `openapi_extra`: FastAPI's models turn
+    integer bounds into floats (2 ** 64 - 1 became 1.8446744073709552e+19, a bound the server refuses)."""
+    operations = {"/v1/predict": predict(spec, s), "/GeneralModelService/inference": serving(spec, s)}
+    generate = app.openapi  # builds the document once, then returns it from app.openapi_schema
+
+    def document() -> dict[str, Any]:
+        doc = generate()
+        for path, operation in operations.items():
+            doc["paths"][path]["post"].update(operation)
+        return doc
+
+    app.openapi = document
+
+
+def predict(spec: Spec, s: Settings) -> dict[str, Any]:
+    """POST /v1/predict: the request body, the answer and the errors."""
+    n = s.max_batch_size
     if spec.text is not None:
         t = spec.text
-        description = (f"Exactly one of `text` (1..N strings, encoded with the package's {t.vocab_size}-entry "
-                       f"character vocabulary, truncated to {t.max_len}) or `inputs` (int64 token ids [N, L], "
-                       f"padded with {t.pad_id} or truncated to {t.max_len}).")
-        props = {"text": {"type": "array", "items": {"type": "string", "minLength": 1},
-                          "example": ["这个手机很好用"]},
-                 "inputs": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}},
-                            "description": "int64 [N, L] token ids"}}
+        props = {"text": {"type": "array", "minItems": 1, "maxItems": n, "example": ["这个手机很好用"],
+                          "description": f"Encoded with the package's {t.vocab_size}-entry character vocabulary, "
+                                         f"truncated to {t.max_len} characters",
+                          "items": {"type": "string", "pattern": NON_BLANK}},
+                 "inputs": _tensor(spec, s)}
     else:
-        dims = ", ".join(str(d) for d in spec.sample_shape)
-        description = (f"Exactly one of `inputs` ({spec.inp['dtype']} [N, {dims}], preprocessed) or `images` "
-                       "(base64 PNG/JPEG, resized and normalised as at training time).")
-        props = {"inputs": {"type": "array", "items": {}, "description": f"{spec.inp['dtype']} [N, {dims}]"},
-                 "images": {"type": "array", "items": {"type": "string", "format": "byte"}}}
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": {
-        "type": "object", "description": description, "properties": props}}}},
-        "responses": {"200": {"description": "One entry per sample", "content": {"application/json": {"schema": {
-            "type": "object", "properties": {
-                "labels": {"type": "array", "items": {"type": "string"}},
-                "scores": {"type": "array", "items": {"type": "number"}},
-                "logits": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}}}}}},
-            **errors()}}
+        props = {"inputs": _tensor(spec, s)}
+        if takes_images(spec):
+            props["images"] = {
+                "type": "array", "minItems": 1, "maxItems": n,
+                "description": f"PNG or JPEG of at most {s.max_image_pixels} pixels, converted to "
+                               f"{'grayscale' if spec.sample_shape[0] == 1 else 'RGB'}, resized and normalised "
+                               "as at training time",
+                "items": {"type": "string", "format": "byte", "contentEncoding": "base64", "pattern": BASE64,
+                          "anyOf": [{"contentMediaType": "image/png"}, {"contentMediaType": "image/jpeg"}]}}
+    fields = " or ".join(f"`{k}`" for k in props)
+    request = {"type": "object", "properties": props, "additionalProperties": False, "minProperties": 1,
+               "maxProperties": 1, "description": f"Exactly one of {fields}; a body of at most {s.max_body_bytes} "
+                                                 "bytes (413), nested at most max_json_depth deep (400)"}
+    labels = {"type": "array", "minItems": 1, "maxItems": n, "items": {"enum": spec.labels}}
+    answer = {"type": "object", "required": ["labels", "scores", "logits"], "additionalProperties": False,
+              "properties": {
+                  "labels": labels,
+                  "scores": {**labels, "items": {"type": "number", "minimum": 0, "maximum": 1},
+                             "description": "softmax probability of each sample's label"},
+                  "logits": {**labels, "items": {"type": "array", "minItems": len(spec.labels),
+                                                 "maxItems": len(spec.labels), "items": {"type": "number"}}}}}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
+            "responses": {"200": {"description": "One entry per sample", "content": {
+                "application/json": {"schema": answer}}}, **errors(spec, "v1")}}
 
 
-def serving() -> dict[str, Any]:
+def _tensor(spec: Spec, s: Settings) -> dict[str, Any]:
+    """The `inputs` field: nested arrays [N, *sample] (text: N rows of token ids, each of any length)."""
+    n = s.max_batch_size
+    if spec.text is not None:
+        t = spec.text
+        ids = {"type": "integer", "minimum": 0, "maximum": t.vocab_size - 1}
+        return {"type": "array", "minItems": 1, "maxItems": n,
+                "description": f"int64 token ids, one row per text, each padded with {t.pad_id} or truncated to "
+                               f"max_len {t.max_len}",
+                "items": {"type": "array", "minItems": 1, "items": ids}}
+    schema = _element(spec.inp["dtype"])
+    for d in reversed(spec.sample_shape):
+        schema = {"type": "array", "minItems": d, "maxItems": d, "items": schema}
+    dims = ", ".join(str(d) for d in spec.sample_shape)
+    return {"type": "array", "minItems": 1, "maxItems": n, "items": schema,
+            "description": f"{spec.inp['dtype']} [N, {dims}], preprocessed as at training time"}
+
+
+def _element(dtype: str) -> dict[str, Any]:
+    if dtype == "float32":
+        return {"type": "number", "minimum": -_FLOAT32_MAX, "maximum": _FLOAT32_MAX}
+    info = np.iinfo(dtype)
+    return {"type": "integer", "minimum": int(info.min), "maximum": int(info.max)}
+
+
+def serving(spec: Spec, s: Settings) -> dict[str, Any]:
+    """POST /GeneralModelService/inference (Paddle Serving's HttpClient, `wire.py`): body, answers, errors."""
+    code, field, _ = DTYPES[spec.inp["dtype"]]
+    names = sorted({spec.inp["name"], spec.inp["alias"]})
+    outs = sorted({spec.outp["name"], spec.outp["alias"]})
+    n, sample = s.max_batch_size, spec.sample_shape
+    if spec.text is not None:
+        shape = {"type": "array", "prefixItems": [{"type": "integer", "minimum": 1, "maximum": n},
+                                                  {"type": "integer", "minimum": 1}], "minItems": 2, "maxItems": 2}
+        data = {"type": "array", "minItems": 1, "items": _tensor(spec, s)["items"]["items"],
+                "description": "shape[0] x shape[1] ids, row by row"}
+        sizes: dict[str, Any] = {}
+    else:
+        shape = {"type": "array", "prefixItems": [{"type": "integer", "minimum": 1, "maximum": n},
+                                                  *({"const": d} for d in sample)],
+                 "minItems": 1 + len(sample), "maxItems": 1 + len(sample)}
+        per = int(np.prod(sample))
+        data = {"type": "array", "minItems": per, "maxItems": n * per, "items": _element(spec.inp["dtype"]),
+                "description": "prod(shape) values, C order"}
+        # JSON Schema cannot relate two arrays' lengths; one alternative per batch size can.
+        sizes = {"anyOf": [{"properties": {"shape": {"const": [b, *sample]}, field: {"minItems": b * per,
+                                                                                      "maxItems": b * per}}}
+                           for b in range(1, n + 1)]}
+    named = [{"required": [k], "properties": {k: {"enum": names}}} for k in ("name", "alias_name")]
+    tensor = {"type": "object", "required": ["elem_type", "shape", field],
+              "properties": {"name": {"type": "string"}, "alias_name": {"type": "string"},
+                             "elem_type": {"const": code, "description": f"{code}: {spec.inp['dtype']}"},
+                             "shape": shape, field: data},
+              "allOf": [{"anyOf": named, "description": f"name or alias_name is one of {names}"},
+                        *([sizes] if sizes else [])]}
+    request = {"type": "object", "required": ["tensor"], "properties": {
+        "tensor": {"type": "array", "minItems": 1, "maxItems": 1, "items": tensor},
+        "fetch_var_names": {"type": "array", "items": {"type": "string"},
+                            "anyOf": [{"maxItems": 0}, {"contains": {"enum": outs}}],
+                            "description": f"empty, or naming one of {outs}"},
+        "log_id": {"type": "integer", "minimum": 0, "maximum": 2 ** 64 - 1}},
+        "description": f"A {PACKAGE}.Request in JSON (HttpClient after set_http_proto(False)); a body of at most "
+                       f"{s.max_body_bytes} bytes (413)"}
+    o = spec.outp
+    out_tensor = {"type": "object", "required": ["float_data", "elem_type", "shape", "name", "alias_name"],
+                  "properties": {"float_data": {"type": "array", "items": {"type": "number"}},
+                                 "elem_type": {"const": 1},
+                                 "shape": {"type": "array", "prefixItems": [
+                                     {"type": "integer", "minimum": 1, "maximum": n}, {"const": len(spec.labels)}],
+                                     "minItems": 2, "maxItems": 2},
+                                 "name": {"const": o["name"]}, "alias_name": {"const": o["alias"]}}}
+    answer = {"type": "object", "required": ["outputs", "log_id", "err_no"], "properties": {
+        "outputs": {"type": "array", "minItems": 1, "maxItems": 1, "items": {
+            "type": "object", "required": ["tensor", "engine_name"], "properties": {
+                "tensor": {"type": "array", "minItems": 1, "maxItems": 1, "items": out_tensor},
+                "engine_name": {"const": ENGINE_NAME}}}},
+        "log_id": {"type": "integer", "minimum": 0, "maximum": 2 ** 64 - 1, "description": "the request's"},
+        "err_no": {"const": 0}, "err_msg": {"const": ""}}}
+    proto = {"type": "string", "format": "binary"}
     return {"requestBody": {"required": True, "content": {
-        "application/proto": {"schema": {"type": "string", "format": "binary", "description": f"{PACKAGE}.Request"}},
-        "application/json": {"schema": {"type": "object", "properties": {
-            "tensor": {"type": "array", "items": {"type": "object"}},
-            "fetch_var_names": {"type": "array", "items": {"type": "string"}},
-            "log_id": {"type": "integer"}}}}}},
-        "responses": {"200": {"description": "A Response in the request's format"}, **errors()}}
+        "application/proto": {"schema": {**proto, "description": f"{PACKAGE}.Request (HttpClient's default)"}},
+        "application/json": {"schema": request}}},
+        "responses": {"200": {"description": "A Response in the request's format", "content": {
+            "application/proto": {"schema": {**proto, "description": f"{PACKAGE}.Response"}},
+            "application/json": {"schema": answer}}}, **errors(spec, "serving")}}
 
 
-def errors() -> dict[str, Any]:
-    schema = {"type": "object", "properties": {"error": {"type": "object", "properties": {
-        "code": {"type": "integer"}, "type": {"type": "string"}, "message": {"type": "string"}}}}}
-    return {str(code): {"description": kind, "content": {"application/json": {"schema": schema}}}
-            for code, kind in KINDS.items() if code not in (404, 405)}
+def errors(spec: Spec, endpoint: str) -> dict[str, Any]:
+    """Every error status of an inference endpoint with the fixed body and the `type`s it carries here."""
+    absent = {"invalid_protobuf"} if endpoint == "v1" else {"invalid_image", "empty_text"}
+    if spec.text is not None or not takes_images(spec):
+        absent.add("invalid_image")
+    if spec.text is None:
+        absent.add("empty_text")
+    out = {}
+    for code, kinds in ERRORS.items():
+        kinds = {k: v for k, v in kinds.items() if k not in absent}
+        schema = {"type": "object", "required": ["error"], "additionalProperties": False, "properties": {
+            "error": {"type": "object", "required": ["code", "type", "message"], "additionalProperties": False,
+                      "properties": {"code": {"const": code}, "type": {"enum": sorted(kinds)},
+                                     "message": {"type": "string", "description": "never echoes the request"}}}}}
+        out[str(code)] = {"description": "; ".join(f"{k}: {v}" for k, v in kinds.items()),
+                          "content": {"application/json": {"schema": schema}}}
+        if code == 503:
+            out[str(code)]["headers"] = {"Retry-After": {"description": "seconds", "schema": {"type": "integer"}}}
+    return out

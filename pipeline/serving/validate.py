@@ -129,7 +129,7 @@ def parse_json(body: bytes, max_depth: int) -> Any:
 def expected(spec: Spec, s: Settings) -> str:
     if spec.text is not None:
         t = spec.text
-        return (f"int64 token ids [N, L] with 1 <= N <= {s.max_batch_size}, L >= 1 (padded or truncated to "
+        return (f"int64 token ids: 1..{s.max_batch_size} rows of >= 1 ids each (each padded or truncated to "
                 f"max_len {t.max_len}), ids 0..{t.vocab_size - 1}")
     dims = ", ".join(str(d) for d in spec.sample_shape)
     return f"{spec.inp['dtype']} [N, {dims}] with 1 <= N <= {s.max_batch_size}"
@@ -138,6 +138,8 @@ def expected(spec: Spec, s: Settings) -> str:
 def as_tensor(obj: Any, spec: Spec, s: Settings, where: str) -> np.ndarray:
     """A JSON array (nested lists) -> the model's dtype and shape, or 422 naming what was expected."""
     want = expected(spec, s)
+    if spec.text is not None and _ragged(obj):
+        return _ragged_ids(obj, spec, s, where)
     try:
         arr = np.asarray(obj)
     except (ValueError, TypeError, OverflowError):
@@ -163,12 +165,23 @@ def check_tensor(arr: np.ndarray, spec: Spec, s: Settings, where: str) -> np.nda
         if not np.isfinite(out).all():
             raise ApiError(422, "invalid_tensor", f"{where}: values must be finite float32 numbers")
         return out
-    if arr.dtype.kind == "f":
-        raise ApiError(422, "invalid_tensor", f"{where}: must hold integers; expected {want}")
     info = np.iinfo(dtype)
+    arr = _integers(arr, where, want)
     if arr.size and (arr.min() < info.min or arr.max() > info.max):
         raise ApiError(422, "invalid_tensor", f"{where}: values out of {dtype} range")
     return arr.astype(dtype)
+
+
+def _integers(arr: np.ndarray, where: str, want: str) -> np.ndarray:
+    """Integers, or integer-valued numbers written with a fraction (JSON Schema's integers include 1.0, and
+    the OpenAPI schema says integer) as int64; such floats beyond int64 are refused, not wrapped."""
+    if arr.dtype.kind in "iu":
+        return arr
+    if arr.dtype.kind != "f" or not (np.isfinite(arr).all() and (np.floor(arr) == arr).all()):
+        raise ApiError(422, "invalid_tensor", f"{where}: must hold integers; expected {want}")
+    if arr.size and (arr.min() < -2.0 ** 63 or arr.max() >= 2.0 ** 63):
+        raise ApiError(422, "invalid_tensor", f"{where}: values out of int64 range")
+    return arr.astype(np.int64)
 
 
 def _check_ids(arr: np.ndarray, spec: Spec, s: Settings, where: str) -> np.ndarray:
@@ -179,11 +192,37 @@ def _check_ids(arr: np.ndarray, spec: Spec, s: Settings, where: str) -> np.ndarr
         raise ApiError(422, "invalid_tensor", f"{where}: rank {arr.ndim}, expected {want}")
     if not 1 <= arr.shape[0] <= s.max_batch_size or arr.shape[1] < 1:
         raise ApiError(422, "invalid_tensor", f"{where}: shape [{arr.shape[0]}, {arr.shape[1]}], expected {want}")
-    if arr.dtype.kind not in "iu":
-        raise ApiError(422, "invalid_tensor", f"{where}: must hold integers; expected {want}")
+    return canonical_ids(_vocabulary_ids(arr, t, where, want), t)
+
+
+def _vocabulary_ids(arr: np.ndarray, t: TextSpec, where: str, want: str) -> np.ndarray:
+    arr = _integers(arr, where, want)
     if arr.min() < 0 or arr.max() >= t.vocab_size:
         raise ApiError(422, "invalid_tensor", f"{where}: token ids must be in 0..{t.vocab_size - 1} (the vocabulary)")
-    return canonical_ids(arr.astype(np.int64), t)
+    return arr.astype(np.int64)
+
+
+def _ragged(obj: Any) -> bool:
+    return isinstance(obj, list) and all(isinstance(row, list) for row in obj) and len({len(r) for r in obj}) > 1
+
+
+def _ragged_ids(rows: list[list[Any]], spec: Spec, s: Settings, where: str) -> np.ndarray:
+    """Token id rows of different lengths (texts are): each row checked, then truncated or padded to
+    max_len on its own, as `canonical_ids` does to a rectangular [N, L]."""
+    want, t = expected(spec, s), spec.text
+    if len(rows) > s.max_batch_size:
+        raise ApiError(422, "invalid_tensor", f"{where}: {len(rows)} rows, expected {want}")
+    out = np.full((len(rows), t.max_len), t.pad_id, np.int64)
+    for i, row in enumerate(rows):
+        try:
+            arr = np.asarray(row)
+        except (ValueError, TypeError, OverflowError):
+            raise ApiError(422, "invalid_tensor", f"{where}[{i}]: not a list of ids; expected {want}") from None
+        if arr.ndim != 1 or not arr.size:
+            raise ApiError(422, "invalid_tensor", f"{where}[{i}]: not a list of >= 1 ids; expected {want}")
+        ids = _vocabulary_ids(arr, t, f"{where}[{i}]", want)
+        out[i, :min(ids.size, t.max_len)] = ids[:t.max_len]
+    return out
 
 
 def canonical_ids(ids: np.ndarray, text: TextSpec) -> np.ndarray:
@@ -241,15 +280,20 @@ async def v1_inputs(doc: Any, spec: Spec, s: Settings) -> np.ndarray:
 
 
 def _unbase64(b64: str, i: int) -> bytes:
-    """Strict base64 (the alphabet and padding only). binascii's strict mode checks at C speed;
-    base64.b64decode(validate=True) runs a regex over the string first (the server's top cost per image
-    request after PIL's decoding, measured with py-spy)."""
+    """Strict base64 (the alphabet and padding only), what the OpenAPI schema's pattern says
+    (`openapi.BASE64`). binascii's strict mode checks at C speed; base64.b64decode(validate=True) runs a
+    regex over the string first (the server's top cost per image request after PIL's decoding, measured
+    with py-spy). Both accept '=' beyond the padding ('AAAA=', 'AAAA==='): the length check refuses it."""
     try:
         if sys.version_info >= (3, 11):
-            return binascii.a2b_base64(b64, strict_mode=True)
-        return base64.b64decode(b64, validate=True)
+            raw = binascii.a2b_base64(b64, strict_mode=True)
+        else:
+            raw = base64.b64decode(b64, validate=True)
     except (binascii.Error, ValueError):
-        raise ApiError(422, "invalid_image", f"images[{i}]: not valid base64") from None
+        raw = None
+    if raw is None or len(b64) != 4 * ((len(raw) + 2) // 3):
+        raise ApiError(422, "invalid_image", f"images[{i}]: not valid base64")
+    return raw
 
 
 def inline_decode(raws: list[bytes]) -> bool:

@@ -80,12 +80,17 @@ def check_json(doc: Any) -> dict[str, Any]:
     fetch, log_id = doc.get("fetch_var_names", []), doc.get("log_id", 0)
     if not isinstance(fetch, list) or not all(isinstance(f, str) for f in fetch):
         raise bad
-    if isinstance(log_id, bool) or not isinstance(log_id, int) or not 0 <= log_id < 2 ** 64:
+    if not _json_int(log_id) or not 0 <= log_id < 2 ** 64:
         raise bad
     for t in doc["tensor"]:
         if not isinstance(t, dict) or not all(isinstance(t.get(k, ""), str) for k in ("name", "alias_name")):
             raise bad
-    return {"tensor": doc["tensor"], "fetch_var_names": fetch, "log_id": log_id}
+    return {"tensor": doc["tensor"], "fetch_var_names": fetch, "log_id": int(log_id)}
+
+
+def _json_int(v: Any) -> bool:
+    """An integer as JSON Schema counts them (1 and 1.0, not true): what the endpoint's OpenAPI schema says."""
+    return not isinstance(v, bool) and (isinstance(v, int) or (isinstance(v, float) and v.is_integer()))
 
 
 def feed(req: Any, spec: Spec, s: Settings, proto: bool) -> tuple[np.ndarray, list[str], int]:
@@ -99,11 +104,12 @@ def feed(req: Any, spec: Spec, s: Settings, proto: bool) -> tuple[np.ndarray, li
     if len(tensors) != 1 or not ({get(tensors[0], "name"), get(tensors[0], "alias_name")} & names):
         raise ApiError(422, "invalid_request", f"expected one feed tensor named '{spec.inp['alias']}'")
     t = tensors[0]
-    if get(t, "elem_type") != code:
+    elem_type = get(t, "elem_type")
+    if (not proto and not _json_int(elem_type)) or elem_type != code:
         raise ApiError(422, "invalid_tensor", f"elem_type must be {code} ({spec.inp['dtype']}, in {field_name})")
     shape, data = get(t, "shape"), get(t, field_name)
     if not proto and (not isinstance(shape, list) or not isinstance(data, list)
-                      or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape)):
+                      or not all(_json_int(d) for d in shape)):
         raise ApiError(422, "invalid_tensor", f"shape (list of integers) and {field_name} (flat list) are required")
     shape = [int(d) for d in shape]
     if len(shape) > 16 or any(d < 0 for d in shape) or math.prod(shape) != len(data):
