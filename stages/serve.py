@@ -14,6 +14,9 @@ one thread per predictor forms batches from a bounded queue (`pipeline/serving/b
                                         {"text": ["...", ...]} (text packages)  -> {"labels", "scores", "logits"}
     POST /GeneralModelService/inference Paddle Serving's HttpClient: protobuf (application/proto) or JSON
                                         (`pipeline/serving/wire.py`); text packages take int64_data
+    POST /v2/models/NAME/infer          the Open Inference Protocol (KServe v2, tritonclient.http): JSON or
+                                        binary tensors, text packages also BYTES (`pipeline/serving/v2.py`);
+                                        GET /v2, /v2/health/live|ready, /v2/models/NAME[/ready] (NAME = spec.name)
     GET  /v1/model  /livez  /readyz  /metrics  /openapi.json  /docs (offline Swagger UI, if fastapi-offline
                                         is installed; see `pipeline/serving/openapi.py`)
 
@@ -27,7 +30,8 @@ content type -> 415; JSON depth, NaN/Infinity, invalid UTF-8
 -> 400; dtype, rank, shape, token ids against the package's input spec, empty text, text on an image
 model or images on a text model -> 422 (the message names what was expected and never echoes input);
 queue full -> 503 + Retry-After; per-request timeout -> 504 (408 while still reading the body). Errors
-always have the schema {"error": {"code", "type", "message"}}. Before it listens, every predictor runs the package's
+always have the schema {"error": {"code", "type", "message"}} (on /v2 the protocol's {"error": "..."}, a 422
+answered 400). Before it listens, every predictor runs the package's
 reference set (`pipeline/reference.py`): below the package's agreement budget it exits 4 with one line (the
 engine, this CPU's int8 capability, the numbers, the fp32 re-package command). `/readyz` is 200 only after
 every predictor ran a warm-up batch of each bucket size (batches run padded to 1, 2, 4, ... max_batch_size samples: see
@@ -50,7 +54,7 @@ import numpy as np
 
 from pipeline import __version__
 from pipeline.errors import GateError, InputError
-from pipeline.serving import openapi, spec as spec_mod, validate, wire
+from pipeline.serving import openapi, spec as spec_mod, v2, validate, wire
 from pipeline.serving.batcher import Batcher, Job
 from pipeline.serving.predictor import PredictorProcess, start_predictors
 from pipeline.serving.spec import Settings, Spec
@@ -275,29 +279,34 @@ def _build_app(state: _State) -> Any:
 
     app = FastAPI(title=f"pipe serve: {spec.name}", version=__version__, lifespan=lifespan, redoc_url=None,
                   docs_url=None,
-                  description="Inference for a pipe package. Errors: {\"error\": {\"code\", \"type\", \"message\"}}.")
+                  description="Inference for a pipe package. Errors: {\"error\": {\"code\", \"type\", \"message\"}} "
+                              "(on /v2, the Open Inference Protocol's {\"error\": \"...\"}).")
 
-    def error(code: int, kind: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    def error(code: int, kind: str, message: str, headers: dict[str, str] | None = None,
+              request: Request | None = None) -> JSONResponse:
+        path = request.url.path if request is not None else ""
+        if path == "/v2" or path.startswith("/v2/"):  # the Open Inference Protocol's error body
+            return JSONResponse({"error": message}, status_code=v2.error_status(code), headers=headers)
         return JSONResponse(validate.error_body(code, kind, message), status_code=code, headers=headers)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return error(exc.code, exc.kind, exc.message, exc.headers)
+        return error(exc.code, exc.kind, exc.message, exc.headers, request)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = exc.status_code
         message = str(exc.detail) if code in (404, 405) else "request refused"
-        return error(code, validate.KINDS.get(code, "http_error"), message, dict(exc.headers or {}))
+        return error(code, validate.KINDS.get(code, "http_error"), message, dict(exc.headers or {}), request)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error(422, "invalid_input", "the request does not match the endpoint's schema")
+        return error(422, "invalid_input", "the request does not match the endpoint's schema", None, request)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
         log.error("pipe serve: internal error: %s: %s", exc.__class__.__name__, exc)
-        return error(500, "internal", "internal error")
+        return error(500, "internal", "internal error", None, request)
 
     async def admitted(request: Request, handler: Any) -> Any:
         """Everything that runs a predictor: admission (ready, not draining), in-flight count, deadline."""
@@ -350,6 +359,20 @@ def _build_app(state: _State) -> Any:
         y = await infer(x, deadline)
         return wire.answer(y, spec, fetch, log_id, proto, state.messages)
 
+    def ready() -> None:
+        """/readyz's and /v2's readiness: 503 before warm-up and while draining."""
+        if state.drain_started is not None:
+            raise ApiError(503, "draining", "the server is shutting down", {"Retry-After": "1"})
+        if not state.batcher.ready.is_set():
+            raise ApiError(503, "not_ready", "the model is warming up", {"Retry-After": "1"})
+
+    async def predict_v2(request: Request, deadline: float) -> Response:
+        body = await validate.read_body(request, v2.ACCEPTED, s, deadline)
+        doc, binary = v2.split(body, request.headers.get(v2.HEADER_LENGTH), s.max_json_depth)
+        inp, outputs = v2.request(doc, binary, spec, s)
+        y = await infer(await v2.tensor(inp, spec, s), deadline)
+        return v2.answer(y, doc, outputs, spec)
+
     what = "text or token ids" if spec.text is not None else "model-input tensors or PNG/JPEG images"
 
     @app.post("/v1/predict", summary=f"Classify {what}")
@@ -360,7 +383,63 @@ def _build_app(state: _State) -> Any:
     async def serving_inference(request: Request) -> Any:
         return await admitted(request, predict_serving)
 
-    # The two bodies are read by hand (limits first): their schemas come from the package's spec.
+    # The Open Inference Protocol (KServe v2, `pipeline/serving/v2.py`): tritonclient.http's endpoints.
+    @app.get("/v2", summary="Open Inference Protocol: server metadata")
+    async def v2_server() -> dict[str, Any]:
+        return v2.server_metadata()
+
+    @app.get("/v2/health/live", summary="Open Inference Protocol: the process is up")
+    async def v2_live() -> dict[str, bool]:
+        return {"live": True}
+
+    @app.get("/v2/health/ready", summary="Open Inference Protocol: 200 when /readyz is")
+    async def v2_health_ready() -> dict[str, bool]:
+        ready()
+        return {"ready": True}
+
+    model_path, version_path = "/v2/models/{model_name}", "/v2/models/{model_name}/versions/{model_version}"
+
+    def v2_model(model_name: str, model_version: str | None = None) -> dict[str, Any]:
+        v2.check_model(spec, model_name, model_version)
+        return v2.model_metadata(spec)
+
+    def v2_model_ready(model_name: str, model_version: str | None = None) -> dict[str, Any]:
+        v2.check_model(spec, model_name, model_version)
+        ready()
+        return {"name": spec.name, "ready": True}
+
+    async def v2_infer(request: Request, model_name: str, model_version: str | None = None) -> Any:
+        v2.check_model(spec, model_name, model_version)
+        return await admitted(request, predict_v2)
+
+    # Each twice: the model's path, and with its version (tritonclient's model_version="1").
+    @app.get(model_path, summary="Open Inference Protocol: model metadata")
+    async def v2_model_metadata(model_name: str) -> dict[str, Any]:
+        return v2_model(model_name)
+
+    @app.get(version_path, summary="Open Inference Protocol: model metadata")
+    async def v2_version_metadata(model_name: str, model_version: str) -> dict[str, Any]:
+        return v2_model(model_name, model_version)
+
+    @app.get(model_path + "/ready", summary="Open Inference Protocol: 200 when /readyz is")
+    async def v2_model_is_ready(model_name: str) -> dict[str, Any]:
+        return v2_model_ready(model_name)
+
+    @app.get(version_path + "/ready", summary="Open Inference Protocol: 200 when /readyz is")
+    async def v2_version_is_ready(model_name: str, model_version: str) -> dict[str, Any]:
+        return v2_model_ready(model_name, model_version)
+
+    infer_summary = "Open Inference Protocol: inference (JSON or binary tensors)"
+
+    @app.post(model_path + "/infer", summary=infer_summary)
+    async def v2_model_infer(request: Request, model_name: str) -> Any:
+        return await v2_infer(request, model_name)
+
+    @app.post(version_path + "/infer", summary=infer_summary)
+    async def v2_version_infer(request: Request, model_name: str, model_version: str) -> Any:
+        return await v2_infer(request, model_name, model_version)
+
+    # The inference bodies are read by hand (limits first): their schemas come from the package's spec.
     openapi.install(app, spec, s)
 
     @app.get("/v1/model", summary="Model metadata: io spec, labels, preprocessing, batching, limits")
@@ -373,10 +452,7 @@ def _build_app(state: _State) -> Any:
 
     @app.get("/readyz", summary="200 after warm-up; 503 before and while draining")
     async def readyz() -> Any:
-        if state.drain_started is not None:
-            return error(503, "draining", "the server is shutting down", {"Retry-After": "1"})
-        if not state.batcher.ready.is_set():
-            return error(503, "not_ready", "the model is warming up", {"Retry-After": "1"})
+        ready()
         return {"status": "ready"}
 
     assets = openapi.docs_assets()
@@ -406,12 +482,15 @@ class _Observe:
 
     def __init__(self, app: Any, state: _State):
         self.app, self.state = app, state
+        model = f"/v2/models/{state.spec.name}"
+        self.paths = {*_PATHS, "/v2", "/v2/health/live", "/v2/health/ready",
+                      *(m + end for m in (model, f"{model}/versions/{v2.VERSION}") for end in ("", "/ready", "/infer"))}
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope.get("path", "")
-        endpoint = path if path in _PATHS else "other"
+        endpoint = path if path in self.paths else "other"
         t0 = time.perf_counter()
         status = [500]
 

@@ -8,7 +8,9 @@ error status with its fixed body and the `type`s it carries. A request valid aga
 accepted (tests/stages/test_serve_openapi.py generates them from it), except for what JSON Schema cannot
 state: that a base64 string decodes to a PNG/JPEG of at most max_image_pixels, the body cap, that a text
 package's Paddle Serving tensor holds prod(shape) ids (an image package's schema states it), and a model
-output that is not finite (422 non_finite_output). Each is in the schema's descriptions.
+output that is not finite (422 non_finite_output). Each is in the schema's descriptions. The /v2
+operations (the Open Inference Protocol, `v2.py`) get a simpler schema: the request's and answer's
+structure, the input's name, datatypes and the {"error": "..."} body of each status.
 
 FastAPI's own /docs page loads Swagger UI's JavaScript and CSS from a CDN: blank on a machine without
 internet. `pipe serve` instead serves the copies vendored by the pinned `fastapi-offline` package
@@ -24,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.serving import v2 as v2_mod
 from pipeline.serving.spec import DTYPES, Settings, Spec
 from pipeline.serving.validate import takes_images
 from pipeline.serving.wire import ENGINE_NAME, PACKAGE
@@ -77,15 +80,16 @@ NON_BLANK = "[^" + "".join(f"\\u{c:04x}" for c in range(0x3001) if chr(c).isspac
 
 def install(app: Any, spec: Spec, s: Settings) -> None:
     """`app.openapi` (what /openapi.json serves): FastAPI's document, with the request body and the answers
-    of the two inference operations as generated here. Not through `openapi_extra`: FastAPI's models turn
+    of the inference operations, and the /v2 answers, as generated here. Not through `openapi_extra`: FastAPI's models turn
     integer bounds into floats (2 ** 64 - 1 became 1.8446744073709552e+19, a bound the server refuses)."""
-    operations = {"/v1/predict": predict(spec, s), "/GeneralModelService/inference": serving(spec, s)}
+    operations = {("/v1/predict", "post"): predict(spec, s),
+                  ("/GeneralModelService/inference", "post"): serving(spec, s), **v2(spec, s)}
     generate = app.openapi  # builds the document once, then returns it from app.openapi_schema
 
     def document() -> dict[str, Any]:
         doc = generate()
-        for path, operation in operations.items():
-            doc["paths"][path]["post"].update(operation)
+        for (path, method), operation in operations.items():
+            doc["paths"][path][method].update(operation)
         return doc
 
     app.openapi = document
@@ -234,3 +238,83 @@ def errors(spec: Spec, endpoint: str) -> dict[str, Any]:
         if code == 503:
             out[str(code)]["headers"] = {"Retry-After": {"description": "seconds", "schema": {"type": "integer"}}}
     return out
+
+
+# The Open Inference Protocol's statuses (`pipeline/serving/v2.py`): the body is {"error": "<message>"}.
+V2_ERRORS = {400: "a malformed request or binary framing (Inference-Header-Content-Length, binary_data_size), an "
+                  "unknown datatype, input or output, a tensor of another datatype, shape or range, JSON that is "
+                  "not UTF-8 or nested deeper than max_json_depth, a model output that is not finite",
+             404: "no such model or version", 408: "the body did not arrive within the request timeout",
+             413: "the body exceeds max_body_bytes", 415: "a Content-Type other than application/json, "
+                  "application/octet-stream or none, or a Content-Encoding other than gzip",
+             500: "a predictor process died (it is replaced)", 503: "warming up, shutting down, or the queue is full",
+             504: "no result within the request timeout"}
+
+
+def _v2_errors(codes: tuple[int, ...]) -> dict[str, Any]:
+    schema = {"type": "object", "required": ["error"], "additionalProperties": False,
+              "properties": {"error": {"type": "string", "description": "never echoes the request"}}}
+    out = {str(c): {"description": V2_ERRORS[c], "content": {"application/json": {"schema": schema}}} for c in codes}
+    if "503" in out:
+        out["503"]["headers"] = {"Retry-After": {"description": "seconds", "schema": {"type": "integer"}}}
+    return out
+
+
+def v2(spec: Spec, s: Settings) -> dict[tuple[str, str], dict[str, Any]]:
+    """The /v2 operations' bodies and answers (a correct, simple schema: framing and values are checked
+    by the server as described)."""
+    model, version = "/v2/models/{model_name}", "/v2/models/{model_name}/versions/{model_version}"
+    meta = v2_mod.model_metadata(spec)
+    dts = [meta["inputs"][0]["datatype"]] + (["BYTES"] if spec.text is not None else [])
+    names = sorted({spec.inp["name"], spec.inp["alias"]})
+    outs = sorted({spec.outp["name"], spec.outp["alias"]})
+    tensor = {"type": "object", "required": ["name", "shape", "datatype"], "properties": {
+        "name": {"enum": names},
+        "shape": {"type": "array", "maxItems": 16, "items": {"type": "integer", "minimum": 0}},
+        "datatype": {"enum": dts, "description": "BYTES: UTF-8 texts of shape [N] or [N, 1], encoded with the "
+                                                 "package's vocabulary" if spec.text is not None else dts[0]},
+        "data": {"type": "array", "description": "prod(shape) values in row-major order (BYTES: strings)"},
+        "parameters": {"type": "object", "properties": {"binary_data_size": {
+            "type": "integer", "minimum": 0,
+            "description": "instead of data: this many bytes after the JSON header (little-endian; BYTES: a "
+                           "4-byte length before each element), = prod(shape) x the datatype's size"}}}}}
+    request = {"type": "object", "required": ["inputs"], "properties": {
+        "id": {"type": "string"},
+        "inputs": {"type": "array", "minItems": 1, "maxItems": 1, "items": tensor},
+        "outputs": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {
+            "name": {"enum": outs},
+            "parameters": {"type": "object", "additionalProperties": False,
+                           "properties": {"binary_data": {"type": "boolean"}}}}}},
+        "parameters": {"type": "object", "properties": {"binary_data_output": {
+            "type": "boolean", "description": "the default of outputs[].parameters.binary_data (false)"}}}},
+        "description": f"A JSON header, then (binary tensor data extension) the inputs' bytes; a body of at most "
+                       f"{s.max_body_bytes} bytes (413)"}
+    output = {"type": "object", "required": ["name", "datatype", "shape"], "properties": {
+        "name": {"enum": outs}, "datatype": {"const": "FP32"},
+        "shape": {"type": "array", "prefixItems": [{"type": "integer", "minimum": 1, "maximum": s.max_batch_size},
+                                                   {"const": len(spec.labels)}], "minItems": 2, "maxItems": 2},
+        "data": {"type": "array", "items": {"type": "number"}},
+        "parameters": {"type": "object", "properties": {"binary_data_size": {"type": "integer", "minimum": 0}}}}}
+    answer = {"type": "object", "required": ["model_name", "model_version", "outputs"], "properties": {
+        "model_name": {"const": spec.name}, "model_version": {"const": v2_mod.VERSION}, "id": {"type": "string"},
+        "outputs": {"type": "array", "minItems": 1, "items": output}}}
+    binary = {"type": "string", "format": "binary", "description": "the JSON header, then the binary tensors"}
+    header = {"name": "Inference-Header-Content-Length", "in": "header", "required": False,
+              "schema": {"type": "integer", "minimum": 0},
+              "description": "the JSON header's length in bytes, when binary data follows it"}
+    infer = {"requestBody": {"required": True, "content": {"application/json": {"schema": request},
+                                                           "application/octet-stream": {"schema": binary}}},
+             "responses": {"200": {"description": "The outputs, as JSON or binary after the JSON header",
+                                   "headers": {"Inference-Header-Content-Length": {
+                                       "description": "with binary outputs", "schema": {"type": "integer"}}},
+                                   "content": {"application/json": {"schema": answer},
+                                               "application/octet-stream": {"schema": binary}}},
+                           **_v2_errors((400, 404, 408, 413, 415, 500, 503, 504))}}
+    ok = {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}
+    ops = {(path, "get"): {"responses": {"200": ok, **_v2_errors(codes)}} for path, codes in (
+        ("/v2", ()), ("/v2/health/live", ()), ("/v2/health/ready", (503,)), (model, (404,)), (version, (404,)),
+        (model + "/ready", (404, 503)), (version + "/ready", (404, 503)))}
+    for path, params in ((model, ["model_name"]), (version, ["model_name", "model_version"])):
+        path_params = [{"name": p, "in": "path", "required": True, "schema": {"type": "string"}} for p in params]
+        ops[(path + "/infer", "post")] = {**infer, "parameters": [*path_params, header]}
+    return ops

@@ -1,6 +1,6 @@
 """The README.md `pipe package` writes into a package: how to serve it and call it (curl, Python, the
-Paddle Serving client, Triton), generated from the package's serving.yaml so its examples match the
-model's input. It documents `pipe serve`'s API, so it lives beside the server's code.
+Paddle Serving client, tritonclient on /v2, Triton), generated from the package's serving.yaml so its
+examples match the model's input. It documents `pipe serve`'s API, so it lives beside the server's code.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.serving.spec import check_vocab
+from pipeline.serving.v2 import datatype
 
 _EXAMPLE_TEXT = "这个手机很好用"
 
@@ -72,6 +73,7 @@ def render(spec: dict[str, Any], inp: dict[str, Any], outp: dict[str, Any], ids:
         "",
         f"Concurrent requests are batched: up to {b['max_batch_size']} samples per run, waiting at most "
         f"{b['max_wait_ms']} ms for more. Health: `GET /livez`, `GET /readyz`; metadata `GET /v1/model`; "
+        "the Open Inference Protocol (KServe v2) under `/v2` (below); "
         "Prometheus metrics `GET /metrics`; the OpenAPI schema `GET /openapi.json`, and interactive docs at "
         "`GET /docs` where the `fastapi-offline` package is installed (Swagger UI served by the server "
         "itself, no CDN; without it there is no /docs page). It listens on 127.0.0.1 only unless `--host` "
@@ -129,6 +131,28 @@ def render(spec: dict[str, Any], inp: dict[str, Any], outp: dict[str, Any], ids:
         "client.connect([\"127.0.0.1:8000\"])          # dotted IPv4 only",
         f"out = client.predict(feed={{\"{inp['alias']}\": x}}, fetch=[\"{outp['alias']}\"], batch=True)",
         "print(out.outputs[0].tensor[0].float_data)  # after client.set_http_proto(False): a dict",
+        "```",
+        "",
+        "The Open Inference Protocol (KServe v2) is served at `/v2` (model `" + spec["name"] + "`, version 1): "
+        "Triton's `tritonclient[http]` works unchanged, with JSON or binary tensors"
+        + (", and takes the texts themselves as BYTES (UTF-8, shape [N] or [N, 1]) or int64 token ids:"
+           if text is not None else ":"),
+        "",
+        "```python",
+        "import numpy as np",
+        "import tritonclient.http as httpclient",
+        "",
+    ]
+    if text is not None:
+        lines += [f"x = np.array([\"{_EXAMPLE_TEXT}\".encode(), \"质量太差了，不推荐\".encode()], np.object_)",
+                  f"inp = httpclient.InferInput(\"{inp['name']}\", [2], \"BYTES\")"]
+    else:
+        lines += [x_line,
+                  f"inp = httpclient.InferInput(\"{inp['name']}\", list(x.shape), \"{datatype(inp['dtype'])}\")"]
+    lines += [
+        "inp.set_data_from_numpy(x)  # binary; binary_data=False sends JSON",
+        "client = httpclient.InferenceServerClient(\"127.0.0.1:8000\")",
+        f"print(client.infer(\"{spec['name']}\", [inp]).as_numpy(\"{outp['name']}\").argmax(1))",
         "```",
         "",
     ]

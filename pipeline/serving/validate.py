@@ -48,9 +48,11 @@ def media_type(request: Any) -> str:
 
 
 async def read_body(request: Any, accepted: tuple[str, ...], s: Settings, deadline: float) -> bytes:
-    """Content type (415), then the size cap: on Content-Length before reading, and while reading (413)."""
+    """Content type (415; "" in `accepted`: none is fine too), then the size cap: on Content-Length before
+    reading, and while reading (413)."""
     if media_type(request) not in accepted:
-        raise ApiError(415, "unsupported_media_type", f"Content-Type must be {' or '.join(accepted)}")
+        named = " or ".join(a for a in accepted if a) + (" (or absent)" if "" in accepted else "")
+        raise ApiError(415, "unsupported_media_type", f"Content-Type must be {named}")
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("identity", "gzip"):
         raise ApiError(415, "unsupported_media_type", "Content-Encoding must be gzip or absent")

@@ -1,0 +1,261 @@
+"""The Open Inference Protocol (KServe v2) over HTTP, as Triton's `tritonclient.http` speaks it: `/v2/...`.
+
+One model, named by the package's `spec.name`, version "1" (the Triton repository's). An inference
+request is a JSON header, optionally followed by the binary tensor data extension: its length in the
+`Inference-Header-Content-Length` header, each binary input's bytes in `parameters.binary_data_size`
+(little-endian, C order; BYTES elements as a 4-byte little-endian length and the bytes), in input order.
+Outputs come as JSON `data`, or as binary after the JSON header (the answer's own
+`Inference-Header-Content-Length`, each output's `parameters.binary_data_size`) when the request asks:
+`parameters.binary_data` on a requested output, else the request's `parameters.binary_data_output`.
+
+The one input is the package's (its name or alias), with the model's datatype (FP32, INT64 or INT32);
+a text package also takes it as BYTES, UTF-8 strings of shape [N] or [N, 1], encoded as /v1 encodes
+{"text": [...]} (`validate.v1_inputs`). Tensors are checked by `validate.check_tensor`, as on /v1 and
+Paddle Serving's endpoint. Errors are raised as the server's other endpoints raise them (the 422 kinds
+of `openapi.ERRORS`); on /v2 they are answered `{"error": "<message>"}`, 422 as 400 (`error_status`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+from typing import Any
+
+import numpy as np
+
+from pipeline import __version__
+from pipeline.serving import validate
+from pipeline.serving.spec import DTYPES, Settings, Spec
+from pipeline.serving.validate import ApiError
+
+VERSION = "1"  # the Triton repository's model version (`triton/<name>/1/`)
+EXTENSIONS = ["binary_tensor_data"]
+HEADER_LENGTH = "inference-header-content-length"
+ACCEPTED = ("application/json", "application/octet-stream", "")  # tritonclient sends no Content-Type
+# Every datatype of the protocol, with its element size in bytes (BYTES: variable).
+DATATYPES = {"BOOL": 1, "UINT8": 1, "UINT16": 2, "UINT32": 4, "UINT64": 8, "INT8": 1, "INT16": 2, "INT32": 4,
+             "INT64": 8, "FP16": 2, "FP32": 4, "FP64": 8, "BF16": 2, "BYTES": 0}
+_NUMPY = {"FP32": "<f4", "INT64": "<i8", "INT32": "<i4"}
+_MAX_RANK = 16
+_LENGTH = re.compile(r"[0-9]{1,12}")
+
+
+def datatype(dtype: str) -> str:
+    """Paddle dtype name -> the protocol's datatype (float32 -> FP32)."""
+    return DTYPES[dtype][2].removeprefix("TYPE_")
+
+
+def error_status(code: int) -> int:
+    """The protocol answers a request it cannot run with 400; the server's 422s are that."""
+    return 400 if code == 422 else code
+
+
+def server_metadata() -> dict[str, Any]:
+    return {"name": "pipe", "version": __version__, "extensions": EXTENSIONS}
+
+
+def check_model(spec: Spec, name: str, version: str | None = None) -> None:
+    """404 unless `name` (and `version`, when given) is the served model. The message names what is
+    served, not what was asked for."""
+    if name != spec.name:
+        raise ApiError(404, "not_found", f"unknown model; this server serves '{spec.name}'")
+    if version is not None and version != VERSION:
+        raise ApiError(404, "not_found", f"unknown version; '{spec.name}' has version {VERSION}")
+
+
+def model_metadata(spec: Spec) -> dict[str, Any]:
+    inp, outp = spec.inp, spec.outp
+    return {"name": spec.name, "versions": [VERSION], "platform": "paddle_inference",
+            "inputs": [{"name": inp["name"], "datatype": datatype(inp["dtype"]), "shape": list(inp["shape"])}],
+            "outputs": [{"name": outp["name"], "datatype": datatype(outp["dtype"]), "shape": list(outp["shape"])}]}
+
+
+def _named(t: dict[str, Any], names: set[str]) -> bool:
+    return isinstance(t.get("name"), str) and t["name"] in names
+
+
+def _bad(message: str) -> ApiError:
+    return ApiError(422, "invalid_request", message)
+
+
+def split(body: bytes, header: str | None, max_depth: int) -> tuple[Any, bytes]:
+    """The JSON header (parsed as every JSON body is, `validate.parse_json`) and the binary data after it."""
+    if header is None:
+        return validate.parse_json(body, max_depth), b""
+    header = header.strip()
+    if not _LENGTH.fullmatch(header) or int(header) > len(body):
+        raise _bad(f"Inference-Header-Content-Length must be the JSON header's length in bytes, 0..{len(body)} "
+                   "(the body's length)")
+    n = int(header)
+    return validate.parse_json(body[:n], max_depth), body[n:]
+
+
+def _expected_input(spec: Spec, s: Settings) -> str:
+    if spec.text is not None:
+        return (f"INT64 {validate.expected(spec, s)}; or BYTES, UTF-8 texts of shape [N] or [N, 1] with "
+                f"1 <= N <= {s.max_batch_size}")
+    return f"{datatype(spec.inp['dtype'])}: {validate.expected(spec, s)}"
+
+
+def _shape(t: dict[str, Any], where: str) -> list[int]:
+    shape = t.get("shape")
+    if not isinstance(shape, list) or len(shape) > _MAX_RANK or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise _bad(f"{where}: shape must be a list of at most {_MAX_RANK} integers >= 0")
+    return shape
+
+
+def _binary_size(t: dict[str, Any], where: str) -> int | None:
+    params = t.get("parameters", {})
+    if not isinstance(params, dict):
+        raise _bad(f"{where}: parameters must be an object")
+    if any(k.startswith("shared_memory") for k in params):
+        raise _bad(f"{where}: shared memory is not supported (send data or binary_data_size)")
+    size = params.get("binary_data_size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+        raise _bad(f"{where}: parameters.binary_data_size must be an integer >= 0")
+    return size
+
+
+def _outputs(doc: dict[str, Any], spec: Spec) -> list[tuple[str, bool]]:
+    """(name, binary) per requested output; none requested: the model's output."""
+    params = doc.get("parameters", {})
+    if not isinstance(params, dict):
+        raise _bad("parameters must be an object")
+    default = params.get("binary_data_output", False)
+    if not isinstance(default, bool):
+        raise _bad("parameters.binary_data_output must be true or false")
+    requested = doc.get("outputs")
+    if requested is None or requested == []:
+        return [(spec.outp["name"], default)]
+    names = {spec.outp["name"], spec.outp["alias"]}
+    if not isinstance(requested, list) or not all(isinstance(o, dict) for o in requested):
+        raise _bad("outputs must be a list of objects")
+    out = []
+    for i, o in enumerate(requested):
+        if not _named(o, names):
+            raise _bad(f"outputs[{i}]: unknown output; this model outputs '{spec.outp['name']}'")
+        p = o.get("parameters", {})
+        binary = p.get("binary_data", default) if isinstance(p, dict) else None
+        if not isinstance(p, dict) or not set(p) <= {"binary_data"} or not isinstance(binary, bool):
+            raise _bad(f"outputs[{i}]: parameters may hold binary_data (true or false) only")
+        out.append((o["name"], binary))
+    if len({n for n, _ in out}) != len(out):
+        raise _bad("outputs: each output at most once")
+    return out
+
+
+def request(doc: Any, binary: bytes, spec: Spec, s: Settings) -> tuple[dict[str, Any], list[tuple[str, bool]]]:
+    """The checked request: its one input (name, datatype, shape and the data: a list, or its bytes), and
+    the outputs to answer with. Framing first (binary sizes against the body and against shape x
+    datatype), then `tensor` checks the values."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list) \
+            or not all(isinstance(t, dict) for t in doc["inputs"]):
+        raise _bad("expected an inference request: an object with inputs (a list of tensor objects)")
+    if "id" in doc and not isinstance(doc["id"], str):
+        raise _bad("id must be a string")
+    names = {spec.inp["name"], spec.inp["alias"]}
+    inputs = doc["inputs"]
+    if not any(_named(t, names) for t in inputs):
+        raise _bad(f"missing input '{spec.inp['name']}'")
+    if len(inputs) != 1:
+        raise _bad(f"this model takes one input, '{spec.inp['name']}'")
+    t, where = inputs[0], f"input '{spec.inp['name']}'"
+    dt = t.get("datatype")
+    if not isinstance(dt, str) or dt not in DATATYPES:
+        raise _bad(f"{where}: unknown datatype; expected {_expected_input(spec, s)}")
+    if dt != datatype(spec.inp["dtype"]) and not (dt == "BYTES" and spec.text is not None):
+        raise _bad(f"{where}: datatype {dt}, expected {_expected_input(spec, s)}")
+    shape, size = _shape(t, where), _binary_size(t, where)
+    if size is None:
+        if binary:
+            raise _bad(f"{len(binary)} bytes follow the JSON header but no input has parameters.binary_data_size")
+        if not isinstance(t.get("data"), list):
+            raise _bad(f"{where}: data (a list) or parameters.binary_data_size is required")
+        data: Any = t["data"]
+    else:
+        if "data" in t:
+            raise _bad(f"{where}: both data and parameters.binary_data_size")
+        if size != len(binary):
+            raise _bad(f"{where}: parameters.binary_data_size is {size}, but {len(binary)} bytes follow the JSON "
+                       "header")
+        if dt != "BYTES" and size != math.prod(shape) * DATATYPES[dt]:
+            raise _bad(f"{where}: parameters.binary_data_size is {size}, but shape x {dt} is "
+                       f"{math.prod(shape) * DATATYPES[dt]} bytes")
+        data = binary
+    return {"datatype": dt, "shape": shape, "data": data, "where": where}, _outputs(doc, spec)
+
+
+async def tensor(inp: dict[str, Any], spec: Spec, s: Settings) -> np.ndarray:
+    """The checked input as the model's input: numbers through `validate.check_tensor`, texts through
+    `validate.v1_inputs` (the encoder /v1 uses)."""
+    dt, shape, data, where = inp["datatype"], inp["shape"], inp["data"], inp["where"]
+    if dt == "BYTES":
+        if len(shape) not in (1, 2) or shape[1:] not in ([], [1]) or not 1 <= shape[0] <= s.max_batch_size:
+            raise ApiError(422, "invalid_tensor", f"{where}: shape {shape}, expected {_expected_input(spec, s)}")
+        return await validate.v1_inputs({"text": _texts(data, shape[0], where)}, spec, s)
+    n = math.prod(shape)
+    if isinstance(data, bytes):
+        arr = np.frombuffer(data, _NUMPY[dt])
+    else:
+        try:
+            arr = np.asarray(data)
+        except (ValueError, TypeError, OverflowError):
+            arr = None
+        if arr is None or (arr.size and arr.dtype.kind not in "iuf"):
+            raise ApiError(422, "invalid_tensor", f"{where}: data must be a list of numbers")
+    if arr.size != n:
+        raise ApiError(422, "invalid_tensor", f"{where}: data holds {arr.size} values, shape {shape} needs {n}")
+    return validate.check_tensor(arr.reshape(shape), spec, s, where)
+
+
+def _texts(data: Any, n: int, where: str) -> list[str]:
+    """BYTES elements: a JSON list of strings, or binary (4-byte little-endian length, then the bytes)."""
+    if not isinstance(data, bytes):
+        if not isinstance(data, list) or len(data) != n or not all(isinstance(v, str) for v in data):
+            raise ApiError(422, "invalid_tensor", f"{where}: data must be a list of {n} strings (the shape)")
+        return data
+    out, at = [], 0
+    for _ in range(n):
+        if at + 4 > len(data):
+            break
+        (k,) = struct.unpack_from("<I", data, at)
+        at += 4
+        if at + k > len(data):
+            break
+        out.append(data[at:at + k])
+        at += k
+    if len(out) != n or at != len(data):
+        raise ApiError(422, "invalid_tensor", f"{where}: the binary data is not {n} BYTES elements (4-byte "
+                                              "little-endian length, then the bytes)")
+    try:
+        return [b.decode("utf-8") for b in out]
+    except UnicodeDecodeError:
+        raise ApiError(422, "invalid_tensor", f"{where}: BYTES elements must be UTF-8 text") from None
+
+
+def answer(y: np.ndarray, doc: dict[str, Any], outputs: list[tuple[str, bool]], spec: Spec) -> Any:
+    """The inference response: JSON, or the JSON header and the binary outputs after it."""
+    import orjson
+    from fastapi.responses import Response
+
+    resp: dict[str, Any] = {"model_name": spec.name, "model_version": VERSION}
+    if "id" in doc:
+        resp["id"] = doc["id"]
+    y = np.ascontiguousarray(y, "<f4")
+    tensors, blobs = [], []
+    for name, binary in outputs:
+        t: dict[str, Any] = {"name": name, "datatype": "FP32", "shape": list(y.shape)}
+        if binary:
+            blobs.append(y.tobytes())
+            t["parameters"] = {"binary_data_size": len(blobs[-1])}
+        else:
+            t["data"] = y.ravel().tolist()
+        tensors.append(t)
+    resp["outputs"] = tensors
+    head = orjson.dumps(resp)
+    if not blobs:
+        return Response(head, media_type="application/json")
+    return Response(head + b"".join(blobs), media_type="application/octet-stream",
+                    headers={"Inference-Header-Content-Length": str(len(head))})
