@@ -105,6 +105,21 @@ def prepare(x: np.ndarray, pre: dict[str, Any]) -> np.ndarray:
     return (out - mean) / std
 
 
+def draw(ds: Dataset, n: int, seed: int) -> list[tuple[Split, np.ndarray]]:
+    """A seeded draw of up to `n` samples over train, val and test together: (split, sorted positions in
+    it) for each split the draw touches. Where int8 is compared with fp32 beyond the test split (compress)
+    and what a package's reference set holds."""
+    splits = [sp for sp in (ds.train, ds.val, ds.test) if len(sp)]
+    keep = np.sort(np.random.default_rng(seed).permutation(sum(len(sp) for sp in splits))[:n])
+    out, start = [], 0
+    for sp in splits:
+        rows = keep[(keep >= start) & (keep < start + len(sp))] - start
+        start += len(sp)
+        if len(rows):
+            out.append((sp, rows))
+    return out
+
+
 def load(cfg: DataConfig) -> Dataset:
     src = cfg.source
     if src == "digits":

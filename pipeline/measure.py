@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from pipeline import artifacts, config as config_mod, cpu, data as data_mod, runtime
-from pipeline.engines import ort as ort_engine, paddle as paddle_engine
+from pipeline.engines import ENGINES
 from pipeline.errors import InputError, PipeError
 
 STAGES = ("export", "compress", "package")
@@ -146,7 +146,8 @@ def render_table(rows: Sequence[BenchRow]) -> str:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"pipe bench: {machine()['cpu']}, {machine()['threads']} threads")
+    here = machine()
+    t = Table(title=f"pipe bench: {here['cpu']}, {here['threads']} threads")
     for col in ("artifact", "variant", "format", "engine", "status", "size MB", "accuracy", "p50 ms", "p99 ms",
                 "items/s"):
         t.add_column(col, justify="right" if col in ("size MB", "accuracy", "p50 ms", "p99 ms", "items/s") else "left",
@@ -159,7 +160,7 @@ def render_table(rows: Sequence[BenchRow]) -> str:
     # wide enough that paths are never folded; the table itself is only as wide as its content
     Console(file=buf, width=400, force_terminal=False, color_system=None, soft_wrap=False).print(t)
     lines = [ln.rstrip() for ln in buf.getvalue().rstrip("\n").splitlines()]
-    lines.append(f"int8 on this CPU: {machine()['int8_summary']}")
+    lines.append(f"int8 on this CPU: {here['int8_summary']}")
     if any(r.shared_with for r in rows):
         lines.append("(=): the same model bytes, engine and precision as an earlier row: measured once")
     f1, f32 = fastest(rows, "bs1"), fastest(rows, "bs32")
@@ -199,12 +200,9 @@ def _plans(given: str, art: artifacts.Artifact, threads: int, cache: dict[str, _
         paths = [a.file(f) for a, f in files]  # InputError naming the manifest if one is not listed
         size = sum(a.manifest["files"][f]["bytes"] for a, f in files) / _MB if files else None
         row = BenchRow(given, stage, variant, fmt, engine, precision, status, size)
-        if engine == "paddle_inference" and len(paths) == 2:
+        if (engine, len(paths)) in (("paddle_inference", 2), ("onnxruntime", 1)):
             def build() -> Callable[[np.ndarray], np.ndarray]:
-                return paddle_engine.load(paths, threads=threads, precision=precision).run
-        elif engine == "onnxruntime" and len(paths) == 1:
-            def build() -> Callable[[np.ndarray], np.ndarray]:
-                return ort_engine.load(paths, threads=threads, precision=precision).run
+                return ENGINES[engine].load(paths, threads=threads, precision=precision).run
         else:
             build = None
             if row.ok:

@@ -36,16 +36,9 @@ def draw(export_config: dict[str, Any], interface: dict[str, Any], vocab: dict[s
     except InputError as e:
         raise InputError(f"reference set: the data the model was trained on is needed to build it: {e}") from None
     pre = interface["preprocessing"]
-    splits = [sp for sp in (ds.train, ds.val, ds.test) if len(sp)]
-    total = sum(len(sp) for sp in splits)
-    keep = np.sort(np.random.default_rng(_SEED).permutation(total)[:n])
-    parts, start = [], 0
-    for sp in splits:
-        rows = keep[(keep >= start) & (keep < start + len(sp))] - start
-        start += len(sp)
-        if not len(rows):
-            continue
-        if vocab is not None:
+    parts = []
+    for sp, rows in data_mod.draw(ds, n, _SEED):
+        if vocab is not None:  # texts as a client sends them, encoded with the export's vocabulary
             parts.append(data_mod.encode_texts([ds.texts[j] for j in sp.idx[rows]], vocab, int(pre["max_len"])))
         else:
             parts.append(data_mod.prepare(np.asarray(sp.x[sp.idx[rows]]), pre))

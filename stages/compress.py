@@ -582,13 +582,7 @@ def _measure(engines: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: 
 def fidelity_batches(ds: data_mod.Dataset, prep: Prep) -> Iterator[np.ndarray]:
     """Up to `_FIDELITY_MAX` samples of train, val and test (a seeded draw when there are more), in
     `_EVAL_BATCH` batches: where int8 and fp32 are compared beyond the test split."""
-    splits = [sp for sp in (ds.train, ds.val, ds.test) if len(sp)]
-    total = sum(len(sp) for sp in splits)
-    keep = np.sort(np.random.default_rng(_FIDELITY_SEED).permutation(total)[:_FIDELITY_MAX])
-    start = 0
-    for sp in splits:
-        rows = keep[(keep >= start) & (keep < start + len(sp))] - start
-        start += len(sp)
+    for sp, rows in data_mod.draw(ds, _FIDELITY_MAX, _FIDELITY_SEED):
         for i in range(0, len(rows), _EVAL_BATCH):
             yield prep(sp, rows[i:i + _EVAL_BATCH])
 

@@ -112,12 +112,14 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
     name = cfg.name or _sanitise(str(iface.get("model") or "model"))
     x_checks = _check_batches(inp, text)
     threads = runtime.threads_per_process(1)
-    paddle = runtime.import_paddle(threads)
-    io_names, y_refs = _probe(paddle, source.fp32_program, source.fp32_params, x_checks, threads)
-    if source.program != source.fp32_program:
-        io_names, _ = _probe(paddle, source.program, source.params, x_checks, threads)
-    inp, outp = {**inp, "name": io_names[0]}, {**outp, "name": io_names[1]}
-    ref_x, ref_y, ref_check = _reference(src, source, cfg, text, threads)
+    runtime.import_paddle(threads)
+    fp32 = _load(source.fp32_program, source.fp32_params, threads, "fp32")
+    y_refs = [fp32.run(x) for x in x_checks]
+    packaged = _packaged_engine(source, fp32, threads)
+    names = packaged or (_load(source.program, source.params, threads, "fp32") if source.program != source.fp32_program
+                         else fp32)  # a bf16 program this CPU cannot run in bf16: its io names in fp32
+    inp, outp = {**inp, "name": names.inputs[0]}, {**outp, "name": names.outputs[0]}
+    ref_x, ref_y, ref_check = _reference(src, source, cfg, text, fp32, packaged)
     doc = {**src.manifest["config"], "package": dataclasses.asdict(cfg)}
     with artifacts.write_stage(out_dir, "package", doc, src) as w:
         model_file = MODEL_FILES[source.format]
@@ -330,31 +332,26 @@ def _check_batches(inp: dict[str, Any], text: dict[str, Any] | None) -> list[np.
     return [rng.randint(0, 2, size=shape).astype(inp["dtype"])]
 
 
-def _probe(paddle: Any, program: Path, params: Path, xs: list[np.ndarray],
-           threads: int) -> tuple[tuple[str, str], list[np.ndarray]]:
-    """Load the program in a fresh predictor: its real io names, and its output on each of `xs`."""
-    c = paddle.inference.Config(str(program), str(params))
-    if not c.onednn_enabled():
-        c.enable_onednn()
-    c.set_cpu_math_library_num_threads(threads)
-    c.disable_glog_info()
+def _load(program: Path, params: Path, threads: int, precision: str) -> Any:
+    """The program on Paddle Inference as `pipe serve` runs it (`pipeline/engines/paddle.py`); a program it
+    cannot load, or one without exactly one input and one output, is bad input naming the file."""
     try:
-        pred = paddle.inference.create_predictor(c)
-    except Exception as e:  # a broken program: name the file, not Paddle's C++ stack
-        raise InputError(f"{program}: Paddle Inference cannot load it ({e.__class__.__name__})") from None
-    ins, outs = pred.get_input_names(), pred.get_output_names()
-    if len(ins) != 1 or len(outs) != 1:
-        raise InputError(f"{program}: has {len(ins)} inputs and {len(outs)} outputs; pipe serves 1 and 1")
-    ys = []
-    for x in xs:
-        pred.get_input_handle(ins[0]).copy_from_cpu(np.ascontiguousarray(x))
-        pred.run()
-        ys.append(pred.get_output_handle(outs[0]).copy_to_cpu())
-    return (ins[0], outs[0]), ys
+        return paddle_engine.load([program, params], threads=threads, precision=precision)
+    except PipeError as e:
+        raise InputError(f"{program}: Paddle Inference cannot load it ({str(e)[-200:]})") from None
+
+
+def _packaged_engine(source: _Source, fp32: Any, threads: int) -> Any | None:
+    """The packaged program at its precision; None for bf16 on a CPU without bf16 kernels."""
+    if source.program == source.fp32_program and source.precision == "fp32":
+        return fp32
+    if source.precision == "bf16" and runtime.bf16_unsupported():
+        return None
+    return _load(source.program, source.params, threads, source.precision)
 
 
 def _reference(src: artifacts.Artifact, source: _Source, cfg: PackageConfig, text: dict[str, Any] | None,
-               threads: int) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+               fp32: Any, eng: Any | None) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """The reference set (`pipeline/reference.py`): real inputs, the fp32 program's outputs, and the packaged
     program's agreement with them here, through the engine `pipe serve` runs. Below the budget
     (compress.min_agreement) nothing is written (exit 4): a package never ships what fails its own check."""
@@ -362,15 +359,12 @@ def _reference(src: artifacts.Artifact, source: _Source, cfg: PackageConfig, tex
     vocab = serving_spec.check_vocab(source.vocab, text) if text is not None else None
     x = reference.draw(exp.manifest["config"], exp.manifest["interface"], vocab)
     budget = float(((src.manifest.get("config") or {}).get("compress") or {}).get("min_agreement", 0.99))
-    fp32 = paddle_engine.load([source.fp32_program, source.fp32_params], threads=threads)
     y = reference.run(fp32.run, x, cfg.max_batch_size).astype(np.float32)
     out: dict[str, Any] = {"samples": int(len(x)), "min_agreement": budget, "cpu": cpu.summary()}
-    if source.precision == "bf16" and runtime.bf16_unsupported():
+    if eng is None:
         out["not_run_here"] = runtime.bf16_unsupported()
         print(f"package: reference check not run here ({out['not_run_here']}); pipe serve runs it where it serves")
         return x, y, out
-    eng = fp32 if source.program == source.fp32_program and source.precision == "fp32" else paddle_engine.load(
-        [source.program, source.params], threads=threads, precision=source.precision)
     result = reference.compare(reference.run(eng.run, x, cfg.max_batch_size), y)
     out.update(result, engine=eng.describe())
     print(f"package: {reference.describe(result, budget)} on {eng.describe()['engine']} {source.precision} here")

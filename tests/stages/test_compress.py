@@ -290,6 +290,8 @@ def test_the_other_cpu_class_branch_forced(exported, tmp_path):
     assert "int8-onnx: int8 with full-range weights on a CPU whose int8 saturates: session.x64quantprecision=1" \
         in proc.stdout
     assert m["onnxruntime_reduce_range"] is False
+    bf16 = m["variants"]["bf16"]  # oneDNN kept off its bf16 kernels, as on a CPU without avx512_bf16
+    assert not bf16["supported"] and bf16["reason"] == "ONEDNN_MAX_CPU_ISA=AVX2 keeps oneDNN off its bf16 kernels"
 
 
 def test_agreement_gate_exit_4(compressed, exported, tmp_path, cli):

@@ -211,6 +211,29 @@ def test_bf16_and_flags(run, tmp_path):
     assert _manifest(out)["precision"] == "bf16"
 
 
+def test_bf16_where_oneDNN_has_no_bf16_kernels(run, tmp_path, monkeypatch):
+    """The other CPU class's bf16 branch, forced on any CPU: with ONEDNN_MAX_CPU_ISA=AVX2 (oneDNN kept off
+    its bf16 kernels, as on a CPU without avx512_bf16) the package records that its reference check could
+    not run here, and `pipe serve` refuses the package with one line (exit 2) instead of serving it."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    why = "ONEDNN_MAX_CPU_ISA=AVX2 keeps oneDNN off its bf16 kernels"
+    out = tmp_path / "bf16"
+    assert main(["package", str(run / "export"), "--out", str(out), "--precision", "bf16", "--no-triton"]) == 0
+    ref = _manifest(out)["metrics"]["reference"]
+    assert ref["not_run_here"] == why and "top1_agreement" not in ref and ref["samples"] == 256
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "serve", str(out), "--port", "0"],
+                          capture_output=True, text=True, cwd=REPO, timeout=300, env={**os.environ})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (f"pipe serve: error: {out}: a bf16 package, but {why}; package the model with "
+                           "--precision fp32\n")
+
+
 def test_export_onnx_is_reused(run, tmp_path):
     """`pipe export --onnx` already wrote (and parity-gated) model.onnx: the package takes it as is."""
     exp = tmp_path / "export"
