@@ -142,7 +142,13 @@ def compress(
 def package(
     model_dir: Path = typer.Argument(..., help="A compress or export artifact directory."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Write here instead of beside the input (RUN/package)."),
-    precision: Optional[str] = typer.Option(None, "--precision", help="fp32 (default), bf16, or int8 (compress input)."),
+    precision: Optional[str] = typer.Option(None, "--precision", help="fp32, bf16 or int8 (compress input); default: "
+                                            "any measured (compress), fp32 (export)."),
+    engine: str = typer.Option("auto", "--engine", help="auto (fastest measured within budget), paddle, onnxruntime "
+                                                        "or openvino."),
+    optimize: str = typer.Option("balanced", "--optimize", help="auto's criterion: balanced (batch 1 and 32), latency "
+                                                                "(batch 1) or throughput (batch 32)."),
+    variant: Optional[str] = typer.Option(None, "--variant", help="A compress variant by name (e.g. int8-onnx)."),
     name: Optional[str] = typer.Option(None, "--name", help="Model name (Triton repository); default: the model's."),
     max_batch_size: int = typer.Option(32, "--max-batch-size", help="Dynamic batching: samples per predictor run."),
     max_wait_ms: float = typer.Option(2.0, "--max-wait-ms", help="Dynamic batching: wait for more requests (ms)."),
@@ -151,7 +157,8 @@ def package(
     """Build a self-contained serving package: model, serving.yaml, Paddle Serving and Triton configs."""
     from stages import package as stage
 
-    cfg = stage.PackageConfig(precision=precision or "", name=name or "", max_batch_size=max_batch_size,
+    cfg = stage.PackageConfig(precision=precision or "", engine=engine, optimize=optimize, variant=variant or "",
+                              name=name or "", max_batch_size=max_batch_size,
                               max_wait_ms=max_wait_ms, triton=triton)
     _summary(stage.run(cfg, model_dir, _stage_out(model_dir, out_dir, "package")))
 
@@ -161,7 +168,9 @@ def serve(
     package_dir: Path = typer.Argument(..., help="A package directory (pipe package)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; anything but 127.0.0.1 warns."),
     port: int = typer.Option(8000, "--port", help="TCP port (0 = any free port, printed at start)."),
-    predictors: Optional[int] = typer.Option(None, "--predictors", help="Paddle Inference predictors in the pool."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Run the package on this engine (paddle, onnxruntime, "
+                                                                "openvino) if it holds files it runs; default: the package's."),
+    predictors: Optional[int] = typer.Option(None, "--predictors", help="Predictor processes in the pool."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads per predictor (0 = cores-1 / predictors)."),
     max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help="Samples per run (package default)."),
     max_wait_ms: Optional[float] = typer.Option(None, "--max-wait-ms", help="Batching wait in ms (package default)."),
@@ -173,7 +182,7 @@ def serve(
     """Serve a package over HTTP (FastAPI + uvicorn) with dynamic batching; 127.0.0.1 unless --host."""
     from stages import serve as stage
 
-    cfg = stage.ServeConfig(host=host, port=port, predictors=predictors, threads=threads,
+    cfg = stage.ServeConfig(host=host, port=port, engine=engine or "", predictors=predictors, threads=threads,
                             max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, queue_size=queue_size,
                             timeout_s=timeout_s, max_body_bytes=max_body_bytes, drain_s=drain_s)
     stage.run(cfg, package_dir)

@@ -138,6 +138,8 @@ class CompressConfig:
     reduce_range: bool = _opt(True, "onnxruntime int8 with 7-bit weights: the same numbers on every x86 CPU; false = "
                                     "8-bit weights, exact only with VNNI (elsewhere loaded with "
                                     "session.x64quantprecision=1, at about fp32 speed)")
+    openvino: bool = _opt(True, "also measure OpenVINO: fp32 on the export's legacy program (or the fp32 ONNX) and "
+                                "int8 on the int8 ONNX; unsupported, with the reason, where it cannot run them")
     latency_runs: int = _opt(200, "timed batch-1 runs per variant after warm-up, interleaved across variants", min=1)
     throughput_runs: int = _opt(30, "timed batch-32 runs per variant after warm-up, interleaved", min=1)
     distill: bool = _opt(False, "train `student` from the export's model (knowledge distillation), export it, "
@@ -148,8 +150,12 @@ class CompressConfig:
 
 @dataclass(frozen=True)
 class ReleaseConfig:
-    pick: str = _opt("fastest", "`pipe all`: what to package among the Paddle Inference variants compress measured "
+    pick: str = _opt("fastest", "`pipe all`: what to package among the variants compress measured on every engine "
                                 "within compress.max_drop of fp32: fastest, smallest, or fp32", ("fastest", "smallest", "fp32"))
+    engine: str = _opt("auto", "`pipe all`: the engine to package on: auto (any measured), paddle, onnxruntime or openvino",
+                       ("auto", "paddle", "onnxruntime", "openvino"))
+    optimize: str = _opt("balanced", "`pipe all`: which speed `fastest` means: balanced (batch 1 and batch 32), latency "
+                                     "(batch 1 p50) or throughput (batch 32 items/s)", ("balanced", "latency", "throughput"))
     min_accuracy: float = _opt(0.0, "`pipe all`: exit 4 unless the packaged model's test accuracy is at least this "
                                     "(0-1); 0 = off", min=0, max=1)
 

@@ -11,6 +11,9 @@ section 12): onnxruntime's `MatMulInteger` of all-255 by all-127 over K=64 retur
 
 - onnxruntime: the probe runs that `MatMulInteger` (a 1x64 by 64x1 graph built in memory, ~40 ms
   with the import) and compares with the exact sum. It is what onnxruntime does here, whatever the flags say.
+- OpenVINO: the same sum as a QDQ MatMul, which its CPU plugin runs as an int8 FullyConnected
+  (`pipeline/engines/openvino.py`). It is built on oneDNN and honours `ONEDNN_MAX_CPU_ISA` (measured on an
+  AMX Xeon: 2,072,640, and 1,048,544 with `ONEDNN_MAX_CPU_ISA=AVX2`).
 - Paddle Inference (oneDNN): no cheap probe (an int8 program needs PaddleSlim), so the flags decide, and
   `ONEDNN_MAX_CPU_ISA` when set: oneDNN honours it, so `ONEDNN_MAX_CPU_ISA=AVX2` makes a VNNI CPU run
   oneDNN's AVX2 int8 kernels, saturation included (measured: digits int8 agreement 0.998 -> 0.986).
@@ -34,7 +37,7 @@ _VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 _SHOWN_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8", "avx512_bf16", "amx_bf16")
 # oneDNN ISA names (ONEDNN_MAX_CPU_ISA) below which its int8 kernels have no VNNI.
 _ONEDNN_NO_VNNI = ("sse41", "avx", "avx2", "avx512_core")
-_PROBE_K, _PROBE_A, _PROBE_W = 64, 255, 127
+PROBE_K, PROBE_A, PROBE_W = 64, 255, 127
 # Paddle's oneDNN int8 op types besides the matmul family (fc, matmul, matmul_v2, mul), which
 # saturate without VNNI. Convolutions keep int8 there: oneDNN halves the first conv's weights (`sa0.5`)
 # and its AVX2 conv kernels lost nothing measurable (digits agreement 0.998 with fc in fp32).
@@ -71,18 +74,18 @@ def probe_onnxruntime() -> dict[str, Any]:
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    w = numpy_helper.from_array(np.full((_PROBE_K, 1), _PROBE_W, np.int8), "w")
+    w = numpy_helper.from_array(np.full((PROBE_K, 1), PROBE_W, np.int8), "w")
     graph = helper.make_graph([helper.make_node("MatMulInteger", ["a", "w"], ["y"])], "pipe_int8_probe",
-                              [helper.make_tensor_value_info("a", TensorProto.UINT8, [1, _PROBE_K])],
+                              [helper.make_tensor_value_info("a", TensorProto.UINT8, [1, PROBE_K])],
                               [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 1])], [w])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.log_severity_level = 1, 3
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    got = int(sess.run(None, {"a": np.full((1, _PROBE_K), _PROBE_A, np.uint8)})[0][0, 0])
-    want = _PROBE_K * _PROBE_A * _PROBE_W
-    return {"op": f"MatMulInteger u8 x s8, K={_PROBE_K}, all {_PROBE_A} x {_PROBE_W}", "expected": want,
+    got = int(sess.run(None, {"a": np.full((1, PROBE_K), PROBE_A, np.uint8)})[0][0, 0])
+    want = PROBE_K * PROBE_A * PROBE_W
+    return {"op": f"MatMulInteger u8 x s8, K={PROBE_K}, all {PROBE_A} x {PROBE_W}", "expected": want,
             "got": got, "saturates": got != want}
 
 
@@ -100,6 +103,14 @@ def _probe() -> dict[str, Any]:
     return probe_onnxruntime()
 
 
+@functools.lru_cache(maxsize=None)
+def _probe_openvino() -> dict[str, Any] | None:
+    """None when OpenVINO is not installed here."""
+    from pipeline.engines import openvino as ov_engine
+
+    return None if ov_engine.available() else ov_engine.probe()
+
+
 def _onednn_exact() -> bool:
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "").lower()
     return any(f in flags() for f in _VNNI_FLAGS) and isa not in _ONEDNN_NO_VNNI
@@ -114,6 +125,9 @@ def int8_exact(engine: str) -> bool:
         return _onednn_exact()
     if engine == "onnxruntime":
         return not _probe()["saturates"]
+    if engine == "openvino":
+        ov = _probe_openvino()
+        return ov is not None and not ov["saturates"]
     raise ValueError(f"no int8 capability known for engine {engine!r}")
 
 
@@ -121,12 +135,16 @@ def capability() -> dict[str, Any]:
     """This CPU's int8 capability: JSON-ready, recorded in compress and package manifests and bench."""
     have = flags()
     exact = {e: int8_exact(e) for e in ("onnxruntime", "paddle_inference")}
+    ov = _probe_openvino()
+    if ov is not None:
+        exact["openvino"] = int8_exact("openvino")
     return {
         "cpu": _model_name(),
         "flags": [f for f in _SHOWN_FLAGS if f in have],
         "vnni": any(f in have for f in _VNNI_FLAGS),
         "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA") or None,
         "probe": dict(_probe()),
+        "probe_openvino": dict(ov) if ov is not None else None,
         "forced": forced(),
         "int8_exact": exact,
         "int8_saturates": not all(exact.values()),
@@ -142,8 +160,9 @@ def summary(cap: dict[str, Any] | None = None) -> str:
         said += f", forced by {FORCE_ENV}={cap['forced']}"
     isa = f", ONEDNN_MAX_CPU_ISA={cap['onednn_max_cpu_isa']}" if cap["onednn_max_cpu_isa"] else ""
     vnni = [f for f in cap["flags"] if f in _VNNI_FLAGS] or ["no VNNI"]
+    ov = cap.get("probe_openvino")
     return (f"{cap['cpu']}: {', '.join(vnni)}{isa}; int8 {said}; onnxruntime probe {probe['got']} "
-            f"(exact {probe['expected']})")
+            f"(exact {probe['expected']})" + (f", openvino probe {ov['got']}" if ov else ""))
 
 
 def onednn_int8_ops() -> set[str]:

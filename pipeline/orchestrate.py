@@ -16,9 +16,11 @@ Release gates, each with its own exit code (see pipeline/errors.py): training di
 drop over `compress.max_drop` 4 (and `release.min_accuracy` on the packaged model), export/ONNX parity
 5, a missing or unverifiable artifact 6.
 
-What gets packaged (`release.pick`): among the variants `pipe serve` can run (Paddle Inference fp32, bf16,
-int8-paddle) that compress measured within `compress.max_drop` points of the reference accuracy and
-marked shippable (agreement >= `compress.min_agreement`, not unreliable on this CPU), the fastest (items/s at batch 32, and not slower at batch 1), the smallest, or fp32. Said with the numbers.
+What gets packaged (`release.pick`, `release.engine`, `release.optimize`): among the variants on every
+engine (Paddle Inference, onnxruntime, OpenVINO) that compress measured within `compress.max_drop` points
+of the reference accuracy and marked shippable (agreement >= `compress.min_agreement`, not unreliable on
+this CPU), the fastest by `release.optimize`, the smallest, or fp32: the rule of `pipe package --engine
+auto` (`pipeline/choose.py`). Said with the numbers.
 """
 
 from __future__ import annotations
@@ -40,9 +42,6 @@ from pipeline.errors import ArtifactError, GateError, InputError
 
 STAGES = ("train", "export", "compress", "package")
 RECORD = "pipeline.json"
-_SERVABLE = ("fp32", "bf16", "int8-paddle")  # what `pipe serve` (Paddle Inference) runs
-_PRECISION = {"fp32": "fp32", "bf16": "bf16", "int8-paddle": "int8"}
-_FASTER = 1.05  # at batch 32, and no more than 5% slower at batch 1: below that is machine noise
 
 
 @dataclass
@@ -110,8 +109,8 @@ def run_all(cfg: RunConfig, run_dir: Path, resume: str | None = None, force: str
                                          "input": _manifest_sha(export_dir)},
                             lambda: compress.run(cfg, export_dir, run_dir / "compress"))
     choice = choose(cfg, export_dir, compress_dir)
-    say(f"package: {choice.variant} ({choice.why})")
-    pcfg = package.PackageConfig(precision=choice.precision)
+    say(f"package: {choice.variant or 'export fp32'} ({choice.why})")
+    pcfg = package.PackageConfig(precision=choice.precision, variant=choice.variant)
     step("package", {"config": dataclasses.asdict(pcfg), "variant": choice.variant,
                      "input": _manifest_sha(choice.model_dir)},
          lambda: package.run(pcfg, choice.model_dir, run_dir / "package"))
@@ -128,65 +127,33 @@ def run_all(cfg: RunConfig, run_dir: Path, resume: str | None = None, force: str
 
 
 def choose(cfg: RunConfig, export_dir: Path, compress_dir: Path | None) -> Choice:
-    """The variant to package, by `release.pick`, from what compress measured on this machine."""
+    """The variant and engine to package, by `release.pick` / `release.engine` / `release.optimize`, from what
+    compress measured on this machine: the rule of `pipe package --engine auto` (`pipeline/choose.py`)."""
+    from pipeline import choose as choose_mod, engines
+
     if compress_dir is None:
         acc = _read(export_dir).get("metrics", {}).get("test_acc")
-        return Choice(export_dir, "fp32", "fp32", "no compress stage configured (compress.int8/distill off)", acc)
+        return Choice(export_dir, "", "fp32", "no compress stage configured (compress.int8/distill off)", acc)
     metrics = _read(compress_dir)["metrics"]
     variants = metrics.get("variants") or {}
-    fp32 = variants.get("fp32") or {}
-    ref, ref_name = fp32.get("accuracy"), "fp32"
+    ref, ref_name = (variants.get("fp32") or {}).get("accuracy"), "fp32"
     if "distill" in metrics:  # the variants are the student's; the budget is against the teacher
         ref, ref_name = metrics["distill"]["teacher_test_acc"], f"teacher {metrics['distill']['teacher_model']}"
-    budget = cfg.compress.max_drop
-    within, dropped, refused = [], [], []
-    for name in _SERVABLE:
-        v = variants.get(name)
-        if not isinstance(v, dict) or v.get("supported") is False or not isinstance(v.get("accuracy"), float):
-            continue
-        if v.get("shippable") is False:  # below compress.min_agreement, or unreliable on this CPU: never shipped
-            refused.append(f"{name} ({v.get('status')})")
-            continue
-        drop = (ref - v["accuracy"]) * 100
-        (within if drop <= budget + 1e-9 else dropped).append((name, v, drop))
-    if not within:
-        if "distill" in metrics:
-            acc = _read(export_dir).get("metrics", {}).get("test_acc")
-            names = ", ".join(f"{n} -{d:.2f}" for n, _, d in dropped) or "none servable"
-            return Choice(export_dir, "fp32", "fp32", f"no student variant within {budget:.2f} points of the "
-                          f"{ref_name} ({names}): the teacher's fp32 export", acc)
-        raise GateError(f"release gate: no servable variant within compress.max_drop {budget:g} points of fp32 "
-                        f"({', '.join([f'{n} -{d:.2f}' for n, _, d in dropped] + refused)})")
-    ranked = {n: (v, d) for n, v, d in within}
-    pick = cfg.release.pick
-    if pick == "fp32" and "fp32" in ranked:
-        name = "fp32"
-        why = "release.pick=fp32"
-    elif pick == "smallest":
-        name = min(ranked, key=lambda n: (ranked[n][0].get("size_bytes", float("inf")), _SERVABLE.index(n)))
-        why = f"smallest within {budget:.2f} points of {ref_name}: {ranked[name][0].get('size_bytes', 0) / 1e6:.2f} MB"
-    else:
-        faster = [n for n in ranked if n != "fp32" and ranked[n][0].get("speedup_bs32", 0) >= _FASTER
-                  and ranked[n][0].get("speedup_bs1", 0) >= 1 / _FASTER]
-        name = max(faster, key=lambda n: ranked[n][0]["items_per_s_bs32"]) if faster else "fp32"
-        if name == "fp32" and "fp32" not in ranked:  # fp32 itself over budget (distilled student)
-            name = max(ranked, key=lambda n: ranked[n][0].get("items_per_s_bs32", 0))
-        v = ranked[name][0]
-        if faster:
-            why = (f"fastest here within {budget:.2f} points of {ref_name}: {v.get('speedup_bs32', 1):.2f}x fp32 "
-                   f"items/s at batch 32, {v.get('speedup_bs1', 1):.2f}x at batch 1")
-        else:
-            others = ", ".join(f"{n} {ranked[n][0].get('speedup_bs32', 0):.2f}x/{ranked[n][0].get('speedup_bs1', 0):.2f}x"
-                               for n in ranked if n != "fp32") or "none within budget"
-            why = (f"no variant within {budget:.2f} points was >= {_FASTER:.2f}x fp32 at batch 32 and not slower at "
-                   f"batch 1 on this machine ({others})")
-    v, drop = ranked[name]
-    why += f"; accuracy {v['accuracy']:.2%} (drop {drop:.2f} points)"
-    if refused:
-        why += "; not considered: " + ", ".join(refused)
+    engine = "" if cfg.release.engine == "auto" else engines.resolve(cfg.release.engine, "release.engine")
+    try:
+        got = choose_mod.pick(variants, ref_accuracy=ref, ref_name=ref_name, max_drop=cfg.compress.max_drop,
+                              optimize=cfg.release.optimize, rule=cfg.release.pick, engine=engine,
+                              where="release gate")
+    except GateError as e:
+        if "distill" not in metrics:
+            raise
+        acc = _read(export_dir).get("metrics", {}).get("test_acc")
+        return Choice(export_dir, "", "fp32", f"no student variant shippable within budget ({e}): the teacher's "
+                      "fp32 export", acc)
+    why = f"{got.engine}: {got.why}"
     if "distill" in metrics:
         why = f"distilled student {metrics['distill']['student']}: " + why
-    return Choice(compress_dir, name, _PRECISION[name], why, v["accuracy"])
+    return Choice(compress_dir, got.variant, got.precision, why, got.accuracy)
 
 
 def verify_release(run_dir: Path, cache: "_Cache | None" = None) -> None:

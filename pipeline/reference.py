@@ -94,7 +94,7 @@ def check(spec: Any, runners: list[Callable[[np.ndarray], np.ndarray]], batch: i
     ref = spec.doc.get("reference")
     if ref is None:
         return None, None
-    path = spec.program.parent / ref["file"]
+    path = spec.dir / ref["file"]
     x, y = load(path)
     if str(x.dtype) != spec.inp["dtype"] or tuple(x.shape[1:]) != spec.sample_shape or y.shape[1] != len(spec.labels):
         raise InputError(f"{path}: {x.dtype} inputs {list(x.shape[1:])} -> {list(y.shape[1:])}; the package takes "
@@ -103,19 +103,19 @@ def check(spec: Any, runners: list[Callable[[np.ndarray], np.ndarray]], batch: i
     return min(results, key=lambda r: (r["top1_agreement"], -r["max_abs_diff"])), float(ref["min_agreement"])
 
 
-def check_here(package: Path) -> tuple[dict[str, Any] | None, float | None, dict[str, Any]]:
+def check_here(package: Path, engine: str = "") -> tuple[dict[str, Any] | None, float | None, dict[str, Any]]:
     """`pipe inspect --verify PACKAGE`: the reference check on this machine, through the engine and settings
-    `pipe serve` would use (precision, one predictor's threads, batches of max_batch_size)."""
+    `pipe serve` would use (the package's engine or `engine`, one predictor's threads, batches of
+    max_batch_size)."""
     from pipeline import runtime
-    from pipeline.engines import paddle as paddle_engine
-    from pipeline.serving import spec as spec_mod
+    from pipeline.serving import predictor, spec as spec_mod
 
     sp = spec_mod.load_package(Path(package))
     settings = spec_mod.settings(_NoFlags(), sp)
-    if sp.precision == "bf16" and runtime.bf16_unsupported():
-        raise InputError(f"{package}: a bf16 package, but {runtime.bf16_unsupported()}; package it with --precision fp32")
-    runtime.import_paddle(settings.threads)
-    eng = paddle_engine.load([sp.program, sp.params], threads=settings.threads, precision=sp.precision)
+    name = predictor.engine_for(sp, engine)
+    if name == "paddle_inference":
+        runtime.import_paddle(settings.threads)
+    eng = predictor.load_engine(sp, name, settings.threads)
     worst, budget = check(sp, [eng.run], settings.max_batch_size)
     return worst, budget, eng.describe()
 

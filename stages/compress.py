@@ -59,7 +59,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from pipeline import artifacts, config as config_mod, cpu, data as data_mod, runtime
-from pipeline.engines import ort as ort_engine, paddle as paddle_engine
+from pipeline import engines as engines_mod
+from pipeline.engines import openvino as ov_engine, ort as ort_engine, paddle as paddle_engine
 from pipeline.config import CompressConfig, RunConfig
 from pipeline.errors import GateError, InputError, ParityError, PipeError
 
@@ -123,6 +124,8 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path) -> Path:
             _to_onnx(src, w.dir / "onnx-fp32", threads)
             _quantize_onnx(w.dir / "onnx-fp32/model.onnx", io, calib, ccfg, w.dir / "int8-onnx")
         engines = _engines(src, w.dir, io, backends, skipped, threads)  # may add to `skipped`
+        if ccfg.openvino:
+            engines.update(_openvino(src, w.dir, io, engines, threads))
         _check_file_set(w.dir, backends, skipped)
         variants = _measure(engines, src, w.dir, ds, prep, ccfg)
         parity = _onnx_parity(variants, exp_cfg.export.parity_tol)
@@ -504,6 +507,33 @@ def _engines(src: artifacts.Artifact, cdir: Path, io: dict[str, Any], backends: 
     return out
 
 
+def _openvino(src: artifacts.Artifact, cdir: Path, io: dict[str, Any], built: dict[str, dict[str, Any]],
+              threads: int) -> dict[str, dict[str, Any]]:
+    """OpenVINO on files the other routes made: fp32 on the export's legacy program (it does not read PIR;
+    facts note section 13: faster than from paddle2onnx's ONNX on mobilenet_v3_small, 6.6x vs 4.6x fp32 at
+    batch 1), else on onnx-fp32; int8 on int8-onnx's QDQ model. Unsupported, with the reason, when the
+    library is missing or cannot load the file."""
+    out: dict[str, dict[str, Any]] = {}
+    if io["legacy_model"] is not None:
+        fp32 = ("legacy", [io["legacy_model"], io["legacy_params"]], "export", [src.file(io["legacy_model"]),
+                                                                                 src.file(io["legacy_params"])])
+    else:
+        fp32 = ("onnx", list(_VARIANT_FILES["onnx-fp32"]), "compress", [cdir / _VARIANT_FILES["onnx-fp32"][0]])
+    todo = {"openvino-fp32": ("fp32", *fp32)}
+    if "int8-onnx" in built:
+        todo["openvino-int8"] = ("int8", "onnx", list(_VARIANT_FILES["int8-onnx"]), "compress",
+                                 [cdir / _VARIANT_FILES["int8-onnx"][0]])
+    for name, (precision, fmt, files, source, paths) in todo.items():
+        base = {"format": fmt, "files": files, "source": source, "inputs": [io["input"]], "outputs": [io["output"]]}
+        if fmt == "onnx" and not all(p.is_file() for p in paths):
+            continue  # the onnxruntime route was not run (--backend paddle)
+        try:
+            out[name] = {**entry(ov_engine.load(paths, threads=threads, precision=precision)), **base}
+        except PipeError as e:
+            out[name] = {"run": None, "reason": str(e), "engine": ov_engine.NAME, "precision": precision, **base}
+    return out
+
+
 def entry(eng: Any) -> dict[str, Any]:
     """What measurement needs of a loaded engine (`pipeline/engines/`)."""
     info = eng.describe()
@@ -528,7 +558,7 @@ def _measure(engines: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: 
     x1 = np.ascontiguousarray(head[:1])
     x32 = np.ascontiguousarray(np.resize(head, (_BS_THROUGHPUT, *head.shape[1:])))  # repeats if the split is small
     groups = [{n: e["run"] for n, e in live.items() if e["engine"] == engine}
-              for engine in ("paddle_inference", "onnxruntime")]
+              for engine in engines_mod.ENGINES]
     groups = [g for g in groups if g]
     lat = interleaved(groups, x1, ccfg.latency_runs)
     thr = interleaved(groups, x32, ccfg.throughput_runs)
@@ -536,8 +566,8 @@ def _measure(engines: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: 
     for name, e in engines.items():
         v = {k: e[k] for k in ("format", "precision", "engine", "files", "source", "inputs", "outputs")}
         v["engine_info"] = e.get("describe")
-        if name in ("fp32", "bf16"):
-            v["size_bytes"] = sum(src.manifest["files"][f]["bytes"] for f in ("model.json", "model.pdiparams"))
+        if v["source"] == "export":  # fp32/bf16: the PIR program; openvino-fp32: the legacy one
+            v["size_bytes"] = sum(src.manifest["files"][f]["bytes"] for f in v["files"] or ("model.json", "model.pdiparams"))
         else:  # None: a variant that could not be built has no files
             v["size_bytes"] = sum((cdir / f).stat().st_size for f in v["files"]) if v["files"] else None
         if name not in live:
@@ -720,7 +750,7 @@ def _int8_vs_own_fp32(variants: dict[str, dict[str, Any]]) -> dict[str, dict[str
     """Each int8 variant against fp32 on its own engine (int8-onnx vs onnx-fp32): whether int8 itself
     pays, apart from the engine's speed (onnxruntime fp32 alone may beat Paddle fp32)."""
     out = {}
-    for name, own in (("int8-paddle", "fp32"), ("int8-onnx", "onnx-fp32")):
+    for name, own in (("int8-paddle", "fp32"), ("int8-onnx", "onnx-fp32"), ("openvino-int8", "openvino-fp32")):
         v, o = variants.get(name), variants.get(own)
         if not (v and o and v["supported"] and o["supported"]):
             continue
@@ -756,9 +786,8 @@ def _print_table(variants: dict[str, dict[str, Any]], n: int, io: dict[str, Any]
     if not console.is_terminal:  # logs and CI: no 80-column squeeze
         console = Console(soft_wrap=True, width=130)
     base = variants["fp32"]
-    engines = {"paddle_inference": "Paddle Inference with oneDNN", "onnxruntime": "onnxruntime CPU"}
     caption = "; ".join(f"{', '.join(k for k, v in variants.items() if v['engine'] == e)}: {label}"
-                        for e, label in engines.items() if any(v["engine"] == e for v in variants.values()))
+                        for e, label in engines_mod.LABELS.items() if any(v["engine"] == e for v in variants.values()))
     what = (f"{n} test samples, texts as int64 ids padded to {io['pre']['max_len']}" if "vocab" in io
             else f"{n} test samples")
     agreed = variants["fp32"].get("agreement_samples")

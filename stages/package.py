@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from pipeline import artifacts, cpu, reference, runtime
-from pipeline.engines import paddle as paddle_engine
+from pipeline import artifacts, choose, cpu, engines, reference, runtime
+from pipeline.engines import openvino as ov_engine, paddle as paddle_engine
 from pipeline.errors import GateError, InputError, ParityError, PipeError
 from pipeline.serving import readme, spec as serving_spec
 
@@ -58,8 +58,7 @@ _CHECK_BATCH = 8
 _CHECK_SEED = 0
 _P2O_TIMEOUT = 600
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-# compress variant names by precision, in order of preference (see stages/compress.py's manifest).
-_VARIANTS = {"fp32": ("fp32",), "bf16": ("bf16",), "int8": ("int8-paddle", "int8")}
+# The Triton ONNX of a Paddle package, by precision, in order of preference (compress variant names).
 _ONNX_VARIANTS = {"fp32": ("onnx-fp32",), "bf16": ("onnx-fp32",), "int8": ("int8-onnx", "onnx-fp32")}
 
 
@@ -68,7 +67,13 @@ class PackageConfig:
     """What `pipe package` was asked for (recorded in the manifest under `config.package`)."""
 
     precision: str = ""
-    """fp32, bf16 or int8; '' = fp32 (an export dir offers fp32 and bf16; int8 needs a compress dir)."""
+    """fp32, bf16 or int8; '' = any measured one from a compress dir (`engine` auto), fp32 from an export."""
+    engine: str = "auto"
+    """auto (the fastest measured variant+engine within budget: pipeline/choose.py), paddle, onnxruntime, openvino."""
+    optimize: str = "balanced"
+    """auto's speed criterion: balanced (batch 1 and batch 32), latency (batch 1) or throughput (batch 32)."""
+    variant: str = ""
+    """A compress variant by name (e.g. int8-onnx); '' = chosen by `engine`, `precision` and `optimize`."""
     name: str = ""
     """Model name in serving.yaml and the Triton repository; '' = the trained model's name, sanitised."""
     max_batch_size: int = 32
@@ -83,16 +88,17 @@ class PackageConfig:
 
 @dataclass
 class _Source:
-    """The model chosen for the package, and where its fp32 program and ONNX come from."""
+    """The model chosen for the package, the engine that runs it, and where its fp32 program and ONNX come from."""
 
-    program: Path
-    params: Path
+    files: list[Path]  # [program, params] (pir, legacy) or [model.onnx]
     format: str
+    engine: str
     precision: str
     variant: str
     interface: dict[str, Any]
     fp32_program: Path
     fp32_params: Path
+    why: str = ""
     onnx: Path | None = None
     onnx_variant: str = ""
     onnx_precision: str = ""
@@ -105,7 +111,8 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
     out_dir = Path(out_dir)
     _check_config(cfg)
     src = artifacts.verify(in_dir, ("export", "compress"))
-    source = _select(src, cfg.precision or "fp32", cfg.triton)
+    source = _select(src, cfg)
+    print(f"package: {source.variant} on {source.engine} ({source.why})")
     iface = source.interface
     inp, outp = _io_spec(src, iface)
     text = _text(src, source, iface)
@@ -113,22 +120,21 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
     x_checks = _check_batches(inp, text)
     threads = runtime.threads_per_process(1)
     runtime.import_paddle(threads)
-    fp32 = _load(source.fp32_program, source.fp32_params, threads, "fp32")
+    fp32 = _load(paddle_engine.NAME, [source.fp32_program, source.fp32_params], threads, "fp32")
     y_refs = [fp32.run(x) for x in x_checks]
     packaged = _packaged_engine(source, fp32, threads)
-    names = packaged or (_load(source.program, source.params, threads, "fp32") if source.program != source.fp32_program
-                         else fp32)  # a bf16 program this CPU cannot run in bf16: its io names in fp32
+    names = packaged or _load(source.engine, source.files, threads, "fp32")  # bf16 this CPU cannot run: io names
     inp, outp = {**inp, "name": names.inputs[0]}, {**outp, "name": names.outputs[0]}
     ref_x, ref_y, ref_check = _reference(src, source, cfg, text, fp32, packaged)
     doc = {**src.manifest["config"], "package": dataclasses.asdict(cfg)}
     with artifacts.write_stage(out_dir, "package", doc, src) as w:
-        model_file = MODEL_FILES[source.format]
-        _copy_model(source.program, w.dir / model_file)
-        _copy_model(source.params, w.dir / PARAMS_FILE)
+        model_files = MODEL_FILES[source.format]
+        for f, dest in zip(source.files, model_files):
+            _copy_model(f, w.dir / dest)
         if text is not None:
             shutil.copyfile(source.vocab, w.dir / text["vocab_file"])
         reference.save(w.dir / reference.FILE, ref_x, ref_y)
-        metrics: dict[str, Any] = {"precision": source.precision, "variant": source.variant,
+        metrics: dict[str, Any] = {"precision": source.precision, "variant": source.variant, "engine": source.engine,
                                    "reference": ref_check, "cpu": cpu.capability()}
         metrics.update({f"variant_{k}": v for k, v in source.variant_metrics.items()
                         if isinstance(v, (int, float, str)) and not isinstance(v, bool)})
@@ -137,7 +143,7 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
             triton = _triton(w.dir / "triton" / name, name, source, inp, outp, iface["labels"], cfg,
                              x_checks, y_refs, threads)
             metrics.update(triton.pop("metrics"))
-        spec = _serving_spec(name, source, model_file, inp, outp, iface, cfg, triton, text, ref_check)
+        spec = _serving_spec(name, source, inp, outp, iface, cfg, triton, text, ref_check)
         (w.dir / "serving.yaml").write_text(yaml.safe_dump(spec, sort_keys=False, allow_unicode=True),
                                             encoding="utf-8")
         (w.dir / "serving_client_conf.prototxt").write_text(_client_conf(inp, outp), encoding="utf-8")
@@ -147,8 +153,8 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
                                          text["vocab_file"] if text else None, reference=True))
         w.interface = {**iface, "inputs": [inp], "outputs": [outp]}
         w.metrics = metrics
-        w.extra = {"format": source.format, "precision": source.precision, "name": name,
-                   "serving": "serving.yaml"}
+        w.extra = {"format": source.format, "precision": source.precision, "engine": source.engine, "name": name,
+                   "serving": "serving.yaml", "chosen": {"engine": cfg.engine, "optimize": cfg.optimize, "why": source.why}}
     return out_dir
 
 
@@ -158,6 +164,13 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
 def _check_config(cfg: PackageConfig) -> None:
     if cfg.precision and cfg.precision not in PRECISIONS:
         raise InputError(f"--precision: must be one of {', '.join(PRECISIONS)}, got {cfg.precision!r}")
+    if cfg.engine != "auto":
+        engine = engines.resolve(cfg.engine)
+        lib = engines.missing(engine)
+        if lib:
+            raise InputError(f"--engine {cfg.engine}: {lib}")
+    if cfg.optimize not in choose.OPTIMIZE:
+        raise InputError(f"--optimize: must be one of {', '.join(choose.OPTIMIZE)}, got {cfg.optimize!r}")
     if cfg.name and not _NAME_RE.match(cfg.name):
         raise InputError(f"--name: letters, digits, '_', '.', '-' (at most 64, starting with a letter or "
                          f"digit), got {cfg.name!r}")
@@ -173,64 +186,101 @@ def _sanitise(name: str) -> str:
     return clean if clean and _NAME_RE.match(clean) else "model"
 
 
-def _select(src: artifacts.Artifact, precision: str, want_onnx: bool) -> _Source:
+def _select(src: artifacts.Artifact, cfg: PackageConfig) -> _Source:
+    engine = "" if cfg.engine == "auto" else engines.resolve(cfg.engine)
     if src.stage == "export":
-        if precision == "int8":
+        if cfg.precision == "int8":
             raise InputError(f"{src.path}: --precision int8 needs a compress artifact (pipe compress "
                              f"{src.path} --int8), this is an export")
-        return _from_export(src, precision)
-    return _from_compress(src, precision, want_onnx)
+        if cfg.variant:
+            raise InputError(f"--variant {cfg.variant}: names a compress variant; {src.path} is an export")
+        return _from_export(src, cfg.precision or "fp32", engine)
+    return _from_compress(src, cfg, engine)
 
 
-def _from_export(exp: artifacts.Artifact, precision: str, variant: str = "") -> _Source:
+def _from_export(exp: artifacts.Artifact, precision: str, engine: str) -> _Source:
+    """An export measures no engine: `auto` runs Paddle Inference; another engine runs what it can read
+    (OpenVINO the legacy program, onnxruntime the `pipe export --onnx` file)."""
     if exp.manifest.get("format") != "pir":
         raise InputError(f"{exp.path / artifacts.MANIFEST}: format {exp.manifest.get('format')!r}, "
                          "expected a PIR export (model.json)")
     program, params = exp.file("model.json"), exp.file("model.pdiparams")
-    source = _Source(program, params, "pir", precision, variant or f"export-{precision}", exp.manifest["interface"],
-                     program, params, vocab=_vocab_file(exp))
-    if "model.onnx" in exp.manifest["files"]:  # `pipe export --onnx`: already parity-gated there
-        source.onnx, source.onnx_variant, source.onnx_precision = exp.file("model.onnx"), "export", "fp32"
+    onnx = exp.file("model.onnx") if "model.onnx" in exp.manifest["files"] else None
+    base = dict(interface=exp.manifest["interface"], fp32_program=program, fp32_params=params, vocab=_vocab_file(exp))
+    if engine and engine != paddle_engine.NAME and precision != "fp32":
+        raise InputError(f"--engine {engine} --precision {precision}: only Paddle Inference runs bf16")
+    if engine in ("", paddle_engine.NAME):
+        why = ("an export has no engine measurements: Paddle Inference (pipe compress measures the others)"
+               if not engine else "--engine paddle")
+        source = _Source([program, params], "pir", paddle_engine.NAME, precision, f"export-{precision}", why=why, **base)
+    elif engine == ov_engine.NAME and (exp.manifest.get("legacy") or {}).get("available", True) \
+            and "legacy" in exp.manifest:
+        leg = exp.manifest["legacy"]
+        source = _Source([exp.file(leg["model"]), exp.file(leg["params"])], "legacy", engine, "fp32", "export-legacy",
+                         why="--engine openvino: the export's legacy program", **base)
+    elif onnx is not None:
+        source = _Source([onnx], "onnx", engine, "fp32", "export-onnx", why=f"--engine {engine}: the export's ONNX",
+                         **base)
+    else:
+        raise InputError(f"--engine {engine}: {exp.path} holds no file it runs (it reads "
+                         f"{', '.join(engines.FORMATS[engine])}); pipe compress {exp.path} --int8 writes them, or "
+                         f"pipe export --onnx")
+    if onnx is not None:  # `pipe export --onnx`: already parity-gated there
+        source.onnx, source.onnx_variant, source.onnx_precision = onnx, "export", "fp32"
     return source
 
 
-def _from_compress(comp: artifacts.Artifact, precision: str, want_onnx: bool) -> _Source:
-    """A compress variant (see the module docstring). Untested until `pipe compress` lands."""
+def _from_compress(comp: artifacts.Artifact, cfg: PackageConfig, engine: str) -> _Source:
+    """A compress variant: `--variant`, or the one `pipeline/choose.py` picks from what compress measured here."""
     where = comp.path / artifacts.MANIFEST
-    variants = (comp.manifest.get("metrics") or {}).get("variants")
+    metrics = comp.manifest.get("metrics") or {}
+    variants = metrics.get("variants")
     if not isinstance(variants, dict) or not variants:
         raise InputError(f"{where}: metrics.variants is missing; not a compress artifact this pipe reads")
     exp = _lineage_export(comp)
-    name = next((n for n in _VARIANTS[precision] if n in variants), None)
-    if name is None:
-        hint = ("pipe serve runs Paddle Inference: re-run pipe compress --int8 --backend paddle (or both)"
-                if precision == "int8" else "re-run pipe compress")
-        raise InputError(f"{where}: no {precision} Paddle variant ({' or '.join(_VARIANTS[precision])}; it has "
-                         f"{', '.join(sorted(variants))}); {hint}")
+    if cfg.variant:
+        name, why = cfg.variant, f"--variant {cfg.variant}"
+        if name not in variants:
+            raise InputError(f"--variant {name}: {where} has {', '.join(sorted(variants))}")
+    else:
+        ccfg = (comp.manifest.get("config") or {}).get("compress") or {}
+        ref, ref_name = (variants.get("fp32") or {}).get("accuracy"), "fp32"
+        if "distill" in metrics:
+            ref, ref_name = metrics["distill"]["teacher_test_acc"], f"teacher {metrics['distill']['teacher_model']}"
+        chosen = choose.pick(variants, ref_accuracy=ref, ref_name=ref_name, max_drop=float(ccfg.get("max_drop", 1.0)),
+                             optimize=cfg.optimize, engine=engine, precision=cfg.precision, where=f"package: {where}")
+        name, why = chosen.variant, chosen.why
     var = variants[name]
     if not isinstance(var, dict):
         raise InputError(f"{where}: metrics.variants.{name} must be a mapping")
     if var.get("supported") is False:
         raise InputError(f"{where}: the {name} variant could not run where it was made "
-                         f"({var.get('reason') or 'unsupported'}); pick another --precision")
+                         f"({var.get('reason') or 'unsupported'}); pick another")
     if str(var.get("status", "")).startswith("below budget"):  # never shipped (compress.min_agreement)
-        raise GateError(f"{where}: the {name} variant is {var['status']}; pick another --precision")
+        raise GateError(f"{where}: the {name} variant is {var['status']}; pick another")
     if str(var.get("status", "")).startswith("unreliable"):
         print(f"package: note: {name} was measured {var['status']}")
-    files = var.get("files") or []
-    if not files:
-        if var.get("source") != "export":
-            raise InputError(f"{where}: metrics.variants.{name} lists no files and no source")
-        source = _from_export(exp, precision, variant=name)
+    var_engine = str(var.get("engine") or paddle_engine.NAME)
+    for flag, asked, got in (("--engine", engine, var_engine), ("--precision", cfg.precision, var.get("precision"))):
+        if asked and asked != got:
+            raise InputError(f"{flag} {asked}: variant {name} runs {var_engine} {var.get('precision')}")
+    files, fmt = var.get("files") or [], str(var.get("format") or "")
+    if fmt not in MODEL_FILES:
+        raise InputError(f"{where}: metrics.variants.{name} has format {fmt!r}; expected {', '.join(MODEL_FILES)}")
+    if var.get("source") == "export":
+        paths = [exp.file(str(f)) for f in files] or [exp.file("model.json"), exp.file("model.pdiparams")]
     else:
-        program, params = _variant_files(comp, name, files)
-        fmt = "pir" if program.suffix == ".json" else "legacy"
-        source = _Source(program, params, fmt, precision, name, exp.manifest["interface"],
-                         exp.file("model.json"), exp.file("model.pdiparams"), vocab=_vocab_file(exp))
+        paths = [comp.file(str(f)) for f in files]
+    if [p.suffix for p in paths] != [Path(f).suffix for f in MODEL_FILES[fmt]]:
+        raise InputError(f"{where}: metrics.variants.{name} must list {' and '.join(MODEL_FILES[fmt])}-like files")
+    source = _Source(paths, fmt, var_engine, str(var.get("precision")), name, exp.manifest["interface"],
+                     exp.file("model.json"), exp.file("model.pdiparams"), why=why, vocab=_vocab_file(exp))
     source.variant_metrics = {k: v for k, v in var.items()
                               if k not in ("files", "format", "engine", "source", "inputs", "outputs")}
-    if want_onnx:
-        onnx_name = next((n for n in _ONNX_VARIANTS[precision] if isinstance(variants.get(n), dict)
+    if fmt == "onnx":  # Triton serves the very file the package serves
+        source.onnx, source.onnx_variant, source.onnx_precision = paths[0], f"compress:{name}", source.precision
+    elif cfg.triton:
+        onnx_name = next((n for n in _ONNX_VARIANTS[source.precision] if isinstance(variants.get(n), dict)
                           and variants[n].get("supported") is not False), None)
         if onnx_name is not None:
             onnx_files = [f for f in variants[onnx_name].get("files") or [] if str(f).endswith(".onnx")]
@@ -275,15 +325,6 @@ def _lineage_export(comp: artifacts.Artifact) -> artifacts.Artifact:
         raise InputError(f"{exp.path / artifacts.MANIFEST}: changed since {comp.path} was made from it "
                          "(re-run pipe compress)")
     return exp
-
-
-def _variant_files(comp: artifacts.Artifact, name: str, files: list[Any]) -> tuple[Path, Path]:
-    where = comp.path / artifacts.MANIFEST
-    programs = [f for f in files if str(f).endswith((".pdmodel", ".json"))]
-    params = [f for f in files if str(f).endswith(".pdiparams")]
-    if len(programs) != 1 or len(params) != 1:
-        raise InputError(f"{where}: metrics.variants.{name} must list one .pdmodel/.json and one .pdiparams")
-    return comp.file(str(programs[0])), comp.file(str(params[0]))
 
 
 def _io_spec(src: artifacts.Artifact, iface: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -332,22 +373,22 @@ def _check_batches(inp: dict[str, Any], text: dict[str, Any] | None) -> list[np.
     return [rng.randint(0, 2, size=shape).astype(inp["dtype"])]
 
 
-def _load(program: Path, params: Path, threads: int, precision: str) -> Any:
-    """The program on Paddle Inference as `pipe serve` runs it (`pipeline/engines/paddle.py`); a program it
-    cannot load, or one without exactly one input and one output, is bad input naming the file."""
+def _load(engine: str, files: list[Path], threads: int, precision: str) -> Any:
+    """The files on `engine` as `pipe serve` runs them (`pipeline/engines/`); files it cannot load, or a model
+    without exactly one input and one output, is bad input naming the file."""
     try:
-        return paddle_engine.load([program, params], threads=threads, precision=precision)
+        return engines.ENGINES[engine].load(files, threads=threads, precision=precision)
     except PipeError as e:
-        raise InputError(f"{program}: Paddle Inference cannot load it ({str(e)[-200:]})") from None
+        raise InputError(f"{files[0]}: {engine} cannot load it ({str(e)[-200:]})") from None
 
 
 def _packaged_engine(source: _Source, fp32: Any, threads: int) -> Any | None:
-    """The packaged program at its precision; None for bf16 on a CPU without bf16 kernels."""
-    if source.program == source.fp32_program and source.precision == "fp32":
+    """The packaged files on their engine at their precision; None for bf16 on a CPU without bf16 kernels."""
+    if source.files[0] == source.fp32_program and source.precision == "fp32" and source.engine == paddle_engine.NAME:
         return fp32
     if source.precision == "bf16" and runtime.bf16_unsupported():
         return None
-    return _load(source.program, source.params, threads, source.precision)
+    return _load(source.engine, source.files, threads, source.precision)
 
 
 def _reference(src: artifacts.Artifact, source: _Source, cfg: PackageConfig, text: dict[str, Any] | None,
@@ -367,7 +408,7 @@ def _reference(src: artifacts.Artifact, source: _Source, cfg: PackageConfig, tex
         return x, y, out
     result = reference.compare(reference.run(eng.run, x, cfg.max_batch_size), y)
     out.update(result, engine=eng.describe())
-    print(f"package: {reference.describe(result, budget)} on {eng.describe()['engine']} {source.precision} here")
+    print(f"package: {reference.describe(result, budget)} on {source.engine} {source.precision} here")
     if not reference.verdict(result, budget):
         raise GateError(f"package: {source.variant} fails its own {reference.describe(result, budget)} on this CPU "
                         f"({cpu.summary()}); nothing written. Package fp32: pipe package {src.path} --precision fp32")
@@ -398,6 +439,9 @@ def _triton(root: Path, name: str, source: _Source, inp: dict[str, Any], outp: d
     else:
         _paddle2onnx(source.fp32_program, source.fp32_params, onnx_path, threads)
         origin, precision = "paddle2onnx", "fp32"
+    renamed = _rename_io(onnx_path, inp["name"], outp["name"])
+    if renamed:
+        metrics["onnx_io_renamed"] = renamed
     ort_in, ort_out, y_onnx = _run_onnx(onnx_path, xs, inp, threads)
     diff = max(float(np.abs(y.astype(np.float64) - ref).max()) for y, ref in zip(y_onnx, y_refs))
     peak = max(float(np.abs(ref).max()) for ref in y_refs)
@@ -414,6 +458,32 @@ def _triton(root: Path, name: str, source: _Source, inp: dict[str, Any], outp: d
     (root / "config.pbtxt").write_text(_triton_config(name, ort_in, ort_out, cfg), encoding="utf-8")
     return {"model": name, "onnx_source": origin, "onnx_precision": precision, "repository": "triton",
             "metrics": metrics}
+
+
+def _rename_io(path: Path, inp: str, out: str) -> dict[str, str]:
+    """Give the Triton copy of the ONNX the served model's input and output names (a legacy program's output
+    is e.g. `linear_0.tmp_1`, paddle2onnx's `fetch_name_0`), so one v2 request, names included, works on
+    `pipe serve` and on Triton alike. Returns {old: new} for what changed."""
+    import onnx
+
+    model = onnx.load(str(path))
+    g = model.graph
+    want = {g.input[0].name: inp, g.output[0].name: out} if len(g.input) == 1 and len(g.output) == 1 else {}
+    want = {old: new for old, new in want.items() if old != new}
+    if not want:
+        return {}
+    taken = ({n for node in g.node for n in (*node.input, *node.output)} | {i.name for i in g.initializer}) - set(want)
+    clash = {new: f"{new}__pipe_internal" for new in want.values() if new in taken}  # an inner tensor of that name
+    mapping = {**clash, **want}
+    for node in g.node:
+        node.input[:] = [mapping.get(n, n) for n in node.input]
+        node.output[:] = [mapping.get(n, n) for n in node.output]
+    for vi in (*g.input, *g.output, *g.value_info):
+        vi.name = mapping.get(vi.name, vi.name)
+    for init in g.initializer:
+        init.name = mapping.get(init.name, init.name)
+    onnx.save(model, str(path))
+    return want
 
 
 def _paddle2onnx(program: Path, params: Path, dest: Path, threads: int) -> None:
@@ -497,15 +567,22 @@ def _triton_config(name: str, ort_in: Any, ort_out: Any, cfg: PackageConfig) -> 
 # ------------------------------------------------------------------ documents
 
 
-def _serving_spec(name: str, source: _Source, model_file: str, inp: dict[str, Any], outp: dict[str, Any],
+def _serving_spec(name: str, source: _Source, inp: dict[str, Any], outp: dict[str, Any],
                   iface: dict[str, Any], cfg: PackageConfig, triton: dict[str, Any] | None,
                   text: dict[str, Any] | None, ref_check: dict[str, Any]) -> dict[str, Any]:
+    files = MODEL_FILES[source.format]
+    model = {"format": source.format, "program": files[0], "params": files[1] if len(files) > 1 else None,
+             "variant": source.variant, "engine": source.engine}
     doc = {
         "schema": SERVING_SCHEMA,
         "name": name,
         "precision": source.precision,
-        "model": {"format": source.format, "program": model_file, "params": PARAMS_FILE,
-                  "variant": source.variant},
+        "model": model,
+        "engine": {"name": source.engine, "precision": source.precision, "chosen": cfg.engine,
+                   "optimize": cfg.optimize, "why": source.why,
+                   "measured": {k: source.variant_metrics.get(k) for k in
+                                ("latency_ms_p50_bs1", "items_per_s_bs32", "speedup_bs1", "speedup_bs32")
+                                if source.variant_metrics.get(k) is not None}},
         "input": inp,
         "output": outp,
         "labels": [str(lab) for lab in iface["labels"]],

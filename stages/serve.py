@@ -1,11 +1,12 @@
-"""pipe serve: a package over HTTP, FastAPI + uvicorn, a pool of Paddle Inference predictors with dynamic batching.
+"""pipe serve: a package over HTTP, FastAPI + uvicorn, a pool of engine predictors with dynamic batching.
 
     pipe serve runs/exp1/package
     pipe serve runs/exp1/package --port 9000 --max-batch-size 64 --max-wait-ms 5 --predictors 2
 
 Reads a `package/` artifact and nothing else: it refuses to start (exit 2) unless every file's sha256
 matches its manifest and the file set is the package allowlist (`pipeline/serving/spec.py`). Each
-predictor (oneDNN, the package's precision) runs in its own child process (`pipeline/serving/predictor.py`);
+predictor (the package's engine and precision: Paddle Inference, onnxruntime or OpenVINO; `--engine` runs
+another that reads the package's files) runs in its own child process (`pipeline/serving/predictor.py`);
 one thread per predictor forms batches from a bounded queue (`pipeline/serving/batcher.py`). Binds
 127.0.0.1 unless `--host` says otherwise (then it warns: no authentication, no TLS). Endpoints:
 
@@ -56,7 +57,7 @@ from pipeline import __version__
 from pipeline.errors import GateError, InputError
 from pipeline.serving import openapi, spec as spec_mod, v2, validate, wire
 from pipeline.serving.batcher import Batcher, Job
-from pipeline.serving.predictor import PredictorProcess, start_predictors
+from pipeline.serving.predictor import PredictorProcess, engine_for, start_predictors
 from pipeline.serving.spec import Settings, Spec
 from pipeline.serving.validate import ApiError
 
@@ -75,8 +76,10 @@ class ServeConfig:
     """Address to bind. Anything but 127.0.0.1 is reachable from elsewhere and warns."""
     port: int = 8000
     """TCP port; 0 picks a free one (printed at start)."""
+    engine: str = ""
+    """The engine to run the package on; '' = serving.yaml's `model.engine`. It must run the package's files."""
     predictors: int | None = None
-    """Paddle Inference predictors in the pool, each on its own thread."""
+    """Predictor processes in the pool, each running one engine instance."""
     threads: int | None = None
     """CPU math threads per predictor; 0 = (cores - 1) / predictors, at least 1 (a core for HTTP)."""
     max_batch_size: int | None = None
@@ -97,6 +100,7 @@ def run(cfg: ServeConfig, package_dir: Path) -> None:
     """Verify the package, load the predictors, serve until SIGTERM/SIGINT, drain, return (exit 0)."""
     spec = spec_mod.load_package(Path(package_dir))
     settings = spec_mod.settings(cfg, spec)
+    engine = engine_for(spec, cfg.engine)  # exit 2 before anything starts: unknown, missing, cannot run these files
     if cfg.host != "127.0.0.1":
         print(f"pipe serve: warning: listening on {cfg.host}, reachable from other machines; this server has "
               "no authentication or TLS (put a proxy in front of it)", file=sys.stderr)
@@ -105,12 +109,12 @@ def run(cfg: ServeConfig, package_dir: Path) -> None:
     previous = signal.signal(signal.SIGTERM, _exit_while_loading)
     preds: list[PredictorProcess] = []
     try:
-        preds = start_predictors(spec, settings.predictors, settings.threads, settings.max_batch_size)
+        preds = start_predictors(spec, settings.predictors, settings.threads, settings.max_batch_size, engine)
         checked = _reference_check(spec, settings, preds)
         state = _State(spec, settings, preds, checked)
         server = _make_server(state, sock)
         host, port = sock.getsockname()[:2]
-        print(f"pipe serve: {spec.name} ({spec.precision}, {settings.predictors} predictor(s) x "
+        print(f"pipe serve: {spec.name} ({engine} {spec.precision}, {settings.predictors} predictor(s) x "
               f"{settings.threads} thread(s), batch <= {settings.max_batch_size}, wait {settings.max_wait_ms:g} ms) "
               f"listening on http://{_url_host(host)}:{port}", flush=True)
         server.run(sockets=[sock])
@@ -137,7 +141,7 @@ def _reference_check(spec: Spec, s: Settings, preds: list[PredictorProcess]) -> 
     engine = preds[0].engine
     where = f"{engine.get('engine', 'paddle_inference')} {spec.precision} on this CPU ({cpu.summary()})"
     if not reference.verdict(worst, budget):
-        raise GateError(reference.failure(worst, budget, where, spec.program.parent))
+        raise GateError(reference.failure(worst, budget, where, spec.dir))
     print(f"pipe serve: {reference.describe(worst, budget)} on {where}", flush=True)
     return {**worst, "min_agreement": budget, "passed": True, "engine": engine, "cpu": cpu.capability()}
 

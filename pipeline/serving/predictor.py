@@ -1,8 +1,11 @@
-"""Paddle Inference predictors in child processes, `python -m pipeline.serving.predictor --predictor SPEC`.
+"""Engine predictors in child processes, `python -m pipeline.serving.predictor --predictor SPEC`.
 
+Each child loads the package's model on its engine (`pipeline/engines/`: Paddle Inference, onnxruntime or
+OpenVINO; serving.yaml's `model.engine`, or `pipe serve --engine`) and runs the batches the server sends.
 Paddle Inference's Python `run()` holds the GIL for the whole inference on CPU (its binding releases it
 only for custom devices): predictors on threads would stall the HTTP event loop and each other. In a
-child process the predictor runs while the server waits on a pipe with the GIL released. Frames on the
+child process the predictor runs while the server waits on a pipe with the GIL released; the other
+engines run the same way, so the server has one model of a predictor. Frames on the
 child's stdin/stdout: 4-byte header length, JSON header, 8-byte payload length, raw C-order bytes (no
 pickle). The child ignores SIGINT/SIGTERM: the server drains first, then closes its stdin.
 
@@ -30,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import runtime
+from pipeline import engines, runtime
 from pipeline.errors import InputError, PipeError
 from pipeline.serving.spec import Spec
 
@@ -40,8 +43,8 @@ START_S = 600.0  # a big program on a busy machine can take minutes to load
 class PredictorProcess:
     """One predictor child: `start`, `hello` (it loaded), `run(x)`, `warm_up`, `close`."""
 
-    def __init__(self, spec: Spec, threads: int, max_batch: int):
-        self.doc = {"program": str(spec.program), "params": str(spec.params), "precision": spec.precision,
+    def __init__(self, spec: Spec, threads: int, max_batch: int, engine: str = ""):
+        self.doc = {"package": str(spec.dir), "engine": engine_for(spec, engine), "precision": spec.precision,
                     "threads": threads, "input": spec.inp["name"], "output": spec.outp["name"],
                     "dtype": spec.inp["dtype"], "sample_shape": list(spec.sample_shape), "buckets": buckets(max_batch)}
         self.proc: subprocess.Popen | None = None
@@ -57,11 +60,11 @@ class PredictorProcess:
         """The child's first frame: it loaded the program (or why not: InputError for a fixable cause)."""
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         if not ready:
-            raise PipeError(f"{self.doc['program']}: the predictor process did not start within {timeout:g} s")
+            raise PipeError(f"{self.doc['package']}: the predictor process did not start within {timeout:g} s")
         try:
             head, _ = read_frame(self.proc.stdout)
         except EOFError:
-            raise PipeError(f"{self.doc['program']}: the predictor process exited ({self.proc.wait()}) while "
+            raise PipeError(f"{self.doc['package']}: the predictor process exited ({self.proc.wait()}) while "
                             "loading; its stderr is above") from None
         if not head.get("ok"):
             raise (InputError if head.get("input_error") else PipeError)(head.get("error", "predictor failed"))
@@ -98,8 +101,8 @@ def buckets(max_batch: int) -> list[int]:
     return [1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch] + [max_batch]
 
 
-def start_predictors(spec: Spec, n: int, threads: int, max_batch: int) -> list[PredictorProcess]:
-    preds = [PredictorProcess(spec, threads, max_batch) for _ in range(n)]
+def start_predictors(spec: Spec, n: int, threads: int, max_batch: int, engine: str = "") -> list[PredictorProcess]:
+    preds = [PredictorProcess(spec, threads, max_batch, engine) for _ in range(n)]
     try:
         for pred in preds:  # started together: their paddle imports overlap
             pred.start()
@@ -133,23 +136,54 @@ def read_frame(f: Any) -> tuple[dict[str, Any], bytes]:
     return head, _read_exact(f, m) if m else b""
 
 
-def _create_predictor(doc: dict[str, Any]) -> Any:
-    """The package's program on Paddle Inference (`pipeline/engines/paddle.py`), one kernel set per bucket."""
-    from pipeline.engines import paddle as paddle_engine
+# What each engine runs of a package: formats and precisions (OpenVINO cannot read PaddleSlim's int8 program:
+# its scales are stored with other dims than the program declares, facts note section 13).
+_RUNS = {"paddle_inference": {"pir": ("fp32", "bf16"), "legacy": ("fp32", "int8")},
+         "onnxruntime": {"onnx": ("fp32", "int8")},
+         "openvino": {"onnx": ("fp32", "int8"), "legacy": ("fp32",)}}
 
-    program = Path(doc["program"])
-    if doc["precision"] == "bf16" and runtime.bf16_unsupported():
-        raise InputError(f"{program.parent}: a bf16 package, but {runtime.bf16_unsupported()}; package the "
+
+def engine_for(spec: Spec, override: str = "") -> str:
+    """The engine to serve `spec` with: the package's, or `--engine` when it runs the package's files.
+    InputError (one line) for an unknown engine, a missing library, or files the engine cannot run."""
+    if not override or override == "auto":
+        return spec.engine
+    name = engines.resolve(override)
+    if spec.precision not in _RUNS[name].get(spec.fmt, ()):
+        held = ", ".join(p.name for p in spec.files)
+        can = [e for e, fmts in _RUNS.items() if spec.precision in fmts.get(spec.fmt, ())]
+        raise InputError(f"--engine {override}: {spec.dir} holds {held} ({spec.fmt} {spec.precision}), which "
+                         f"{name} does not run; it runs on {', '.join(can)}")
+    lib = engines.missing(name)
+    if lib:
+        raise InputError(f"--engine {override}: {lib}")
+    return name
+
+
+def load_engine(spec: Spec, engine: str, threads: int, cache_capacity: int = 0) -> Any:
+    """The package's model on `engine` (`pipeline/engines/`), its io names checked against serving.yaml."""
+    if spec.precision == "bf16" and runtime.bf16_unsupported():
+        raise InputError(f"{spec.dir}: a bf16 package, but {runtime.bf16_unsupported()}; package the "
                          "model with --precision fp32")
+    extra = {"cache_capacity": cache_capacity} if engine == "paddle_inference" else {}
     try:
-        eng = paddle_engine.load([program, Path(doc["params"])], threads=doc["threads"], precision=doc["precision"],
-                                 cache_capacity=len(doc["buckets"]))  # one set of kernels per bucket (docstring)
-    except PipeError as e:  # Paddle's C++ error: one line, naming the file
-        raise PipeError(f"{program}: Paddle Inference cannot load it ({str(e)[-200:]})") from None
-    if eng.inputs != [doc["input"]] or eng.outputs != [doc["output"]]:
-        raise InputError(f"{program}: io names {eng.inputs} -> {eng.outputs} do not "
-                         f"match serving.yaml ({doc['input']} -> {doc['output']})")
+        eng = engines.ENGINES[engine].load(list(spec.files), threads=threads, precision=spec.precision, **extra)
+    except InputError:
+        raise
+    except PipeError as e:  # the engine's C++ error: one line, naming the file
+        raise PipeError(f"{spec.files[0]}: {engine} cannot load it ({str(e)[-200:]})") from None
+    if eng.inputs != [spec.inp["name"]] or eng.outputs != [spec.outp["name"]]:
+        raise InputError(f"{spec.files[0]}: io names {eng.inputs} -> {eng.outputs} on {engine} do not "
+                         f"match serving.yaml ({spec.inp['name']} -> {spec.outp['name']})")
     return eng
+
+
+def _create_predictor(doc: dict[str, Any]) -> Any:
+    """The package's model on the doc's engine, one oneDNN kernel set per bucket (module docstring)."""
+    from pipeline.serving.spec import load_package
+
+    spec = load_package(Path(doc["package"]))
+    return load_engine(spec, doc["engine"], doc["threads"], cache_capacity=len(doc["buckets"]))
 
 
 def _predictor_main(doc: dict[str, Any]) -> int:
@@ -160,7 +194,8 @@ def _predictor_main(doc: dict[str, Any]) -> int:
     os.dup2(2, 1)
     source = sys.stdin.buffer
     try:
-        runtime.import_paddle(doc["threads"])
+        if doc["engine"] == "paddle_inference":
+            runtime.import_paddle(doc["threads"])
         eng = _create_predictor(doc)
     except PipeError as e:
         write_frame(channel, {"ok": False, "error": str(e), "input_error": isinstance(e, InputError)})

@@ -29,9 +29,11 @@ DTYPES = {
     "int64": (0, "int64_data", "TYPE_INT64"),
     "int32": (2, "int_data", "TYPE_INT32"),
 }
-# The files a package may hold besides the Triton directory (its name depends on the model).
-MODEL_FILES = {"pir": "model.json", "legacy": "model.pdmodel"}
+# The model files of a package, by serving.yaml's model.format (besides the Triton directory).
+MODEL_FILES = {"pir": ("model.json", "model.pdiparams"), "legacy": ("model.pdmodel", "model.pdiparams"),
+               "onnx": ("model.onnx",)}
 PARAMS_FILE = "model.pdiparams"
+DEFAULT_ENGINE = "paddle_inference"  # packages made before serving.yaml named an engine
 DOC_FILES = ("serving.yaml", "serving_client_conf.prototxt", "README.md")
 TRITON_FILES = ("config.pbtxt", "1/model.onnx", "labels.txt")
 VOCAB_FILE = "vocab.json"  # text packages: the only name `serve` accepts for the vocabulary
@@ -49,7 +51,7 @@ TEXT_KEYS = ("tokenizer", "max_len", "pad_id", "unk_id", "vocab_file", "vocab_si
 def allowlist(fmt: str, triton_name: str | None, vocab_file: str | None = None, reference: bool = False) -> set[str]:
     """Every file a package holds (manifest.json included): the test and `serve` check against it. Packages
     made before the reference set existed have none (`serve` says their check cannot run)."""
-    files = {MODEL_FILES[fmt], PARAMS_FILE, *DOC_FILES, artifacts.MANIFEST}
+    files = {*MODEL_FILES[fmt], *DOC_FILES, artifacts.MANIFEST}
     if reference:
         files.add(REFERENCE_FILE)
     if vocab_file:
@@ -113,8 +115,8 @@ class Spec:
     name: str
     precision: str
     fmt: str
-    program: Path
-    params: Path
+    files: tuple[Path, ...]  # the model files, in the order the engine loads them
+    engine: str  # the engine the package was built and checked for (serving.yaml model.engine)
     inp: dict[str, Any]
     outp: dict[str, Any]
     labels: list[str]
@@ -122,6 +124,10 @@ class Spec:
     doc: dict[str, Any]
     manifest_sha256: str
     text: TextSpec | None = None
+
+    @property
+    def dir(self) -> Path:
+        return self.files[0].parent
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
@@ -165,11 +171,13 @@ def load_package(path: Path) -> Spec:
     try:
         doc = yaml.safe_load(where.read_text(encoding="utf-8"))
         fmt = doc["model"]["format"]
-        program, params = doc["model"]["program"], doc["model"]["params"]
+        names = MODEL_FILES[fmt] if fmt in MODEL_FILES else ()
+        engine = doc["model"].get("engine") or DEFAULT_ENGINE
+        given = [doc["model"]["program"]] + ([doc["model"]["params"]] if doc["model"].get("params") else [])
         inp, outp, labels = doc["input"], doc["output"], [str(s) for s in doc["labels"]]
         is_text = isinstance(doc["preprocessing"], dict) and doc["preprocessing"].get("kind") == "text"
         ok = (doc["schema"] == SERVING_SCHEMA and doc["precision"] in PRECISIONS
-              and program == MODEL_FILES.get(fmt) and params == PARAMS_FILE
+              and tuple(given) == names and isinstance(engine, str)
               and isinstance(doc["preprocessing"], dict) and isinstance(doc["name"], str))
         ok = ok and _io_ok(inp, is_text) and _io_ok(outp, False)
         ok = ok and outp["dtype"] == "float32" and outp["shape"] == [-1, len(labels)]
@@ -197,7 +205,7 @@ def load_package(path: Path) -> Spec:
         odd = sorted(found - allowed) or sorted(allowed - found)
         raise InputError(f"{path / artifacts.MANIFEST}: {odd[0]} is not in the package allowlist "
                          "(inference-format files only)")
-    return Spec(doc["name"], doc["precision"], fmt, path / program, path / params, inp, outp, labels,
+    return Spec(doc["name"], doc["precision"], fmt, tuple(path / f for f in names), engine, inp, outp, labels,
                 doc["preprocessing"], doc, art.manifest_sha256, text)
 
 

@@ -1,0 +1,119 @@
+"""OpenVINO on the CPU: ONNX (the fp32 and the QDQ int8 files `pipe compress` writes) and the legacy
+`.pdmodel` program. It does not read PIR `model.json` (facts note section 13), so it runs the export's
+legacy program or the ONNX.
+
+Settings, from measurement on 2 cores: the LATENCY hint (one stream: with THROUGHPUT and one synchronous
+request at a time, batch-32 items/s halved at 2 threads), `INFERENCE_PRECISION_HINT=f32` (on CPUs with
+AMX or avx512_bf16 OpenVINO otherwise runs fp32 models in bf16), and no CPU pinning (`pipe serve` runs
+several predictor processes and an HTTP process on the same cores; pinned, they would fight).
+
+int8 on a CPU without VNNI: OpenVINO's CPU plugin is built on oneDNN and its u8 x s8 kernels saturate
+int16 there like onnxruntime's (`pipeline/cpu.py` probes it; it also honours `ONEDNN_MAX_CPU_ISA`). The
+7-bit weights `pipe compress` writes (`reduce_range`) cannot saturate; any other int8 file there gets a
+note in `describe()`, and the agreement gate and the package's reference check decide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline import cpu
+from pipeline.engines import ort as ort_engine
+from pipeline.errors import InputError, PipeError
+
+NAME = "openvino"
+FORMATS = ("onnx", "legacy")  # what it reads: model.onnx, or model.pdmodel + model.pdiparams
+
+
+@dataclass
+class Engine:
+    request: Any
+    info: dict[str, Any]
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        model = self.request.get_compiled_model()
+        self.inputs = [p.get_any_name() for p in model.inputs]
+        self.outputs = [p.get_any_name() for p in model.outputs]
+        if len(self.inputs) != 1 or len(self.outputs) != 1:
+            raise PipeError(f"{self.info['files'][0]}: has {len(self.inputs)} inputs and {len(self.outputs)} "
+                            "outputs; pipe runs models with 1 and 1 (logits)")
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        self.request.infer({0: np.ascontiguousarray(x)})
+        return self.request.get_output_tensor(0).data.copy()  # the tensor is reused by the next call
+
+    def describe(self) -> dict[str, Any]:
+        return dict(self.info)
+
+
+def available() -> str:
+    """'' when OpenVINO can be imported here, else why not (one line)."""
+    try:
+        import openvino  # noqa: F401
+    except ImportError as e:
+        return f"openvino is not installed ({e.__class__.__name__}: {e}); pip install openvino"
+    return ""
+
+
+def load(files: list[Path], *, threads: int, precision: str = "fp32", device: str = "cpu") -> Engine:
+    """`files` = [model.onnx] or [model.pdmodel, model.pdiparams]. device: only 'cpu' is run here."""
+    if device != "cpu":
+        raise PipeError(f"OpenVINO device {device!r}: this pipe runs the CPU plugin only")
+    if precision not in ("fp32", "int8"):
+        raise PipeError(f"OpenVINO precision {precision!r}: expected fp32 or int8")
+    why = available()
+    if why:
+        raise InputError(why)
+    import openvino as ov
+
+    paths = [Path(f) for f in files]
+    info: dict[str, Any] = {"engine": NAME, "version": ov.__version__.split("-")[0], "precision": precision,
+                            "threads": threads, "device": device, "files": [p.name for p in paths],
+                            "hint": "LATENCY"}
+    if precision == "int8" and paths[0].suffix == ".onnx" and not cpu.int8_exact(NAME):
+        safe = ort_engine.saturation_safe(paths[0])
+        info["int8_weight_range"] = {None: None, True: "reduced", False: "full"}[safe]
+        if safe is False:
+            info["note"] = ("int8 with full-range weights on a CPU whose int8 saturates: OpenVINO has no exact "
+                            "mode for it; the agreement gate and the reference check decide")
+    core = ov.Core()
+    try:
+        model = core.read_model(*(str(p) for p in paths))
+        compiled = core.compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
+                                                     "INFERENCE_PRECISION_HINT": "f32", "ENABLE_CPU_PINNING": False})
+    except Exception as e:  # OpenVINO's C++ error: one line, naming the file
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        raise PipeError(f"{paths[0]}: OpenVINO cannot load it ({e.__class__.__name__}: "
+                        f"{(lines[-1] if lines else '')[:200]})") from None
+    return Engine(compiled.create_infer_request(), info)
+
+
+def probe() -> dict[str, Any]:
+    """OpenVINO's int8 matmul of 64 terms, each 255 x 127 (a QDQ graph it runs as an int8 FullyConnected)."""
+    import openvino as ov
+    from onnx import TensorProto, helper, numpy_helper
+
+    k, a, w = cpu.PROBE_K, cpu.PROBE_A, cpu.PROBE_W
+    inits = [numpy_helper.from_array(np.full((k, 16), w, np.int8), "w"),
+             numpy_helper.from_array(np.array(1.0, np.float32), "s"),
+             numpy_helper.from_array(np.array(0, np.uint8), "zu"), numpy_helper.from_array(np.array(0, np.int8), "zs")]
+    nodes = [helper.make_node("QuantizeLinear", ["a", "s", "zu"], ["aq"]),
+             helper.make_node("DequantizeLinear", ["aq", "s", "zu"], ["ad"]),
+             helper.make_node("DequantizeLinear", ["w", "s", "zs"], ["wd"]),
+             helper.make_node("MatMul", ["ad", "wd"], ["y"])]
+    graph = helper.make_graph(nodes, "pipe_int8_probe", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(model.SerializeToString(), b""), "CPU",
+                                  {"INFERENCE_NUM_THREADS": 1, "INFERENCE_PRECISION_HINT": "f32"})
+    got = int(round(float(compiled.create_infer_request().infer({0: np.full((1, k), a, np.float32)})[0][0, 0])))
+    return {"op": f"QDQ MatMul u8 x s8, K={k}, all {a} x {w}", "expected": k * a * w, "got": got,
+            "saturates": got != k * a * w}
