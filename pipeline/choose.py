@@ -68,11 +68,13 @@ def pick(variants: dict[str, Any], *, ref_accuracy: float | None, ref_name: str,
         raise InputError(f"--optimize: expected one of {', '.join(OPTIMIZE)}, got {optimize!r}")
     within: dict[str, tuple[dict[str, Any], float]] = {}
     refused: list[str] = []
+    matched = 0
     for name, v in variants.items():
         if not isinstance(v, dict) or v.get("supported") is False or not isinstance(v.get("accuracy"), float):
             continue
         if (engine and v.get("engine") != engine) or (precision and v.get("precision") != precision):
             continue
+        matched += 1
         if v.get("shippable") is False:
             refused.append(f"{name} ({v.get('status')})")
             continue
@@ -87,6 +89,10 @@ def pick(variants: dict[str, Any], *, ref_accuracy: float | None, ref_name: str,
         within[name] = (v, drop)
     asked = " ".join(x for x in (f"engine {engine}" if engine else "", f"precision {precision}" if precision else "")
                      if x)
+    if not matched:  # nothing of that kind was measured: the flags ask for what is not there
+        have = ", ".join(f"{n} ({v.get('engine')} {v.get('precision')})" for n, v in variants.items()
+                         if isinstance(v, dict) and v.get("supported") is not False) or "none"
+        raise InputError(f"{where}: no variant{' with ' + asked if asked else ''} was measured (it has {have})")
     if not within:
         raise GateError(f"{where}: no variant{' with ' + asked if asked else ''} within {max_drop:g} points of "
                         f"{ref_name} is shippable here ({', '.join(refused) or 'none measured'})")
