@@ -11,6 +11,9 @@ VENV39 := .venv39
 PY39 ?= $(shell for p in $$HOME/.pyenv/versions/3.9.*/bin/python3.9 $$(command -v python3.9); do \
 	  "$$p" -c 'import sys; assert sys.version_info[:2] == (3, 9)' 2>/dev/null && { echo "$$p"; break; }; done)
 STAMP39 := $(VENV39)/.installed-serving-client
+# A real tritonserver (2.51, python backend only) for tests/stages/test_triton.py, from the nvidia-pytriton
+# wheel: its files only, in .venv/pytriton, never imported (the wheel pins protobuf<7, pipe pins 7.x);
+# without it that test is skipped and says why.
 
 .PHONY: demo test bench venv clean
 
@@ -18,6 +21,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[$(EXTRA),test]'
+	$(BIN)/pip install --quiet --no-deps --upgrade --target $(VENV)/pytriton nvidia-pytriton==0.7.0 \
+	  || echo "nvidia-pytriton did not install: the real-Triton test will be skipped"
 	touch $(STAMP)
 
 $(STAMP39):

@@ -1,0 +1,380 @@
+"""A real Triton server loads the model repository `pipe package` writes (`package/triton/`), unchanged,
+and answers Triton's own client (`tritonclient.http`) as `pipe serve` answers the same package: the
+same model metadata but for the platform, logits equal to /v1/predict's within the package's ONNX parity
+gate (and exactly those of the package's `model.onnx` run here by onnxruntime), the labels through
+`class_count`; for a digits (image) package and a text package (int64 ids, dims [-1]). A repository whose
+config.pbtxt disagrees with its ONNX (an input's name, dims or datatype, an output's dims, no batch dim)
+never becomes ready, and the server says why.
+
+tritonserver 2.51 comes from the nvidia-pytriton 0.7.0 wheel, which the Makefile installs beside the venv
+(it pins protobuf<7, pipe pins 7.x, so it is never imported, only its files used):
+
+    pip install --no-deps --target .venv/pytriton nvidia-pytriton==0.7.0
+
+The wheel has only the python backend; tests/triton_backend/onnxruntime/model.py is a python-based
+backend named `onnxruntime` that runs `1/model.onnx` and checks the config against the ONNX at load as
+Triton's onnxruntime backend does. Without the wheel, or where its binaries cannot run (glibc older than
+its manylinux_2_35, no shared libpython), these tests are skipped and say why. Every server here is
+started on 127.0.0.1 by the test that uses it and stopped in its fixture's teardown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as tritonclient_http
+import yaml
+
+from tests.conftest import tree_hash
+from tests.serving_helpers import REPO, packaged_run, packaged_text_run, start_server
+
+PYTRITON = Path(sys.prefix) / "pytriton"  # the venv's; the Makefile's $(STAMP) recipe installs it there
+INSTALL = "pip install --no-deps --target .venv/pytriton nvidia-pytriton==0.7.0"
+SHIM = REPO / "tests/triton_backend/onnxruntime/model.py"
+OUT = "fetch_name_0"  # the program's fetch name: the ONNX's output and config.pbtxt's
+TEXTS = ["这个东西很好", "差", "我们买了一次还是很满意的东西", "这个" * 20]
+
+
+@dataclass
+class Triton:
+    """A tritonserver child process on 127.0.0.1; its stdout and stderr go to `log`."""
+
+    proc: subprocess.Popen
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def tail(self, n: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-n:]
+
+    def stop(self) -> int:
+        """SIGTERM (clients closed first, or it waits out its 30 s exit timeout and exits 1); kill if stuck."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(40)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+            raise AssertionError(f"tritonserver did not exit within 40 s of SIGTERM: {self.tail()}") from None
+
+
+@pytest.fixture(scope="session")
+def tritonserver(tmp_path_factory) -> tuple[Path, Path, dict[str, str]]:
+    """(the tritonserver binary, a backend directory, its environment), or a skip that says why."""
+    server = PYTRITON / "pytriton/tritonserver"
+    binary = server / "bin/tritonserver"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = server / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not binary.is_file():
+        pytest.skip(f"no tritonserver at {binary}: the nvidia-pytriton wheel is not installed ({INSTALL})")
+    if not stub.is_file():
+        pytest.skip(f"nvidia-pytriton has no python backend stub for Python {version} ({stub})")
+    # The stub embeds this Python: it finds its prefix (the venv, so numpy and onnxruntime) through the
+    # `python3` first on PATH, and libpython through LD_LIBRARY_PATH, as pytriton itself arranges.
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+               LD_LIBRARY_PATH=os.pathsep.join(filter(None, [str(PYTRITON / "nvidia_pytriton.libs"),
+                                                             sysconfig.get_config_var("LIBDIR"),
+                                                             os.environ.get("LD_LIBRARY_PATH")])))
+    # Both binaries print their usage only if the dynamic loader accepted them (glibc, libpython).
+    for cmd, marker in (([binary, "--help"], "Usage: tritonserver"), ([stub], "Expected 9 arguments")):
+        probe = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60, check=False)
+        if marker not in probe.stdout + probe.stderr:
+            lines = (probe.stderr + probe.stdout).strip().splitlines() or [f"exit {probe.returncode}"]
+            pytest.skip(f"{cmd[0].name} cannot run on this machine: {lines[-1]}")
+    backends = tmp_path_factory.mktemp("triton-backends")
+    # Copies, not symlinks: Triton refuses a backend library whose real path escapes its backend directory.
+    (backends / "python").mkdir()
+    for f in ("libtriton_python.so", "triton_python_backend_utils.py"):
+        shutil.copy2(server / "backends/python" / f, backends / "python" / f)
+    shutil.copy2(stub, backends / "python/triton_python_backend_stub")
+    (backends / "onnxruntime").mkdir()
+    shutil.copy2(SHIM, backends / "onnxruntime/model.py")
+    return binary, backends, env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_triton(tritonserver: tuple[Path, Path, dict[str, str]], repository: Path, log: Path,
+                 *flags: str, timeout: float = 60.0) -> Triton:
+    """Start tritonserver on `repository` and wait until it is live (it listens only after loading)."""
+    binary, backends, env = tritonserver
+    port = _free_port()
+    cmd = [str(binary), f"--model-repository={repository}", f"--backend-directory={backends}",
+           "--http-address=127.0.0.1", f"--http-port={port}", "--allow-grpc=false", "--allow-metrics=false", *flags]
+    with open(log, "wb") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=log.parent)
+    srv = Triton(proc, port, log)
+    deadline = time.monotonic() + timeout
+    try:
+        with httpx.Client(timeout=5) as c:
+            while True:
+                try:
+                    if c.get(f"http://{srv.url}/v2/health/live").status_code == 200:
+                        return srv
+                except httpx.TransportError:
+                    pass
+                if proc.poll() is not None:
+                    raise AssertionError(f"tritonserver exited {proc.returncode}: {srv.tail()}")
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"tritonserver not live within {timeout} s: {srv.tail()}")
+                time.sleep(0.1)
+    except BaseException:
+        srv.proc.kill()
+        srv.proc.wait(10)
+        raise
+
+
+def _onnx(model: Path):
+    """The repository's model.onnx in onnxruntime here: what Triton's outputs must equal exactly."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
+    return lambda x: sess.run([OUT], {"x": x})[0]
+
+
+def _v1(url: str, body: dict) -> dict:
+    with httpx.Client(timeout=30) as c:
+        r = c.post(url + "/v1/predict", json=body)
+    assert r.status_code == 200, r.text[:300]
+    return r.json()
+
+
+def _infer(client, name: str, x: np.ndarray, datatype: str, binary: bool = True,
+           class_count: int = 0) -> np.ndarray:
+    inp = tritonclient_http.InferInput("x", list(x.shape), datatype)
+    inp.set_data_from_numpy(x, binary_data=binary)
+    out = tritonclient_http.InferRequestedOutput(OUT, binary_data=binary, class_count=class_count)
+    return client.infer(name, [inp], outputs=[out]).as_numpy(OUT)
+
+
+def _classes(top: np.ndarray) -> list[list[tuple[float, int, str]]]:
+    """Triton's classification output, "score:index:label" per entry (bytes if binary, str if JSON)."""
+    def one(t: bytes | str) -> tuple[float, int, str]:
+        score, index, label = (t.decode() if isinstance(t, bytes) else t).split(":", 2)
+        return float(score), int(index), label
+
+    return [[one(t) for t in row] for row in top]
+
+
+def _gate(package: Path) -> float:
+    """The package's own ONNX parity gate, onnx_parity_tol x max|logit|, as an absolute bound."""
+    m = json.loads((package / "manifest.json").read_text())["metrics"]
+    return m["onnx_parity_tol"] * m["onnx_max_abs_logit"]
+
+
+@dataclass
+class Served:
+    """One package served both ways: `pipe serve` (url) and tritonserver on its triton/ (client)."""
+
+    package: Path
+    name: str
+    url: str
+    client: object
+    onnx: object
+
+
+def _serve_both(tritonserver, package: Path, log: Path):
+    """Yield a Served; on teardown both servers stop with exit 0 and the package is byte-for-byte unchanged."""
+    before = tree_hash(package)
+    name = yaml.safe_load((package / "serving.yaml").read_text(encoding="utf-8"))["triton"]["model"]
+    pipe_srv = start_server(package)
+    try:
+        triton = start_triton(tritonserver, package / "triton", log)
+        client = tritonclient_http.InferenceServerClient(triton.url, concurrency=4)
+        try:
+            yield Served(package, name, pipe_srv.url, client, _onnx(package / "triton" / name / "1/model.onnx"))
+        finally:
+            client.close()
+            code = triton.stop()
+        assert code == 0, triton.tail()
+    finally:
+        assert pipe_srv.stop() == 0, "".join(pipe_srv.err)[-2000:]
+    assert tree_hash(package) == before, "tritonserver or pipe serve changed the package"
+
+
+@pytest.fixture(scope="module")
+def digits_package(tritonserver, trained_digits, tmp_path_factory) -> Path:
+    return packaged_run(trained_digits, tmp_path_factory.mktemp("triton-digits")) / "package"
+
+
+@pytest.fixture(scope="module")
+def digits_served(tritonserver, digits_package, tmp_path_factory):
+    yield from _serve_both(tritonserver, digits_package, tmp_path_factory.mktemp("triton-log") / "digits.log")
+
+
+@pytest.fixture(scope="module")
+def text_served(tritonserver, tmp_path_factory):
+    run = packaged_text_run(tmp_path_factory.mktemp("triton-text"))
+    yield from _serve_both(tritonserver, run / "package", tmp_path_factory.mktemp("triton-log") / "text.log")
+
+
+@pytest.fixture(scope="module")
+def x(digits_package) -> np.ndarray:
+    """The first 40 digits test images as model inputs (float32 [N, 1, 8, 8]), as test_serve prepares them."""
+    from pipeline import data as data_mod
+
+    pre = json.loads((digits_package / "manifest.json").read_text())["interface"]["preprocessing"]
+    images, _ = data_mod.load(data_mod.DataConfig(source="digits")).test.arrays()
+    return data_mod.prepare(images[:40], pre).astype(np.float32)
+
+
+def _same_metadata(s: Served) -> None:
+    """Both servers describe the model alike to a v2 client; only the platform names the engine."""
+    with httpx.Client(timeout=30) as c:
+        pipe_meta = c.get(f"{s.url}/v2/models/{s.name}").json()
+    meta = s.client.get_model_metadata(s.name)
+    assert meta["platform"] == "onnxruntime_onnx" and s.client.is_model_ready(s.name, "1")
+    assert {**meta, "platform": None} == {**pipe_meta, "platform": None}
+
+
+# ------------------------------------------------------------------ the image package
+
+
+def test_image_repository_loads_unchanged_and_answers_as_pipe_serve(digits_served, x):
+    s = digits_served
+    assert s.client.is_server_live() and s.client.is_server_ready()
+    _same_metadata(s)
+    bound = _gate(s.package)
+    for batch in (x[:1], x[1:33]):  # one sample; max_batch_size (32)
+        v1 = _v1(s.url, {"inputs": batch.tolist()})
+        want = np.asarray(v1["logits"], np.float32)
+        local = s.onnx(batch)
+        for binary in (True, False):
+            got = _infer(s.client, s.name, batch, "FP32", binary)
+            assert got.dtype == np.float32 and got.shape == want.shape == (len(batch), 10)
+            np.testing.assert_array_equal(got, local)
+            assert float(np.abs(got - want).max()) <= bound, (np.abs(got - want).max(), bound)
+        # Triton's classification extension over labels.txt: "score:index:label", top 1.
+        top = _infer(s.client, s.name, batch, "FP32", class_count=1)
+        assert top.shape == (len(batch), 1)
+        parsed = [row[0] for row in _classes(top)]
+        assert [label for _, _, label in parsed] == v1["labels"]
+        assert [i for _, i, _ in parsed] == local.argmax(1).tolist()
+        np.testing.assert_allclose([v for v, _, _ in parsed], local.max(1), rtol=1e-6)
+
+
+# ------------------------------------------------------------------ the text package
+
+
+def test_text_repository_takes_token_ids_and_answers_as_pipe_serve(text_served):
+    from pipeline import data as data_mod
+    from pipeline.serving.spec import check_vocab
+
+    s = text_served
+    _same_metadata(s)
+    text = yaml.safe_load((s.package / "serving.yaml").read_text(encoding="utf-8"))["text"]
+    ids = data_mod.encode_texts(TEXTS, check_vocab(s.package / text["vocab_file"], text), text["max_len"])
+    # Triton has no tokenizer: the ids padded to max_len, as the package README says, are what /v1 runs.
+    v1 = _v1(s.url, {"text": TEXTS})
+    want = np.asarray(v1["logits"], np.float32)
+    for batch, rows in ((ids[:1], want[:1]), (ids, want)):
+        got = _infer(s.client, s.name, batch, "INT64")
+        assert got.dtype == np.float32 and got.shape == rows.shape
+        np.testing.assert_array_equal(got, s.onnx(batch))
+        assert float(np.abs(got - rows).max()) <= _gate(s.package), (np.abs(got - rows).max(), _gate(s.package))
+    top = _classes(_infer(s.client, s.name, ids, "INT64", binary=False, class_count=2))  # JSON this time
+    assert [row[0][2] for row in top] == v1["labels"]
+    labels = (s.package / "triton" / s.name / "labels.txt").read_text(encoding="utf-8").split()
+    assert all(sorted(label for _, _, label in row) == sorted(labels) for row in top)
+    assert all(labels[i] == label for row in top for _, i, label in row)
+    # dims [-1]: other lengths run too (5 ids unpadded, 40 past max_len), as in the ONNX.
+    for batch in (ids[:, :5].copy(), np.tile(ids[:, :5], (1, 8))):
+        np.testing.assert_array_equal(_infer(s.client, s.name, batch, "INT64"), s.onnx(batch))
+
+
+# ------------------------------------------------------------------ edited copies: the backend's own checks
+
+
+_BAD = {  # model name -> (edit of the package's config.pbtxt, what the load error must say)
+    "bad_input_name": (lambda c: c.replace('name: "x"', 'name: "image"'),
+                       "unexpected inference input 'image', allowed inputs are: x"),
+    "bad_input_dims": (lambda c: c.replace("dims: [ 1, 8, 8 ]", "dims: [ 1, 8, 7 ]"),
+                       "tensor 'x': the model expects 4 dimensions (shape [-1,1,8,8]) but the model configuration "
+                       "specifies 4 dimensions (shape [-1,1,8,7])"),
+    "bad_input_dtype": (lambda c: c.replace("data_type: TYPE_FP32\n    dims: [ 1", "data_type: TYPE_INT64\n    dims: [ 1"),
+                        "configuration expects datatype TYPE_INT64 for input 'x', model provides TYPE_FP32"),
+    "bad_output_dims": (lambda c: c.replace("dims: [ 10 ]", "dims: [ 9 ]"),
+                        f"tensor '{OUT}': the model expects 2 dimensions (shape [-1,10]) but the model "
+                        "configuration specifies 2 dimensions (shape [-1,9])"),
+    "no_batch_dim": (lambda c: c.replace("max_batch_size: 32", "max_batch_size: 0").split("dynamic_batching")[0],
+                     "tensor 'x': the model expects 4 dimensions (shape [-1,1,8,8]) but the model configuration "
+                     "specifies 3 dimensions (shape [1,8,8])"),
+}
+# A copy that waits 300 ms for more requests, so concurrent ones reach the backend in one execute call.
+_SLOW_BATCHER = ("digits_batched", lambda c: c.replace("max_queue_delay_microseconds: 2000",
+                                                       "max_queue_delay_microseconds: 300000"))
+
+
+@pytest.fixture(scope="module")
+def edited(tritonserver, digits_package, tmp_path_factory):
+    """One tritonserver (--exit-on-error=false) on a repository of the package's model: an unchanged copy,
+    the _BAD edits and the slow batcher; yields (client, server, the ONNX run here)."""
+    src = digits_package / "triton/digits_cnn"
+    repo = tmp_path_factory.mktemp("triton-edited") / "repo"
+    shutil.copytree(src, repo / "digits_cnn")  # the unchanged copy loads: the edits are what fails
+    config = (src / "config.pbtxt").read_text(encoding="utf-8")
+    for name, edit in [*((n, e) for n, (e, _) in _BAD.items()), _SLOW_BATCHER]:
+        shutil.copytree(src, repo / name)
+        renamed = config.replace('name: "digits_cnn"', f'name: "{name}"')
+        assert edit(renamed) != renamed, name
+        (repo / name / "config.pbtxt").write_text(edit(renamed), encoding="utf-8")
+    triton = start_triton(tritonserver, repo, repo.parent / "triton.log", "--exit-on-error=false")
+    client = tritonclient_http.InferenceServerClient(triton.url, concurrency=8)
+    try:
+        yield client, triton, _onnx(src / "1/model.onnx")
+    finally:
+        client.close()
+        code = triton.stop()
+    assert code == 0, triton.tail()
+
+
+def test_a_config_that_disagrees_with_the_onnx_never_becomes_ready(edited):
+    client, triton, _ = edited
+    index = {m["name"]: m for m in client.get_model_repository_index()}
+    assert index["digits_cnn"]["state"] == "READY" and client.is_model_ready("digits_cnn")
+    assert client.is_server_live() and not client.is_server_ready()  # strict readiness: every model
+    log = triton.tail(10**6)
+    for name, (_, message) in _BAD.items():
+        assert not client.is_model_ready(name)
+        assert index[name]["state"] == "UNAVAILABLE" and message in index[name]["reason"], index[name]
+        assert message in log, (name, log[-3000:])
+
+
+def test_requests_batched_together_are_split_back_to_their_callers(edited, x):
+    """Eight requests of 1..8 samples at once: the batcher hands the backend several in one execute call
+    (the statistics show a batch larger than any one request) and each caller gets exactly its own rows."""
+    client, _, onnx = edited
+    name = _SLOW_BATCHER[0]
+    starts = np.cumsum([0, *range(1, 9)])
+    pending = []
+    for a, b in zip(starts[:-1], starts[1:]):
+        inp = tritonclient_http.InferInput("x", [int(b - a), 1, 8, 8], "FP32").set_data_from_numpy(x[a:b])
+        pending.append((a, b, client.async_infer(name, [inp])))
+    for a, b, request in pending:
+        np.testing.assert_array_equal(request.get_result().as_numpy(OUT), onnx(x[a:b]))
+    stats = client.get_inference_statistics(name)["model_stats"][0]
+    assert stats["inference_count"] == 36 and stats["execution_count"] < 8, stats
+    assert max(int(b["batch_size"]) for b in stats["batch_stats"]) > 8, stats["batch_stats"]
