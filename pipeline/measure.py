@@ -29,6 +29,7 @@ import numpy as np
 
 from pipeline import artifacts, config as config_mod, cpu, data as data_mod, runtime
 from pipeline.engines import ENGINES
+from pipeline.serving.spec import MODEL_FILES
 from pipeline.errors import InputError, PipeError
 
 STAGES = ("export", "compress", "package")
@@ -37,7 +38,6 @@ _EVAL_BATCH = 256  # as stages/compress.py and export.py: the same batches give 
 _RUNS = (200, 30)  # timed batch-1 and batch-32 runs per model: compress.latency_runs/throughput_runs defaults
 _QUICK_RUNS = (30, 6)
 _MB = 1e6
-_MODEL_FILES = {"pir": "model.json", "legacy": "model.pdmodel"}  # as stages/package.py MODEL_FILES
 
 
 @dataclass
@@ -53,7 +53,7 @@ class BenchRow:
     format: str
     """pir, legacy or onnx."""
     engine: str
-    """paddle_inference or onnxruntime."""
+    """paddle_inference, onnxruntime or openvino."""
     precision: str
     status: str
     """ok, unsupported: reason, failed: reason."""
@@ -200,7 +200,7 @@ def _plans(given: str, art: artifacts.Artifact, threads: int, cache: dict[str, _
         paths = [a.file(f) for a, f in files]  # InputError naming the manifest if one is not listed
         size = sum(a.manifest["files"][f]["bytes"] for a, f in files) / _MB if files else None
         row = BenchRow(given, stage, variant, fmt, engine, precision, status, size)
-        if (engine, len(paths)) in (("paddle_inference", 2), ("onnxruntime", 1)):
+        if (engine, len(paths)) in (("paddle_inference", 2), ("onnxruntime", 1), ("openvino", 1), ("openvino", 2)):
             def build() -> Callable[[np.ndarray], np.ndarray]:
                 return ENGINES[engine].load(paths, threads=threads, precision=precision).run
         else:
@@ -229,16 +229,27 @@ def _plans(given: str, art: artifacts.Artifact, threads: int, cache: dict[str, _
         export, why = _export_of(art)
         for name, v in (m["metrics"].get("variants") or {}).items():
             precision, engine, fmt = v.get("precision", "?"), v.get("engine", "?"), v.get("format", "?")
-            if v.get("source") == "export":
+            if v.get("source") == "export" and not v.get("files"):  # fp32/bf16: the export's PIR program
                 paddle_rows(export, "model.json", (precision,), fmt, (name,), why)
+                continue
+            if v.get("source") == "export":  # openvino-fp32: the export's legacy program
+                if export is None:
+                    add(name, fmt, engine, precision, [], f"failed: {why}")
+                else:
+                    add(name, fmt, engine, precision, [(export, f) for f in v["files"]],
+                        "ok" if v.get("supported", True) else f"unsupported: {v.get('reason') or 'recorded as such'}")
                 continue
             files = [(art, f) for f in v.get("files") or []]
             status = "ok" if v.get("supported", True) else f"unsupported: {v.get('reason') or 'recorded as such'}"
             add(name, fmt, engine, precision, files, status)
     else:  # package
         fmt, precision = m.get("format", "pir"), m.get("precision", "fp32")
+        engine = str(m.get("engine") or "paddle_inference")  # packages before engines were chosen: Paddle
         variant = str(m["metrics"].get("variant") or precision)  # the compress variant it copied, if any
-        paddle_rows(art, _MODEL_FILES.get(fmt, "model.json"), (precision,), fmt, (variant,))
+        if engine == "paddle_inference":
+            paddle_rows(art, MODEL_FILES.get(fmt, MODEL_FILES["pir"])[0], (precision,), fmt, (variant,))
+        else:
+            add(variant, fmt, engine, precision, [(art, f) for f in MODEL_FILES.get(fmt, ())])
         for rel in sorted(f for f in m["files"] if f.startswith("triton/") and f.endswith("/model.onnx")):
             onnx_precision = m["metrics"].get("onnx_precision", "fp32")
             add(f"onnx-{onnx_precision}", "onnx", "onnxruntime", onnx_precision, [(art, rel)])
@@ -343,7 +354,7 @@ def _time(first: dict[tuple[Any, ...], _Plan], engines: dict[tuple[Any, ...], Ca
         x1 = np.ascontiguousarray(head[:1])
         x32 = np.ascontiguousarray(np.resize(head, (_BS_THROUGHPUT, *head.shape[1:])))
         groups = [{p.row.label: engines[p.key] for p in plans if p.row.engine == e}
-                  for e in ("paddle_inference", "onnxruntime")]
+                  for e in ENGINES]
         groups = [g for g in groups if g]
         lat = c.interleaved(groups, x1, n_lat)
         thr = c.interleaved(groups, x32, n_thr)

@@ -48,7 +48,8 @@ def render(spec: dict[str, Any], inp: dict[str, Any], outp: dict[str, Any], ids:
     lines = [
         f"# {spec['name']}: a pipe serving package",
         "",
-        f"Precision {spec['precision']}, {spec['model']['format']} program `{spec['model']['program']}`. "
+        f"Engine {spec['model'].get('engine', 'paddle_inference')}, precision {spec['precision']}, "
+        f"{spec['model']['format']} model `{spec['model']['program']}` (variant {spec['model']['variant']}). "
         f"Input `{inp['alias']}` {inp['dtype']} {inp['shape']} (first dim: batch), output `{outp['alias']}` "
         f"{outp['shape']}, {len(spec['labels'])} labels. Every file's sha256 is in `manifest.json`; "
         "`pipe serve` refuses to start if one does not match.",
@@ -156,13 +157,28 @@ def render(spec: dict[str, Any], inp: dict[str, Any], outp: dict[str, Any], ids:
         "```",
         "",
     ]
+    why = (spec.get("engine") or {}).get("why")
+    if why:
+        lines += ["## Why this engine", "", f"`pipe package` measured the variants on this machine and chose "
+                  f"{spec['model']['variant']} on {spec['model'].get('engine')}: {why}. `pipe serve . --engine X` "
+                  "runs another engine that reads these files (onnxruntime or openvino for `model.onnx`; paddle or "
+                  "openvino for an fp32 `model.pdmodel`); the reference check then runs on that engine.", ""]
     if spec.get("triton"):
         t = spec["triton"]
         lines += [
             "## Triton",
             "",
-            f"`triton/` is a Triton model repository (onnxruntime backend, model `{t['model']}`, ONNX from "
-            f"{t['onnx_source']}): `tritonserver --model-repository $PWD/triton`.",
+            f"`triton/` is a Triton model repository (model `{t['model']}`, version 1, `backend: \"onnxruntime\"`, "
+            f"ONNX from {t['onnx_source']}, with the served model's input and output names); a tritonserver with "
+            "the onnxruntime backend loads it unchanged:",
+            "",
+            "```sh",
+            "tritonserver --model-repository=$PWD/triton --http-address=127.0.0.1 --http-port=8000 "
+            "--allow-grpc=false --allow-metrics=false",
+            "```",
+            "",
+            "The v2 client code above talks to Triton and to `pipe serve` the same way (both speak the Open "
+            "Inference Protocol on port 8000); KServe's v2 clients likewise.",
             "",
         ]
         if text is not None:
