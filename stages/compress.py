@@ -14,9 +14,11 @@ and the data it was trained on. Writes `compress/`:
   `quantize_static` (QDQ, unsigned QUInt8 activations, per-channel QInt8 weights, 7-bit with
   `compress.reduce_range` so the file computes the same on CPUs without VNNI; signed activations were
   slower than fp32 on this kind of CPU);
-- `manifest.json`: `metrics.variants` maps fp32, bf16, int8-paddle, onnx-fp32, int8-onnx to their
-  format, engine, files (relative to this dir; fp32/bf16 have `files: []`, `source: "export"`: they
-  run the export's `model.json`), test accuracy, top-1 agreement and max|diff| against fp32 over up to
+- nothing for OpenVINO (`compress.openvino`): `openvino-fp32` runs the export's legacy program (it does
+  not read PIR; the fp32 ONNX when there is no legacy program), `openvino-int8` the int8-onnx file;
+- `manifest.json`: `metrics.variants` maps fp32, bf16, int8-paddle, onnx-fp32, int8-onnx, openvino-fp32,
+  openvino-int8 to their format, engine, files (relative to this dir, or with `source: "export"` to the
+  export's; fp32/bf16 have `files: []`: they run the export's `model.json`), test accuracy, top-1 agreement and max|diff| against fp32 over up to
   4,096 samples of all splits, size, p50/p99 latency at batch 1, items/s at batch 32, the engine as it
   describes itself, and a status: `ok`, `below budget` (agreement < `compress.min_agreement`), `unreliable
   on this CPU` (Paddle int8 without VNNI that is not both within budget and faster) or `unsupported`.
@@ -795,7 +797,7 @@ def _print_table(variants: dict[str, dict[str, Any]], n: int, io: dict[str, Any]
                     "interleaved", caption=caption)
     for col in ("variant", "acc", "drop pts", "agree", "max|diff|", "KB", "p50 ms bs1", "p99 ms bs1",
                 "items/s bs32", "vs fp32 bs1 / bs32", "speed"):
-        t.add_column(col, justify="left" if col in ("variant", "speed") else "right")
+        t.add_column(col, justify="left" if col in ("variant", "speed") else "right", no_wrap=col == "variant")
     for name, v in variants.items():
         size = "-" if v["size_bytes"] is None else f"{v['size_bytes'] / 1024:.0f}"
         if not v["supported"]:
