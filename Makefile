@@ -32,10 +32,12 @@ $(STAMP39):
 
 venv: $(STAMP)
 
-# A second `make demo` with nothing changed is served from pipe all's cache in seconds.
+# A second `make demo` with nothing changed is served from pipe all's cache in seconds; it ends by serving the
+# package on 127.0.0.1 for a moment (examples/serve_demo.py: /v1 and /v2 calls, then SIGTERM).
 demo: $(STAMP)
 	$(BIN)/pipe all --config examples/digits.yaml --run runs/demo
 	$(BIN)/pipe inspect runs/demo/package --verify
+	$(BIN)/python examples/serve_demo.py runs/demo/package
 
 test: $(STAMP) $(STAMP39)
 	$(BIN)/python -m pytest -q

@@ -170,6 +170,8 @@ def serve(
     port: int = typer.Option(8000, "--port", help="TCP port (0 = any free port, printed at start)."),
     engine: Optional[str] = typer.Option(None, "--engine", help="Run the package on this engine (paddle, onnxruntime, "
                                                                 "openvino) if it holds files it runs; default: the package's."),
+    device: str = typer.Option("cpu", "--device", help="cpu, or gpu / gpu:N (the same code path; not run on a GPU "
+                                                       "by us)."),
     predictors: Optional[int] = typer.Option(None, "--predictors", help="Predictor processes in the pool."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads per predictor (0 = cores-1 / predictors)."),
     max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help="Samples per run (package default)."),
@@ -182,7 +184,8 @@ def serve(
     """Serve a package over HTTP (FastAPI + uvicorn) with dynamic batching; 127.0.0.1 unless --host."""
     from stages import serve as stage
 
-    cfg = stage.ServeConfig(host=host, port=port, engine=engine or "", predictors=predictors, threads=threads,
+    cfg = stage.ServeConfig(host=host, port=port, engine=engine or "", device=device, predictors=predictors,
+                            threads=threads,
                             max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, queue_size=queue_size,
                             timeout_s=timeout_s, max_body_bytes=max_body_bytes, drain_s=drain_s)
     stage.run(cfg, package_dir)

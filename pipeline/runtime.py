@@ -73,3 +73,15 @@ def gpu_count(paddle: Any) -> int:
     if not paddle.is_compiled_with_cuda():
         return 0
     return int(paddle.device.cuda.device_count())
+
+
+def device_index(device: str, flag: str = "device") -> int | None:
+    """'cpu' -> None; 'gpu' / 'gpu:N' -> N (0 by default); anything else is bad input naming `flag`."""
+    kind, _, idx = device.partition(":")
+    if kind == "cpu" and not idx:
+        return None
+    if kind == "gpu" and (not idx or idx.isdigit()):
+        return int(idx or 0)
+    from pipeline.errors import InputError
+
+    raise InputError(f"{flag}: expected cpu, gpu or gpu:N, got {device!r}")

@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import __version__
+from pipeline import __version__, runtime
 from pipeline.errors import GateError, InputError
 from pipeline.serving import openapi, spec as spec_mod, v2, validate, wire
 from pipeline.serving.batcher import Batcher, Job
@@ -78,6 +78,9 @@ class ServeConfig:
     """TCP port; 0 picks a free one (printed at start)."""
     engine: str = ""
     """The engine to run the package on; '' = serving.yaml's `model.engine`. It must run the package's files."""
+    device: str = "cpu"
+    """cpu, or gpu / gpu:N (CUDA for Paddle Inference and onnxruntime, OpenVINO's GPU plugin): the same code
+    path, never run here (no machine of ours has a GPU); a device that is not there exits 2."""
     predictors: int | None = None
     """Predictor processes in the pool, each running one engine instance."""
     threads: int | None = None
@@ -101,6 +104,7 @@ def run(cfg: ServeConfig, package_dir: Path) -> None:
     spec = spec_mod.load_package(Path(package_dir))
     settings = spec_mod.settings(cfg, spec)
     engine = engine_for(spec, cfg.engine)  # exit 2 before anything starts: unknown, missing, cannot run these files
+    runtime.device_index(cfg.device, "--device")
     if cfg.host != "127.0.0.1":
         print(f"pipe serve: warning: listening on {cfg.host}, reachable from other machines; this server has "
               "no authentication or TLS (put a proxy in front of it)", file=sys.stderr)
@@ -109,7 +113,8 @@ def run(cfg: ServeConfig, package_dir: Path) -> None:
     previous = signal.signal(signal.SIGTERM, _exit_while_loading)
     preds: list[PredictorProcess] = []
     try:
-        preds = start_predictors(spec, settings.predictors, settings.threads, settings.max_batch_size, engine)
+        preds = start_predictors(spec, settings.predictors, settings.threads, settings.max_batch_size, engine,
+                                 cfg.device)
         checked = _reference_check(spec, settings, preds)
         state = _State(spec, settings, preds, checked)
         server = _make_server(state, sock)

@@ -51,8 +51,14 @@ def test_first_run_builds_every_stage_and_records_the_choice(first_run):
     packaged = record["packaged"]
     pkg = _manifest(run / "package")["metrics"]
     assert pkg["variant"] == packaged["variant"] and packaged["why"] in out
-    # With --backend onnxruntime the servable candidates are fp32 and bf16 (when this CPU has it).
-    assert packaged["variant"] in ("fp32", "bf16")
+    # Every engine's variants are candidates; what shipped is `pipe package --engine auto`'s rule on
+    # what compress measured (pipeline/choose.py, tested on its own in tests/stages/test_engines.py).
+    from pipeline import choose
+
+    variants = _manifest(run / "compress")["metrics"]["variants"]
+    want = choose.pick(variants, ref_accuracy=variants["fp32"]["accuracy"], ref_name="fp32", max_drop=1.0)
+    assert packaged["variant"] == want.variant and _manifest(run / "package")["engine"] == want.engine
+    assert "by balanced" in packaged["why"] and want.engine in packaged["why"]
     assert "ran: train" in out and "cached: nothing" in out
     # The report is written by every successful run, with pipe all's own reason for the choice.
     md, html = (run / "report.md").read_text(), (run / "report.html").read_text()
@@ -186,3 +192,37 @@ def test_distillation_in_pipe_all_is_judged_against_the_teacher(first_run, tmp_p
     assert "package: " in out and "distilled student mlp: " in out
     chain = json.loads((run / "pipeline.json").read_text())["packaged"]
     assert chain["from"] == "compress" and _manifest(run / "package")["input"]["stage"] == "compress"
+
+
+def test_release_engine_and_optimize(first_run, tmp_path, cli):
+    """release.engine / release.optimize pick among that engine's measured variants; only package reruns."""
+    run = _copy(first_run, tmp_path / "run")
+    code, out, err = cli("all", *FAST, "--run", run, "--set", "release.engine=openvino",
+                         "--set", "release.optimize=latency")
+    assert code == 0, err
+    assert "cached: train, export, compress" in out
+    pkg = _manifest(run / "package")
+    record = json.loads((run / "pipeline.json").read_text())["packaged"]
+    assert pkg["engine"] == "openvino" and pkg["metrics"]["variant"] in ("openvino-fp32", "openvino-int8")
+    assert record["why"].startswith("openvino: fastest of those asked for by latency")
+    code, _, err = cli("all", *FAST, "--run", run, "--set", "release.engine=tensorrt")
+    assert code == 2 and "release.engine" in err and "tensorrt" in err
+
+
+def test_the_demo_serves_what_pipe_all_packaged(first_run):
+    """`make demo`'s last step: examples/serve_demo.py serves the package on 127.0.0.1, calls /v1 with its
+    reference inputs and /v2 with tritonclient, and stops it (exit 0)."""
+    import subprocess
+    import sys
+
+    run, _ = first_run
+    engine = _manifest(run / "package")["engine"]
+    proc = subprocess.run([sys.executable, str(REPO / "examples/serve_demo.py"), str(run / "package")],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"runs {engine} " in proc.stdout
+    agreement = float(proc.stdout.split("top-1 agreement with fp32 ")[1].split()[0])
+    assert agreement >= 0.99
+    v2 = proc.stdout.split("(tritonclient, binary tensors): max|diff| from /v1 ")[1].split()[0]
+    assert float(v2) <= 1e-5
+    assert "server stopped (exit 0)" in proc.stdout

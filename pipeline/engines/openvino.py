@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import cpu
+from pipeline import cpu, runtime
 from pipeline.engines import ort as ort_engine
 from pipeline.errors import InputError, PipeError
 
@@ -62,9 +62,9 @@ def available() -> str:
 
 
 def load(files: list[Path], *, threads: int, precision: str = "fp32", device: str = "cpu") -> Engine:
-    """`files` = [model.onnx] or [model.pdmodel, model.pdiparams]. device: only 'cpu' is run here."""
-    if device != "cpu":
-        raise PipeError(f"OpenVINO device {device!r}: this pipe runs the CPU plugin only")
+    """`files` = [model.onnx] or [model.pdmodel, model.pdiparams]. device: cpu, or gpu[:N] (OpenVINO's GPU
+    plugin: the same code path, never run here)."""
+    gpu = runtime.device_index(device, "--device")
     if precision not in ("fp32", "int8"):
         raise PipeError(f"OpenVINO precision {precision!r}: expected fp32 or int8")
     why = available()
@@ -76,17 +76,23 @@ def load(files: list[Path], *, threads: int, precision: str = "fp32", device: st
     info: dict[str, Any] = {"engine": NAME, "version": ov.__version__.split("-")[0], "precision": precision,
                             "threads": threads, "device": device, "files": [p.name for p in paths],
                             "hint": "LATENCY"}
-    if precision == "int8" and paths[0].suffix == ".onnx" and not cpu.int8_exact(NAME):
+    if gpu is None and precision == "int8" and paths[0].suffix == ".onnx" and not cpu.int8_exact(NAME):
         safe = ort_engine.saturation_safe(paths[0])
         info["int8_weight_range"] = {None: None, True: "reduced", False: "full"}[safe]
         if safe is False:
             info["note"] = ("int8 with full-range weights on a CPU whose int8 saturates: OpenVINO has no exact "
                             "mode for it; the agreement gate and the reference check decide")
     core = ov.Core()
+    target, config = "CPU", {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
+                             "INFERENCE_PRECISION_HINT": "f32", "ENABLE_CPU_PINNING": False}
+    if gpu is not None:
+        target, config = f"GPU.{gpu}", {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
+        if target not in core.available_devices and not (gpu == 0 and "GPU" in core.available_devices):
+            raise InputError(f"--device {device}: OpenVINO: not among its devices here ({', '.join(core.available_devices)})")
+        target = target if target in core.available_devices else "GPU"
     try:
         model = core.read_model(*(str(p) for p in paths))
-        compiled = core.compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
-                                                     "INFERENCE_PRECISION_HINT": "f32", "ENABLE_CPU_PINNING": False})
+        compiled = core.compile_model(model, target, config)
     except Exception as e:  # OpenVINO's C++ error: one line, naming the file
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         raise PipeError(f"{paths[0]}: OpenVINO cannot load it ({e.__class__.__name__}: "

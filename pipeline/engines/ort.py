@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import cpu
-from pipeline.errors import PipeError
+from pipeline import cpu, runtime
+from pipeline.errors import InputError, PipeError
 
 NAME = "onnxruntime"
 RANGE_KEY = "pipe.int8_weight_range"  # "reduced" (7-bit weights, exact on any x86 CPU) or "full"
@@ -70,17 +70,24 @@ def saturation_safe(path: Path) -> bool | None:
 
 
 def load(files: list[Path], *, threads: int, precision: str = "fp32", device: str = "cpu") -> Engine:
-    """`files` = [model.onnx]. device: only 'cpu' (CPUExecutionProvider) is run here."""
-    if device != "cpu":
-        raise PipeError(f"onnxruntime device {device!r}: this pipe runs the CPUExecutionProvider only")
+    """`files` = [model.onnx]. device: cpu (CPUExecutionProvider), or gpu[:N] (CUDAExecutionProvider, from
+    onnxruntime-gpu: the same code path, never run here)."""
+    gpu = runtime.device_index(device, "--device")
     import onnxruntime as ort
+
+    providers: list[Any] = ["CPUExecutionProvider"]
+    if gpu is not None:
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise InputError(f"--device {device}: onnxruntime: this onnxruntime has no CUDAExecutionProvider "
+                            f"({', '.join(ort.get_available_providers())}; install onnxruntime-gpu)")
+        providers = [("CUDAExecutionProvider", {"device_id": gpu}), "CPUExecutionProvider"]
 
     (path,) = (Path(f) for f in files)
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads, so.log_severity_level = threads, 1, 3
     info: dict[str, Any] = {"engine": NAME, "version": ort.__version__, "precision": precision,
                             "threads": threads, "device": device, "files": [path.name]}
-    if not cpu.int8_exact(NAME):
+    if gpu is None and not cpu.int8_exact(NAME):
         safe = saturation_safe(path)
         info["int8_weight_range"] = {None: None, True: "reduced", False: "full"}[safe]
         if safe is False:
@@ -89,7 +96,7 @@ def load(files: list[Path], *, threads: int, precision: str = "fp32", device: st
             info["note"] = ("int8 with full-range weights on a CPU whose int8 saturates: "
                             "session.x64quantprecision=1 (exact, at about fp32 speed)")
     try:
-        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(str(path), so, providers=providers)
     except Exception as e:  # onnxruntime's C++ error: one line, naming the file
         raise PipeError(f"{path}: onnxruntime cannot load it ({e.__class__.__name__}: "
                         f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None

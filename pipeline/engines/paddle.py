@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from pipeline import cpu, runtime
-from pipeline.errors import PipeError
+from pipeline.errors import InputError, PipeError
 
 NAME = "paddle_inference"
 
@@ -52,15 +52,36 @@ def load(files: list[Path], *, threads: int, precision: str = "fp32", cache_capa
          device: str = "cpu", int8_ops: set[str] | None = None) -> Engine:
     """`files` = [program (model.json | model.pdmodel), params]. `cache_capacity` > 0 caps oneDNN's
     per-shape kernel cache (the server's one set per batch bucket). `int8_ops`: the oneDNN int8 op set
-    (empty = all); None = this CPU's (`cpu.onednn_int8_ops`). device: only 'cpu' is run here."""
-    if device != "cpu":
-        raise PipeError(f"Paddle Inference device {device!r}: this pipe runs the CPU build only")
+    (empty = all); None = this CPU's (`cpu.onednn_int8_ops`). device: cpu, or gpu[:N] (CUDA, fp32/fp16: the same
+    code path, never run here)."""
+    gpu = runtime.device_index(device, "--device")
     program, params = (Path(f) for f in files)
     paddle = runtime.import_paddle(threads)
     c = paddle.inference.Config(str(program), str(params))
-    c.enable_onednn()
     info: dict[str, Any] = {"engine": NAME, "version": paddle.__version__, "precision": precision,
                             "threads": threads, "device": device, "files": [program.name, params.name]}
+    if gpu is not None:  # written as the CPU path is; not run here (no machine of ours has a GPU)
+        if gpu >= runtime.gpu_count(paddle):
+            raise InputError(f"--device {device}: Paddle Inference: this paddle build sees {runtime.gpu_count(paddle)} "
+                            "CUDA device(s) (the CPU build sees none; install paddlepaddle-gpu)")
+        if precision not in ("fp32", "fp16"):
+            raise InputError(f"--device {device}: Paddle Inference: precision {precision!r} is not built here (fp32, fp16)")
+        half = paddle.inference.PrecisionType.Half if precision == "fp16" else paddle.inference.PrecisionType.Float32
+        c.enable_use_gpu(256, gpu, half)
+    else:
+        _onednn(c, precision, int8_ops, info)
+    c.set_cpu_math_library_num_threads(threads)
+    if cache_capacity and gpu is None:
+        c.set_onednn_cache_capacity(cache_capacity)
+    c.disable_glog_info()
+    with quiet_fd2(f"{program}: Paddle Inference predictor"):  # the int8/bf16 passes print past glog, on fd 2
+        pred = paddle.inference.create_predictor(c)
+    return Engine(pred, info)
+
+
+def _onednn(c: Any, precision: str, int8_ops: set[str] | None, info: dict[str, Any]) -> None:
+    """The CPU path: oneDNN kernels at `precision` (int8 on this CPU's op set, see the module docstring)."""
+    c.enable_onednn()
     if precision == "int8":
         ops = cpu.onednn_int8_ops() if int8_ops is None else set(int8_ops)
         c.enable_onednn_int8(ops)
@@ -72,13 +93,6 @@ def load(files: list[Path], *, threads: int, precision: str = "fp32", cache_capa
         c.enable_onednn_bfloat16()
     elif precision != "fp32":
         raise PipeError(f"Paddle Inference precision {precision!r}: expected fp32, bf16 or int8")
-    c.set_cpu_math_library_num_threads(threads)
-    if cache_capacity:
-        c.set_onednn_cache_capacity(cache_capacity)
-    c.disable_glog_info()
-    with quiet_fd2(f"{program}: Paddle Inference predictor"):  # the int8/bf16 passes print past glog, on fd 2
-        pred = paddle.inference.create_predictor(c)
-    return Engine(pred, info)
 
 
 @contextlib.contextmanager

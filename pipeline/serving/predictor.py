@@ -43,8 +43,9 @@ START_S = 600.0  # a big program on a busy machine can take minutes to load
 class PredictorProcess:
     """One predictor child: `start`, `hello` (it loaded), `run(x)`, `warm_up`, `close`."""
 
-    def __init__(self, spec: Spec, threads: int, max_batch: int, engine: str = ""):
-        self.doc = {"package": str(spec.dir), "engine": engine_for(spec, engine), "precision": spec.precision,
+    def __init__(self, spec: Spec, threads: int, max_batch: int, engine: str = "", device: str = "cpu"):
+        self.doc = {"package": str(spec.dir), "engine": engine_for(spec, engine), "device": device,
+                    "precision": spec.precision,
                     "threads": threads, "input": spec.inp["name"], "output": spec.outp["name"],
                     "dtype": spec.inp["dtype"], "sample_shape": list(spec.sample_shape), "buckets": buckets(max_batch)}
         self.proc: subprocess.Popen | None = None
@@ -101,8 +102,9 @@ def buckets(max_batch: int) -> list[int]:
     return [1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch] + [max_batch]
 
 
-def start_predictors(spec: Spec, n: int, threads: int, max_batch: int, engine: str = "") -> list[PredictorProcess]:
-    preds = [PredictorProcess(spec, threads, max_batch, engine) for _ in range(n)]
+def start_predictors(spec: Spec, n: int, threads: int, max_batch: int, engine: str = "",
+                     device: str = "cpu") -> list[PredictorProcess]:
+    preds = [PredictorProcess(spec, threads, max_batch, engine, device) for _ in range(n)]
     try:
         for pred in preds:  # started together: their paddle imports overlap
             pred.start()
@@ -160,14 +162,16 @@ def engine_for(spec: Spec, override: str = "") -> str:
     return name
 
 
-def load_engine(spec: Spec, engine: str, threads: int, cache_capacity: int = 0) -> Any:
-    """The package's model on `engine` (`pipeline/engines/`), its io names checked against serving.yaml."""
+def load_engine(spec: Spec, engine: str, threads: int, cache_capacity: int = 0, device: str = "cpu") -> Any:
+    """The package's model on `engine` (`pipeline/engines/`) on `device`, its io names checked against
+    serving.yaml. A GPU device is the same code path; no machine of ours has run it."""
     if spec.precision == "bf16" and runtime.bf16_unsupported():
         raise InputError(f"{spec.dir}: a bf16 package, but {runtime.bf16_unsupported()}; package the "
                          "model with --precision fp32")
     extra = {"cache_capacity": cache_capacity} if engine == "paddle_inference" else {}
     try:
-        eng = engines.ENGINES[engine].load(list(spec.files), threads=threads, precision=spec.precision, **extra)
+        eng = engines.ENGINES[engine].load(list(spec.files), threads=threads, precision=spec.precision,
+                                           device=device, **extra)
     except InputError:
         raise
     except PipeError as e:  # the engine's C++ error: one line, naming the file
@@ -183,7 +187,7 @@ def _create_predictor(doc: dict[str, Any]) -> Any:
     from pipeline.serving.spec import load_package
 
     spec = load_package(Path(doc["package"]))
-    return load_engine(spec, doc["engine"], doc["threads"], cache_capacity=len(doc["buckets"]))
+    return load_engine(spec, doc["engine"], doc["threads"], cache_capacity=len(doc["buckets"]), device=doc["device"])
 
 
 def _predictor_main(doc: dict[str, Any]) -> int:

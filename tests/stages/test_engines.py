@@ -221,3 +221,25 @@ def test_openvino_int8_probe_sees_the_avx2_kernels(tmp_path):
     assert avx2.stdout.split() == ["1048544", "False"], avx2.stderr[-500:]
     vnni = any(f in cpu.flags() for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
     assert here.stdout.split() == (["2072640", "True"] if vnni else ["1048544", "False"]), here.stderr[-500:]
+
+
+@pytest.mark.parametrize("flag,needle", [
+    ("paddle", "--device gpu:0: Paddle Inference: this paddle build sees 0 CUDA device(s)"),
+    ("onnxruntime", "--device gpu:0: onnxruntime: this onnxruntime has no CUDAExecutionProvider"),
+    ("openvino", "--device gpu:0: OpenVINO: not among its devices here (CPU"),
+])
+def test_serve_device_gpu_is_the_same_path_and_refused_here(packages, cli, flag, needle):
+    """No GPU here: each engine's GPU branch runs up to its device check and refuses in one line, exit 2.
+    (What it would do on a GPU has not been run by us.)"""
+    if engines.missing(ENGINE_OF[flag]) or flag == "paddle" and _paddle_sees_a_gpu():
+        pytest.skip("this machine has what the GPU path needs; the refusal cannot be checked here")
+    code, _, err = cli("serve", packages[flag], "--port", "0", "--device", "gpu:0")
+    assert code == 2 and needle in err and err.count("\n") == 1 and "Traceback" not in err, err
+    code, _, err = cli("serve", packages[flag], "--port", "0", "--device", "tpu")
+    assert code == 2 and "--device: expected cpu, gpu or gpu:N, got 'tpu'" in err
+
+
+def _paddle_sees_a_gpu() -> bool:
+    import paddle
+
+    return paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
