@@ -7,15 +7,18 @@ subprocesses, one model after the other: `pipe train` (one epoch of a seeded syn
 init: speed does not depend on the weights), `pipe export`, `pipe compress --int8 --backend both`
 (three times on the same export unless quick). It reads the compress manifests: each ratio is timed
 interleaved against Paddle fp32 (oneDNN, PIR) within one compress run; rows give the median over the
-runs and their range. Goals (issue 4) use throughput at batch 32, the measure of the prototype table
+runs and their range. Every engine compress measures is a row: Paddle Inference (fp32, bf16, int8),
+onnxruntime (fp32, int8) and OpenVINO (fp32 on the legacy program, int8 on the QDQ ONNX); then what
+`pipe package --engine auto` picks from each run's manifest (`pipeline.choose.pick`, as `pipe package`
+calls it) and why. Goals (issue 4) use throughput at batch 32, the measure of the prototype table
 in the facts note: on resnet18 the best int8 engine >= 3.5x and bf16 >= 1.8x.
-The accuracy goal (drop <= 0.3 point) comes from `pipe all --config examples/digits.yaml`.
+The accuracy goal (drop <= 0.3 point) comes from `pipe all --config examples/digits.yaml`, whose compress
+manifest gives digits' rows of every engine too (one run), and whose package is checked against the pick.
 
 Text (issue 7), `text_rows`: the built-in `chinese_sentiment` task (int64 ids padded to max_len 160),
 `pipe train` of text_fasttext (the example's model) and, unless quick, text_cnn for a few epochs on the
-real split, then the same export + compress runs: Paddle fp32, bf16, int8 (PaddleSlim) and
-onnxruntime fp32 and int8 as
-ratios to Paddle fp32 side by side, plus the int8 accuracy drop against the issue's goal (<= 0.5 point).
+real split, then the same export + compress runs: every engine's variants as ratios to Paddle fp32
+side by side, the auto pick, plus the int8 accuracy drop against the issue's goal (<= 0.5 point).
 
     python -c "from pipeline import bench_compress; [print(r) for r in bench_compress.text_rows(quick=True)]"
 
@@ -37,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.errors import PipeError
+
 Row = tuple[str, str, str, str]
 
 _REPO = Path(__file__).parents[1]
@@ -46,24 +51,26 @@ _CLASSES = 10
 _SPLIT = (128, 32, 96)  # train, val, test samples; train = 4 calibration batches of 32
 _BATCH = 32
 _VARIANTS = (("bf16", "Paddle bf16"), ("int8-paddle", "Paddle int8"), ("onnx-fp32", "onnxruntime fp32"),
-             ("int8-onnx", "onnxruntime int8"))
+             ("int8-onnx", "onnxruntime int8"), ("openvino-fp32", "OpenVINO fp32"), ("openvino-int8", "OpenVINO int8"))
+_INT8 = ("int8-paddle", "int8-onnx", "openvino-int8")
+_ENGINE_OF = {"int8-paddle": "paddle_inference", "int8-onnx": "onnxruntime", "openvino-int8": "openvino"}
 _GOAL_INT8, _GOAL_BF16, _GOAL_DROP = 3.5, 1.8, 0.3
 _TEXT_MODELS = (("text_fasttext", 3), ("text_cnn", 2))  # (model, training epochs); quick: the first only
 _GOAL_TEXT_DROP = 0.5  # points, issue 7
 _MARGIN = 1.05  # as in stages/compress.py: within 5% of fp32 is "no faster", below that "slower"
 _TIMEOUT = 1800  # s per stage
-_QUICK_TIMING = ("compress.latency_runs=50", "compress.throughput_runs=10")
+QUICK_TIMING = ("compress.latency_runs=50", "compress.throughput_runs=10")
 _REPEATS = 3  # compress runs per model (same export) when not quick: runs differed by up to ~25%
 
 
-class _StageFailed(Exception):
+class StageFailed(PipeError):
     """A `pipe` subprocess exited non-zero; the message is its last stderr line."""
 
 
 def rows(quick: bool) -> list[Row]:
     """Speed rows for both models, goal rows for resnet18, accuracy rows for digits. `quick`: one
     compress run per model with fewer timed runs per variant; else `_REPEATS` runs, medians and ranges."""
-    timing, repeats = (_QUICK_TIMING, 1) if quick else ((), _REPEATS)
+    timing, repeats = (QUICK_TIMING, 1) if quick else ((), _REPEATS)
     tmp = Path(tempfile.mkdtemp(prefix="pipe-bench-compress-"))
     try:
         data = synthetic(tmp / "synthetic.npz")
@@ -81,7 +88,7 @@ def rows(quick: bool) -> list[Row]:
 
 def text_rows(quick: bool) -> list[Row]:
     """Speed and accuracy rows of int8 on the Chinese sentiment task, per model in `_TEXT_MODELS`."""
-    timing, repeats = (_QUICK_TIMING, 1) if quick else ((), _REPEATS)
+    timing, repeats = (QUICK_TIMING, 1) if quick else ((), _REPEATS)
     tmp = Path(tempfile.mkdtemp(prefix="pipe-bench-compress-text-"))
     try:
         out: list[Row] = []
@@ -107,7 +114,7 @@ def synthetic(path: Path) -> Path:
     return path
 
 
-def _pipe(*args: str, cwd: Path) -> None:
+def pipe(*args: str, cwd: Path) -> None:
     """`cwd`: a scratch dir, not the checkout: onnxruntime's shape inference, run inside `pipe compress`,
     drops `sym_shape_infer_temp.onnx` into the working directory when it fails."""
     cmd = [sys.executable, "-m", "pipeline.cli", *args]
@@ -115,13 +122,13 @@ def _pipe(*args: str, cwd: Path) -> None:
     try:
         proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=_TIMEOUT, check=False)
     except subprocess.TimeoutExpired:
-        raise _StageFailed(f"`pipe {args[0]}` did not finish within {_TIMEOUT} s") from None
+        raise StageFailed(f"`pipe {args[0]}` did not finish within {_TIMEOUT} s") from None
     if proc.returncode != 0:
         lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
-        raise _StageFailed(f"`pipe {args[0]}` exit {proc.returncode}: {lines[-1] if lines else 'no output'}")
+        raise StageFailed(f"`pipe {args[0]}` exit {proc.returncode}: {lines[-1] if lines else 'no output'}")
 
 
-def _sets(items: tuple[str, ...]) -> list[str]:
+def sets(items: tuple[str, ...]) -> list[str]:
     return [arg for item in items for arg in ("--set", item)]
 
 
@@ -135,25 +142,25 @@ def _model_rows(model: str, name: str, train_args: list[str], run: Path, timing:
     t0 = time.perf_counter()
     lost: dict[str, str] = {}  # variant -> why it is missing
     try:
-        _pipe("train", *train_args, "--model", model, "--batch-size", str(_BATCH), "--run", str(run), cwd=run.parent)
-        _pipe("export", str(run / "train"), cwd=run.parent)
+        pipe("train", *train_args, "--model", model, "--batch-size", str(_BATCH), "--run", str(run), cwd=run.parent)
+        pipe("export", str(run / "train"), cwd=run.parent)
         backend = "both"
         try:
             runs = [_compress(run, backend, timing, 0)]
-        except _StageFailed as e:
+        except StageFailed as e:
             # The Paddle variants are still worth measuring; if this works too, the ONNX route failed.
             backend, runs = "paddle", [_compress(run, "paddle", timing, 0)]
             lost = {"onnx-fp32": f"failed with --backend both ({e})",
                     "int8-onnx": "the ONNX route failed, see onnxruntime fp32"}
         runs += [_compress(run, backend, timing, i) for i in range(1, repeats)]
-    except _StageFailed as e:
-        out = [(name, f"failed: {e}", "all five variants measured", "**failed**")]
+    except StageFailed as e:
+        out = [(name, f"failed: {e}", "every engine's variants measured", "**failed**")]
         if goals:
             out += [(f"{name} goal: {what}", "not measured (a stage failed)", goal, "**missed**")
                     for what, goal in _goal_names()]
         return out
     wall = time.perf_counter() - t0
-    out = _speed_rows(name, runs, lost, samples)
+    out = _speed_rows(name, runs, lost, samples) + [pick_row(name, runs)]
     if goals:
         out += _goal_rows(name, runs)
     return out + [(f"{name}: wall time of train + export + {len(runs)} x compress", _wall(wall), "", "")]
@@ -165,9 +172,9 @@ def _compress(run: Path, backend: str, timing: tuple[str, ...], i: int) -> dict[
     under int8; the accuracy and agreement gates must not stop the timing (digits measures accuracy with
     the default gates; the agreement measured is still recorded in every row)."""
     out = run / f"compress-{backend}-{i}"
-    _pipe("compress", str(run / "export"), "--out", str(out), "--int8", "--backend", backend,
+    pipe("compress", str(run / "export"), "--out", str(out), "--int8", "--backend", backend,
           "--calib-batches", str(_SPLIT[0] // _BATCH), "--max-drop", "100",
-          *_sets(("compress.min_agreement=0", *timing)), cwd=run.parent)
+          *sets(("compress.min_agreement=0", *timing)), cwd=run.parent)
     return json.loads((out / "manifest.json").read_text())["metrics"]
 
 
@@ -196,14 +203,14 @@ def _speed_rows(name: str, runs: list[dict[str, Any]], lost: dict[str, str], sam
             why = x["reason"] if x else lost.get(key, "not built")
             out.append((f"{name}: {label}", f"not measured: {why}", "", "**unsupported**" if x else "**failed**"))
             continue
-        tag = f" [{int8_tag(runs[0], key)}]" if x["precision"] == "int8" else ""
+        tag = f" [{int8_tag(runs[0], key)}]" if x["precision"] == "int8" or x["engine"] == "openvino" else ""
         out.append((f"{name}: {label} items/s bs32 vs Paddle fp32{tag}",
                     *_ratio(*_median(runs, key, "speedup_bs32"), f"{thr[key]:.0f} items/s")))
         out.append((f"{name}: {label} speed-up at bs1 (fp32 p50 / its p50){tag}",
                     *_ratio(*_median(runs, key, "speedup_bs1"), f"{lat[key]:.2f} ms")))
         if x.get("status", "ok") != "ok":
             out.append((f"{name}: {label} status{tag}", x["status"], "", "**not shippable**"))
-    int8 = [(k, v[k]) for k in ("int8-paddle", "int8-onnx") if v.get(k, {}).get("supported")]
+    int8 = [(k, v[k]) for k in _INT8 if v.get(k, {}).get("supported")]
     agreed = runs[0].get("agreement_samples", runs[0]["test_samples"])
     out.append((f"{name}: int8 top-1 agreement with fp32 ({agreed} samples of all splits) "
                 f"[{int8_tag(runs[0])}]", ", ".join(f"{k} {x['top1_agreement']:.3f}" for k, x in int8) or "-", "", ""))
@@ -212,13 +219,46 @@ def _speed_rows(name: str, runs: list[dict[str, Any]], lost: dict[str, str], sam
     return out
 
 
+def pick_row(name: str, runs: list[dict[str, Any]], packaged: str = "") -> Row:
+    """What `pipe package --engine auto` ships from each compress run: `pipeline.choose.pick` on its
+    `metrics.variants`, with the budget recorded in it, as `pipe package` calls it. `packaged`: the variant
+    a real package of the first run shipped (said beside the pick, checked against it)."""
+    from pipeline import choose
+    from pipeline.errors import GateError
+
+    picks: list[str] = []
+    why = ""
+    for m in runs:
+        v = m["variants"]
+        try:
+            p = choose.pick(v, ref_accuracy=(v.get("fp32") or {}).get("accuracy"), ref_name="fp32",
+                            max_drop=float(m.get("max_drop", 1.0)))
+        except GateError as e:
+            picks.append("nothing shippable")
+            why = why or str(e)
+            continue
+        picks.append(f"{p.variant} ({p.engine} {p.precision})")
+        why = why or p.why
+    counts = {k: picks.count(k) for k in dict.fromkeys(picks)}
+    said = "; ".join(f"{k} in {n} of {len(picks)} runs" if len(picks) > 1 else k for k, n in counts.items())
+    status = ""
+    if packaged:
+        agrees = picks[0].split(" ", 1)[0] == packaged
+        said += f"; the package made from run 1 shipped {packaged}" + ("" if agrees else " (DIFFERENT)")
+        status = "" if agrees else "**mismatch**"
+    return (f"{name}: `pipe package --engine auto` picks (pipeline/choose.py, balanced) [{int8_tag(runs[0])}]",
+            f"{said}. Why (run 1): {why}", "", status)
+
+
+
 def int8_tag(metrics: dict[str, Any], variant: str = "") -> str:
-    """The CPU's int8 capability as compress recorded it, for the label of an int8 row."""
+    """The CPU's int8 capability as compress recorded it, for the label of an int8 row: of the engine that
+    runs `variant` (a compress variant or an engine name), or of every engine when `variant` is ''."""
     cap = metrics.get("cpu") or {}
     if not cap:
         return "int8 capability not recorded"
-    engine = {"int8-paddle": "paddle_inference", "int8-onnx": "onnxruntime"}.get(variant)
-    exact = cap["int8_exact"][engine] if engine else not cap["int8_saturates"]
+    engine = "openvino" if variant.startswith("openvino") else _ENGINE_OF.get(variant, variant)
+    exact = cap["int8_exact"].get(engine, not cap["int8_saturates"])
     forced = f", forced {cap['forced']}" if cap.get("forced") else ""
     return f"int8 {'exact' if exact else 'saturating'} on this CPU ({'VNNI' if cap['vnni'] else 'no VNNI'}{forced})"
 
@@ -241,7 +281,7 @@ def _goal_names() -> list[tuple[str, str]]:
 def _goal_rows(name: str, runs: list[dict[str, Any]]) -> list[Row]:
     (int8_what, int8_goal), (bf16_what, bf16_goal) = _goal_names()
     v = runs[0]["variants"]
-    int8 = {k: _median(runs, k, "speedup_bs32") for k in ("int8-paddle", "int8-onnx") if v.get(k, {}).get("supported")}
+    int8 = {k: _median(runs, k, "speedup_bs32") for k in _INT8 if v.get(k, {}).get("supported")}
     out: list[Row] = []
     if int8:
         best = max(int8, key=lambda k: int8[k][0])
@@ -363,16 +403,18 @@ def _digits_rows(run: Path, timing: tuple[str, ...]) -> list[Row]:
     t0 = time.perf_counter()
     try:
         # compress.max_drop=100: the numbers are recorded even when the drop is over the stage's 1.0 gate.
-        _pipe("all", "--config", str(_REPO / "examples/digits.yaml"), "--run", str(run),
-              *_sets(("compress.max_drop=100", *timing)), cwd=run.parent)
-    except _StageFailed as e:
+        pipe("all", "--config", str(_REPO / "examples/digits.yaml"), "--run", str(run),
+              *sets(("compress.max_drop=100", *timing)), cwd=run.parent)
+    except StageFailed as e:
         return [(f"{name}: int8 accuracy drop", f"failed: {e}", f"<= {_GOAL_DROP} point", "**failed**")]
     wall = time.perf_counter() - t0
     m = json.loads((run / "compress" / "manifest.json").read_text())["metrics"]
     n, drop = m["test_samples"], m["int8_drop_points"]
     int8 = ", ".join(f"{k} {x['accuracy']:.2%}" for k, x in m["variants"].items()
                      if x["precision"] == "int8" and x["supported"])
-    return [
+    packaged = json.loads((run / "package" / "manifest.json").read_text())["metrics"]["variant"]
+    return _speed_rows(name, [m], {}, "test samples") + [
+        pick_row(name, [m], packaged),
         (f"{name}: test accuracy fp32 vs int8", f"fp32 {m['fp32_accuracy']:.2%}; {int8}; {n} test samples", "", ""),
         (f"{name} goal: accuracy drop, best int8 ({m['best_int8']}) vs fp32 (1 sample = {100 / n:.2f} points)",
          f"{drop:.2f} points", f"<= {_GOAL_DROP} point", _status(drop <= _GOAL_DROP)),

@@ -7,6 +7,8 @@ thread spent ~1.7 ms of CPU per request (3.4 s for 2,000 requests), more than th
 this generator writes each request as one pre-built byte string and reads the answer by Content-Length,
 0.1-0.2 ms per request. It speaks only what `pipe serve` answers: HTTP/1.1 with a Content-Length. A
 transport error or a non-200 answer counts as an error; after a transport error the client reconnects.
+`headers` adds header lines to every request (the Open Inference Protocol's binary framing needs
+`Inference-Header-Content-Length`); `content_type=""` sends none, as tritonclient does.
 """
 
 from __future__ import annotations
@@ -21,18 +23,20 @@ _TIMEOUT_S = 30.0
 
 
 def run(url: str, bodies: list[bytes], clients: int, count: int = 0, seconds: float = 0.0,
-        path: str = "/v1/predict", content_type: str = "application/json") -> dict:
+        path: str = "/v1/predict", content_type: str = "application/json",
+        headers: dict[str, str] | None = None) -> dict:
     """`clients` connections POST `bodies` (client k starts at body k) until each sent `count` requests
     or `seconds` passed (with a count cap too, so the load always ends). Returns rate (requests/s over
     the wall time), wall, done, errors, p50 and p99 latency in ms."""
-    return asyncio.run(_run(url, bodies, clients, count or 1_000_000, seconds, path, content_type))
+    extra = {**({"Content-Type": content_type} if content_type else {}), **(headers or {})}
+    return asyncio.run(_run(url, bodies, clients, count or 1_000_000, seconds, path, extra))
 
 
 async def _run(url: str, bodies: list[bytes], clients: int, cap: int, seconds: float, path: str,
-               content_type: str) -> dict:
+               headers: dict[str, str]) -> dict:
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
-    head = f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: {content_type}\r\n"
+    head = f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
     requests = [(head + f"Content-Length: {len(b)}\r\n\r\n").encode() + b for b in bodies]
     conns = [await asyncio.wait_for(asyncio.open_connection(host, port), _TIMEOUT_S) for _ in range(clients)]
     latencies: list[float] = []
