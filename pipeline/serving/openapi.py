@@ -242,7 +242,8 @@ def errors(spec: Spec, endpoint: str) -> dict[str, Any]:
 
 # The Open Inference Protocol's statuses (`pipeline/serving/v2.py`): the body is {"error": "<message>"}.
 V2_ERRORS = {400: "a malformed request or binary framing (Inference-Header-Content-Length, binary_data_size), an "
-                  "unknown datatype, input or output, a tensor of another datatype, shape or range, JSON that is "
+                  "unknown datatype, input, output or output parameter, a classification count that is not an "
+                  "integer 0..4294967295, a tensor of another datatype, shape or range, JSON that is "
                   "not UTF-8 or nested deeper than max_json_depth, a model output that is not finite",
              404: "no such model or version", 408: "the body did not arrive within the request timeout",
              413: "the body exceeds max_body_bytes", 415: "a Content-Type other than application/json, "
@@ -283,21 +284,32 @@ def v2(spec: Spec, s: Settings) -> dict[tuple[str, str], dict[str, Any]]:
         "inputs": {"type": "array", "minItems": 1, "maxItems": 1, "items": tensor},
         "outputs": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {
             "name": {"enum": outs},
-            "parameters": {"type": "object", "additionalProperties": False,
-                           "properties": {"binary_data": {"type": "boolean"}}}}}},
+            "parameters": {"type": "object", "additionalProperties": False, "properties": {
+                "binary_data": {"type": "boolean"},
+                "classification": {"type": "integer", "minimum": 0, "maximum": v2_mod.MAX_CLASSIFICATION,
+                                   "description": "Triton's classification extension: answer each sample's top N "
+                                                  "classes as BYTES \"<value>:<index>:<label>\" (0: the output)"}}}}}},
         "parameters": {"type": "object", "properties": {"binary_data_output": {
             "type": "boolean", "description": "the default of outputs[].parameters.binary_data (false)"}}}},
         "description": f"A JSON header, then (binary tensor data extension) the inputs' bytes; a body of at most "
                        f"{s.max_body_bytes} bytes (413)"}
+    batch = {"type": "integer", "minimum": 1, "maximum": s.max_batch_size}
+    binary_size = {"type": "object", "properties": {"binary_data_size": {"type": "integer", "minimum": 0}}}
     output = {"type": "object", "required": ["name", "datatype", "shape"], "properties": {
         "name": {"enum": outs}, "datatype": {"const": "FP32"},
-        "shape": {"type": "array", "prefixItems": [{"type": "integer", "minimum": 1, "maximum": s.max_batch_size},
-                                                   {"const": len(spec.labels)}], "minItems": 2, "maxItems": 2},
-        "data": {"type": "array", "items": {"type": "number"}},
-        "parameters": {"type": "object", "properties": {"binary_data_size": {"type": "integer", "minimum": 0}}}}}
+        "shape": {"type": "array", "prefixItems": [batch, {"const": len(spec.labels)}], "minItems": 2, "maxItems": 2},
+        "data": {"type": "array", "items": {"type": "number"}}, "parameters": binary_size}}
+    classified = {"type": "object", "required": ["name", "datatype", "shape"], "properties": {
+        "name": {"enum": outs}, "datatype": {"const": "BYTES"},
+        "shape": {"type": "array", "prefixItems": [batch, {"type": "integer", "minimum": 1,
+                                                           "maximum": len(spec.labels)}], "minItems": 2, "maxItems": 2},
+        "data": {"type": "array", "items": {"type": "string"},
+                 "description": "\"<value>:<index>:<label>\", value as C's %f, each sample's highest first"},
+        "parameters": binary_size},
+        "description": "an output asked for with parameters.classification N: min(N, classes) per sample"}
     answer = {"type": "object", "required": ["model_name", "model_version", "outputs"], "properties": {
         "model_name": {"const": spec.name}, "model_version": {"const": v2_mod.VERSION}, "id": {"type": "string"},
-        "outputs": {"type": "array", "minItems": 1, "items": output}}}
+        "outputs": {"type": "array", "minItems": 1, "items": {"oneOf": [output, classified]}}}}
     binary = {"type": "string", "format": "binary", "description": "the JSON header, then the binary tensors"}
     header = {"name": "Inference-Header-Content-Length", "in": "header", "required": False,
               "schema": {"type": "integer", "minimum": 0},

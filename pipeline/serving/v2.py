@@ -8,6 +8,10 @@ Outputs come as JSON `data`, or as binary after the JSON header (the answer's ow
 `Inference-Header-Content-Length`, each output's `parameters.binary_data_size`) when the request asks:
 `parameters.binary_data` on a requested output, else the request's `parameters.binary_data_output`.
 
+Triton's classification extension: `parameters.classification` N on a requested output answers, instead
+of the output, a BYTES tensor [batch, min(N, classes)] of "<value>:<index>:<label>" strings, each sample's
+top N by value (`classify`); N = 0 is the output itself, as on Triton.
+
 The one input is the package's (its name or alias), with the model's datatype (FP32, INT64 or INT32);
 a text package also takes it as BYTES, UTF-8 strings of shape [N] or [N, 1], encoded as /v1 encodes
 {"text": [...]} (`validate.v1_inputs`). Tensors are checked by `validate.check_tensor`, as on /v1 and
@@ -30,7 +34,7 @@ from pipeline.serving.spec import DTYPES, Settings, Spec
 from pipeline.serving.validate import ApiError
 
 VERSION = "1"  # the Triton repository's model version (`triton/<name>/1/`)
-EXTENSIONS = ["binary_tensor_data"]
+EXTENSIONS = ["classification", "binary_tensor_data"]  # in Triton's order
 HEADER_LENGTH = "inference-header-content-length"
 ACCEPTED = ("application/json", "application/octet-stream", "")  # tritonclient sends no Content-Type
 # Every datatype of the protocol, with its element size in bytes (BYTES: variable).
@@ -39,6 +43,9 @@ DATATYPES = {"BOOL": 1, "UINT8": 1, "UINT16": 2, "UINT32": 4, "UINT64": 8, "INT8
 _NUMPY = {"FP32": "<f4", "INT64": "<i8", "INT32": "<i4"}
 _MAX_RANK = 16
 _LENGTH = re.compile(r"[0-9]{1,12}")
+# Triton keeps the classification count in a uint32_t (server src/http_server.h, OutputInfo::class_cnt_)
+# and silently truncates a larger one (2**32 answers the raw output, 2**32 + 1 the top 1): refused here.
+MAX_CLASSIFICATION = 2**32 - 1
 
 
 def datatype(dtype: str) -> str:
@@ -118,8 +125,11 @@ def _binary_size(t: dict[str, Any], where: str) -> int | None:
     return size
 
 
-def _outputs(doc: dict[str, Any], spec: Spec) -> list[tuple[str, bool]]:
-    """(name, binary) per requested output; none requested: the model's output."""
+def _outputs(doc: dict[str, Any], spec: Spec) -> list[tuple[str, bool, int]]:
+    """(name, binary, classification count) per requested output; none requested: the model's output.
+    The count is Triton's (`classification`: an integer >= 0, 0 meaning the output itself); Triton
+    answers a count that is not such an integer (negative, 3.0, "3", true) with a 500
+    ("Unable to set 'classification'"), this server with a 400: it is the request's fault."""
     params = doc.get("parameters", {})
     if not isinstance(params, dict):
         raise _bad("parameters must be an object")
@@ -128,7 +138,7 @@ def _outputs(doc: dict[str, Any], spec: Spec) -> list[tuple[str, bool]]:
         raise _bad("parameters.binary_data_output must be true or false")
     requested = doc.get("outputs")
     if requested is None or requested == []:
-        return [(spec.outp["name"], default)]
+        return [(spec.outp["name"], default, 0)]
     names = {spec.outp["name"], spec.outp["alias"]}
     if not isinstance(requested, list) or not all(isinstance(o, dict) for o in requested):
         raise _bad("outputs must be a list of objects")
@@ -137,16 +147,21 @@ def _outputs(doc: dict[str, Any], spec: Spec) -> list[tuple[str, bool]]:
         if not _named(o, names):
             raise _bad(f"outputs[{i}]: unknown output; this model outputs '{spec.outp['name']}'")
         p = o.get("parameters", {})
-        binary = p.get("binary_data", default) if isinstance(p, dict) else None
-        if not isinstance(p, dict) or not set(p) <= {"binary_data"} or not isinstance(binary, bool):
-            raise _bad(f"outputs[{i}]: parameters may hold binary_data (true or false) only")
-        out.append((o["name"], binary))
-    if len({n for n, _ in out}) != len(out):
+        if not isinstance(p, dict) or not set(p) <= {"binary_data", "classification"}:
+            raise _bad(f"outputs[{i}]: parameters may hold binary_data and classification only")
+        binary, count = p.get("binary_data", default), p.get("classification", 0)
+        if not isinstance(binary, bool):
+            raise _bad(f"outputs[{i}]: parameters.binary_data must be true or false")
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_CLASSIFICATION:
+            raise _bad(f"outputs[{i}]: parameters.classification must be an integer 0..{MAX_CLASSIFICATION} "
+                       "(the number of top classes; 0: the output itself)")
+        out.append((o["name"], binary, count))
+    if len({n for n, _, _ in out}) != len(out):
         raise _bad("outputs: each output at most once")
     return out
 
 
-def request(doc: Any, binary: bytes, spec: Spec, s: Settings) -> tuple[dict[str, Any], list[tuple[str, bool]]]:
+def request(doc: Any, binary: bytes, spec: Spec, s: Settings) -> tuple[dict[str, Any], list[tuple[str, bool, int]]]:
     """The checked request: its one input (name, datatype, shape and the data: a list, or its bytes), and
     the outputs to answer with. Framing first (binary sizes against the body and against shape x
     datatype), then `tensor` checks the values."""
@@ -235,8 +250,25 @@ def _texts(data: Any, n: int, where: str) -> list[str]:
         raise ApiError(422, "invalid_tensor", f"{where}: BYTES elements must be UTF-8 text") from None
 
 
-def answer(y: np.ndarray, doc: dict[str, Any], outputs: list[tuple[str, bool]], spec: Spec) -> Any:
-    """The inference response: JSON, or the JSON header and the binary outputs after it."""
+def classify(y: np.ndarray, count: int, labels: list[str]) -> list[bytes]:
+    """Triton's classification of each sample (triton-inference-server/server src/classification.cc,
+    `AddClassResults`): its `count` highest values (all, when it has fewer), highest first, each as
+    `std::to_string(value) + ":" + std::to_string(index)`, then ":" + the index's line of labels.txt
+    unless there is none or it is empty (core `InferenceResponse::ClassificationLabel`). std::to_string of
+    a float is printf's "%f": six decimals, correctly rounded, as Python's "%f". Equal values keep index
+    order, as Triton's std::sort leaves them for up to 16 classes (libstdc++ insertion-sorts that few)."""
+    out = []
+    for row in y.reshape(len(y), -1):
+        for i in np.argsort(-row, kind="stable")[:count]:
+            label = labels[i] if i < len(labels) else ""
+            out.append(("%f:%d" % (float(row[i]), i) + (f":{label}" if label else "")).encode("utf-8"))
+    return out
+
+
+def answer(y: np.ndarray, doc: dict[str, Any], outputs: list[tuple[str, bool, int]], spec: Spec) -> Any:
+    """The inference response: JSON, or the JSON header and the binary outputs after it. A classified
+    output is BYTES [batch, min(count, classes)]; binary, each element is a 4-byte little-endian length
+    and the UTF-8 string, as Triton serializes it."""
     import orjson
     from fastapi.responses import Response
 
@@ -245,13 +277,16 @@ def answer(y: np.ndarray, doc: dict[str, Any], outputs: list[tuple[str, bool]], 
         resp["id"] = doc["id"]
     y = np.ascontiguousarray(y, "<f4")
     tensors, blobs = [], []
-    for name, binary in outputs:
+    for name, binary, count in outputs:
         t: dict[str, Any] = {"name": name, "datatype": "FP32", "shape": list(y.shape)}
+        classes = classify(y, count, spec.labels) if count else []
+        if count:
+            t.update(datatype="BYTES", shape=[len(y), min(count, math.prod(y.shape[1:]))])
         if binary:
-            blobs.append(y.tobytes())
+            blobs.append(b"".join(struct.pack("<I", len(c)) + c for c in classes) if count else y.tobytes())
             t["parameters"] = {"binary_data_size": len(blobs[-1])}
         else:
-            t["data"] = y.ravel().tolist()
+            t["data"] = [c.decode("utf-8") for c in classes] if count else y.ravel().tolist()
         tensors.append(t)
     resp["outputs"] = tensors
     head = orjson.dumps(resp)

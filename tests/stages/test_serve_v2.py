@@ -1,11 +1,14 @@
 """The Open Inference Protocol (KServe v2) on `pipe serve`, against a real server on 127.0.0.1 started here:
 Triton's own client (`tritonclient.http.InferenceServerClient`) checks health, readiness and metadata and
 infers with binary and JSON inputs and outputs, getting exactly /v1/predict's logits for the same inputs;
-an unknown model is a 404, a wrong shape or datatype a 400 naming what was expected. A text package takes
-BYTES strings and answers as /v1 does for {"text": [...]}. Raw requests check the binary framing errors
-(Inference-Header-Content-Length, binary_data_size), unknown datatypes, inputs and outputs (400 with
-{"error": "..."}, never echoing input), the content type (415) and the body cap (413); fuzzed framings
-never get a 5xx. /openapi.json documents the /v2 operations.
+an unknown model is a 404, a wrong shape or datatype a 400 naming what was expected. Triton's
+classification extension (`class_count`) answers each sample's top classes as "value:index:label"
+strings, what /v1's logits and labels give written out as Triton's source writes them (binary and JSON).
+A text package takes BYTES strings and answers as /v1 does for {"text": [...]}. Raw requests check
+the binary framing errors (Inference-Header-Content-Length, binary_data_size), unknown datatypes,
+inputs, outputs and output parameters, classification counts that are not integers 0..2**32-1 (400
+with {"error": "..."}, never echoing input), the content type (415) and the body cap (413); fuzzed
+framings never get a 5xx. /openapi.json documents the /v2 operations.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as tritonclient_http
+import yaml
 from hypothesis import HealthCheck, given, settings, strategies as st
 from tritonclient.utils import InferenceServerException
 
@@ -29,6 +33,7 @@ from tests.serving_helpers import metric, packaged_text_run, start_server
 from tests.stages.test_serve import CAP, MARK, client, digits, run, server  # noqa: F401 (fixtures)
 
 MODEL, OUT = "digits_cnn", "fetch_name_0"  # the package's spec.name and the program's fetch name (Triton's)
+LABELS = [str(k) for k in range(10)]  # the digits package's labels (serving.yaml; the Triton labels.txt)
 TEXTS = ["这个东西很好", "差", "我们买了一次还是很满意的东西", "这个" * 20]
 
 
@@ -61,11 +66,25 @@ def _v2_error(r: httpx.Response, code: int) -> str:
 
 
 def _infer(triton, x: np.ndarray, binary_in: bool, binary_out: bool | None, version: str = "",
-           output: str = OUT, datatype: str = "FP32", name: str = "x") -> Any:
+           output: str = OUT, datatype: str = "FP32", name: str = "x", class_count: int = 0) -> Any:
     inp = tritonclient_http.InferInput(name, list(x.shape), datatype)
     inp.set_data_from_numpy(x, binary_data=binary_in)
-    outputs = None if binary_out is None else [tritonclient_http.InferRequestedOutput(output, binary_data=binary_out)]
+    outputs = None if binary_out is None else [
+        tritonclient_http.InferRequestedOutput(output, binary_data=binary_out, class_count=class_count)]
     return triton.infer(MODEL, [inp], outputs=outputs, model_version=version)
+
+
+def _tritons_classes(logits: np.ndarray, count: int, labels: list[str]) -> list[list[str]]:
+    """Triton's classification written out from its source (server src/classification.cc, AddClassResults):
+    per sample the `count` highest values (at most all), highest first, equal ones by index, each
+    std::to_string(value) (C's "%f") + ":" + index + ":" + the index's label."""
+    return [["%f:%d:%s" % (row[i], i, labels[i]) for i in sorted(range(len(row)), key=lambda i: (-row[i], i))[:count]]
+            for row in logits.tolist()]
+
+
+def _strings(top: np.ndarray) -> list[list[str]]:
+    """tritonclient's BYTES output (bytes elements from binary, str from JSON) as lists of str."""
+    return [[t.decode() if isinstance(t, bytes) else t for t in row] for row in top.tolist()]
 
 
 # ------------------------------------------------------------------ tritonclient: health, metadata
@@ -76,7 +95,7 @@ def test_health_readiness_and_metadata(triton, client):
     assert triton.is_model_ready(MODEL) and triton.is_model_ready(MODEL, "1")
     assert not triton.is_model_ready("other") and not triton.is_model_ready(MODEL, "2")
     meta = triton.get_server_metadata()
-    assert meta["name"] == "pipe" and "binary_tensor_data" in meta["extensions"] and meta["version"]
+    assert meta["name"] == "pipe" and meta["extensions"] == ["classification", "binary_tensor_data"] and meta["version"]
     want = {"name": MODEL, "versions": ["1"], "platform": "paddle_inference",
             "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 1, 8, 8]}],
             "outputs": [{"name": OUT, "datatype": "FP32", "shape": [-1, 10]}]}
@@ -121,6 +140,69 @@ def test_versions_alias_and_request_id(triton, client, x):
     np.testing.assert_array_equal(_infer(triton, x[:3], True, False, output="logits").as_numpy("logits"), want)
     inp = tritonclient_http.InferInput("x", [3, 1, 8, 8], "FP32").set_data_from_numpy(x[:3])
     assert triton.infer(MODEL, [inp], request_id="req-7").get_response()["id"] == "req-7"
+
+
+@pytest.mark.parametrize("binary_out", [True, False], ids=["binary-out", "json-out"])
+@pytest.mark.parametrize("count", [1, 3])
+def test_classification_is_v1s_logits_and_labels(triton, client, x, count, binary_out):
+    """class_count N: a BYTES [batch, N] output of "value:index:label", each sample's top N of the logits
+    /v1 answers for the same inputs, the first one /v1's label; binary as 4-byte lengths and the strings."""
+    for batch in (x[:1], x[1:33]):
+        v1 = client.post("/v1/predict", json={"inputs": batch.tolist()}).json()
+        logits = np.asarray(v1["logits"], np.float32)
+        result = _infer(triton, batch, True, binary_out, class_count=count)
+        top = result.as_numpy(OUT)
+        assert top.dtype == np.object_ and top.shape == (len(batch), count)
+        assert all(isinstance(t, bytes if binary_out else str) for t in top.ravel())
+        want = _tritons_classes(logits, count, LABELS)
+        assert _strings(top) == want
+        assert [row[0].split(":")[2] for row in want] == v1["labels"]
+        scores = np.asarray([[float(t.split(":")[0]) for t in row] for row in want])
+        np.testing.assert_allclose(scores, -np.sort(-logits, 1)[:, :count], rtol=0, atol=5e-7)  # six decimals
+        out = result.get_output(OUT)
+        assert out["datatype"] == "BYTES" and out["shape"] == [len(batch), count]
+        if binary_out:
+            assert out["parameters"] == {"binary_data_size": sum(4 + len(t) for row in want for t in row)}
+        else:
+            assert "parameters" not in out and out["data"] == [t for row in want for t in row]
+
+
+def test_classification_framing_counts_and_outputs(client, x):
+    """Raw requests: the binary BYTES framing, a count past the classes (all of them, as Triton clamps),
+    0 (the output itself, as on Triton), and the output plus its classification under the alias."""
+    v1 = np.asarray(_v1(client, {"inputs": x[:2].tolist()}), np.float32)
+    body, headers = _framed({"inputs": [_tensor(512, shape=[2, 1, 8, 8])],
+                             "outputs": [{"name": OUT, "parameters": {"classification": 3, "binary_data": True}}]},
+                            x[:2].tobytes())
+    r = client.post(f"/v2/models/{MODEL}/infer", content=body, headers=headers)
+    assert r.status_code == 200, r.text[:300]
+    n = int(r.headers["inference-header-content-length"])
+    head, blob = json.loads(r.content[:n]), r.content[n:]
+    want = [t.encode() for row in _tritons_classes(v1, 3, LABELS) for t in row]
+    assert head["outputs"] == [{"name": OUT, "datatype": "BYTES", "shape": [2, 3],
+                                "parameters": {"binary_data_size": len(blob)}}]
+    assert blob == b"".join(struct.pack("<I", len(t)) + t for t in want)
+    for count, shape in ((10, [2, 10]), (11, [2, 10]), (2**32 - 1, [2, 10]), (0, [2, 10])):
+        r = client.post(f"/v2/models/{MODEL}/infer", json={
+            "inputs": [_tensor(data=x[:2].ravel().tolist(), shape=[2, 1, 8, 8])],
+            "outputs": [{"name": OUT, "parameters": {"classification": count}}]})
+        assert r.status_code == 200, r.text[:300]
+        (out,) = r.json()["outputs"]
+        assert out["shape"] == shape
+        if count:
+            assert out["datatype"] == "BYTES"
+            assert out["data"] == [t for row in _tritons_classes(v1, 10, LABELS) for t in row]
+        else:
+            assert out["datatype"] == "FP32"
+            assert np.asarray(out["data"], np.float32).reshape(2, 10).tolist() == v1.tolist()
+    r = client.post(f"/v2/models/{MODEL}/infer", json={
+        "inputs": [_tensor(data=x[:2].ravel().tolist(), shape=[2, 1, 8, 8])],
+        "outputs": [{"name": OUT}, {"name": "logits", "parameters": {"classification": 1}}]})
+    assert r.status_code == 200, r.text[:300]
+    raw, top = r.json()["outputs"]
+    assert np.asarray(raw["data"], np.float32).reshape(2, 10).tolist() == v1.tolist()
+    assert top == {"name": "logits", "datatype": "BYTES", "shape": [2, 1],
+                   "data": [row[0] for row in _tritons_classes(v1, 1, LABELS)]}
 
 
 def test_unknown_model_wrong_shape_and_datatype(triton, x):
@@ -184,8 +266,15 @@ BAD = [
     ("unknown-output", {"inputs": [_tensor(256)], "outputs": [{"name": MARK}]}, _ONE, "auto"),
     ("output-name-not-a-string", {"inputs": [_tensor(256)], "outputs": [{"name": [OUT]}]}, _ONE, "auto"),
     ("output-twice", {"inputs": [_tensor(256)], "outputs": [{"name": OUT}, {"name": OUT}]}, _ONE, "auto"),
-    ("classification", {"inputs": [_tensor(256)], "outputs": [{"name": OUT, "parameters": {"classification": 3}}]},
+    # Triton answers these counts 500 "Unable to set 'classification'"; bad input is never a 5xx here.
+    *((f"classification-{name}", {"inputs": [_tensor(256)], "outputs": [{"name": OUT, "parameters": {
+        "classification": count}}]}, _ONE, "auto")
+      for name, count in (("negative", -1), ("fraction", 1.5), ("float", 3.0), ("string", "3"), ("true", True),
+                          ("null", None), ("2**32", 2**32), ("list", [3]))),
+    ("output-parameter-unknown", {"inputs": [_tensor(256)], "outputs": [{"name": OUT, "parameters": {"x": 1}}]},
      _ONE, "auto"),
+    ("binary-data-not-bool", {"inputs": [_tensor(256)], "outputs": [{"name": OUT, "parameters": {
+        "binary_data": 1, "classification": 1}}]}, _ONE, "auto"),
     ("shared-memory", {"inputs": [_tensor(shape=[1, 1, 8, 8], parameters={"shared_memory_region": MARK})]}, b"",
      "auto"),
     ("no-inputs-field", {"input": [_tensor(256)]}, _ONE, "auto"),
@@ -249,7 +338,8 @@ _docs = st.fixed_dictionaries({}, optional={
         "data": st.one_of(st.lists(st.floats(allow_nan=False), max_size=70), st.text(max_size=3)),
     }), max_size=2),
     "outputs": st.lists(st.fixed_dictionaries({"name": st.sampled_from([OUT, "logits", "z"])}, optional={
-        "parameters": st.dictionaries(st.sampled_from(["binary_data", "x"]), st.booleans() | st.integers())}),
+        "parameters": st.dictionaries(st.sampled_from(["binary_data", "classification", "x"]),
+                                      st.booleans() | st.integers() | st.floats(allow_nan=False))}),
         max_size=2),
     "parameters": st.dictionaries(st.sampled_from(["binary_data_output", "timeout"]), st.booleans() | st.none()),
 })
@@ -289,6 +379,11 @@ def test_openapi_documents_v2(client):
         assert error["properties"] == {"error": {"type": "string", "description": "never echoes the request"}}
         request = op["requestBody"]["content"]["application/json"]["schema"]
         assert request["properties"]["inputs"]["items"]["properties"]["datatype"]["enum"] == ["FP32"]
+        out_params = request["properties"]["outputs"]["items"]["properties"]["parameters"]["properties"]
+        assert out_params["classification"] == {**out_params["classification"], "type": "integer", "minimum": 0,
+                                                "maximum": 2**32 - 1}
+        answer = op["responses"]["200"]["content"]["application/json"]["schema"]["properties"]["outputs"]["items"]
+        assert [o["properties"]["datatype"]["const"] for o in answer["oneOf"]] == ["FP32", "BYTES"]
         assert "Inference-Header-Content-Length" in {p["name"] for p in op["parameters"]}
 
 
@@ -367,4 +462,22 @@ def test_text_bytes_inputs_equal_v1_text(text_server):
         message = _v2_error(client.post(path, json={"inputs": [{"name": "x", "shape": [1, 1], "datatype": "INT64",
                                                                 "data": ids}]}), 400)
         assert "vocabulary" in message
+    triton.close()
+
+
+def test_text_classification_of_bytes_inputs(text_server, text_run):
+    """class_count on a text package's BYTES texts: its own labels (serving.yaml's, the Triton labels.txt),
+    ordered by the logits /v1 answers for {"text": [...]}, binary and JSON; 5 clamps to the 2 classes."""
+    labels = yaml.safe_load((text_run / "package/serving.yaml").read_text(encoding="utf-8"))["labels"]
+    assert len(labels) == 2
+    with httpx.Client(base_url=text_server.url, timeout=30) as client:
+        v1 = client.post("/v1/predict", json={"text": TEXTS}).json()
+    triton = tritonclient_http.InferenceServerClient(text_server.url.removeprefix("http://"))
+    inp = tritonclient_http.InferInput("x", [len(TEXTS)], "BYTES")
+    inp.set_data_from_numpy(np.array([t.encode() for t in TEXTS], np.object_))
+    for count, binary in ((1, True), (2, False), (5, True)):
+        out = tritonclient_http.InferRequestedOutput(OUT, binary_data=binary, class_count=count)
+        top = _strings(triton.infer("text_cnn", [inp], outputs=[out]).as_numpy(OUT))
+        assert top == _tritons_classes(np.asarray(v1["logits"], np.float32), count, labels)
+        assert [row[0].split(":")[2] for row in top] == v1["labels"]
     triton.close()

@@ -2,7 +2,10 @@
 and answers Triton's own client (`tritonclient.http`) as `pipe serve` answers the same package: the
 same model metadata but for the platform, logits equal to /v1/predict's within the package's ONNX parity
 gate (and exactly those of the package's `model.onnx` run here by onnxruntime), the labels through
-`class_count`; for a digits (image) package and a text package (int64 ids, dims [-1]). A repository whose
+`class_count`; for a digits (image) package and a text package (int64 ids, dims [-1]). Triton's
+classification strings ("value:index:label") are what `pipe serve` writes from the same values: a package
+that serves on onnxruntime (the same model.onnx as its Triton repository) gets byte-identical strings
+from both servers, binary and JSON, for counts 1, 3, the class count and past it. A repository whose
 config.pbtxt disagrees with its ONNX (an input's name, dims or datatype, an output's dims, no batch dim)
 never becomes ready, and the server says why.
 
@@ -38,6 +41,8 @@ import pytest
 import tritonclient.http as tritonclient_http
 import yaml
 
+from pipeline.cli import main
+from pipeline.serving import v2
 from tests.conftest import tree_hash
 from tests.serving_helpers import REPO, packaged_run, packaged_text_run, start_server
 
@@ -170,6 +175,24 @@ def _infer(client, name: str, x: np.ndarray, datatype: str, binary: bool = True,
     return client.infer(name, [inp], outputs=[out]).as_numpy(OUT)
 
 
+def _classified(client, name: str, x: np.ndarray, datatype: str, count: int, binary: bool) -> tuple[list, dict]:
+    """The classification output of one request: its elements (bytes if binary, str if JSON) and its JSON."""
+    inp = tritonclient_http.InferInput("x", list(x.shape), datatype)
+    inp.set_data_from_numpy(x)
+    result = client.infer(name, [inp], outputs=[
+        tritonclient_http.InferRequestedOutput(OUT, binary_data=binary, class_count=count)])
+    return result.as_numpy(OUT).tolist(), result.get_output(OUT)
+
+
+def _labels(s: "Served") -> list[str]:
+    """The repository's labels.txt, one label a line, as Triton reads it."""
+    return (s.package / "triton" / s.name / "labels.txt").read_text(encoding="utf-8").splitlines()
+
+
+def _as_bytes(top: list) -> list[list[bytes]]:
+    return [[t if isinstance(t, bytes) else t.encode() for t in row] for row in top]
+
+
 def _classes(top: np.ndarray) -> list[list[tuple[float, int, str]]]:
     """Triton's classification output, "score:index:label" per entry (bytes if binary, str if JSON)."""
     def one(t: bytes | str) -> tuple[float, int, str]:
@@ -194,6 +217,7 @@ class Served:
     url: str
     client: object
     onnx: object
+    triton_url: str  # tritonserver's, http://127.0.0.1:PORT
 
 
 def _serve_both(tritonserver, package: Path, log: Path):
@@ -205,7 +229,8 @@ def _serve_both(tritonserver, package: Path, log: Path):
         triton = start_triton(tritonserver, package / "triton", log)
         client = tritonclient_http.InferenceServerClient(triton.url, concurrency=4)
         try:
-            yield Served(package, name, pipe_srv.url, client, _onnx(package / "triton" / name / "1/model.onnx"))
+            yield Served(package, name, pipe_srv.url, client, _onnx(package / "triton" / name / "1/model.onnx"),
+                         f"http://{triton.url}")
         finally:
             client.close()
             code = triton.stop()
@@ -274,6 +299,73 @@ def test_image_repository_loads_unchanged_and_answers_as_pipe_serve(digits_serve
         assert [label for _, _, label in parsed] == v1["labels"]
         assert [i for _, i, _ in parsed] == local.argmax(1).tolist()
         np.testing.assert_allclose([v for v, _, _ in parsed], local.max(1), rtol=1e-6)
+        # pipe serve writes Triton's strings from Triton's values; its own values (Paddle here, not the
+        # ONNX) may differ in the sixth decimal, so only the top class is compared across the servers.
+        pipe = tritonclient_http.InferenceServerClient(s.url.removeprefix("http://"))
+        for count in (3, 11):
+            top, _ = _classified(s.client, s.name, batch, "FP32", count, True)
+            assert _as_bytes(top) == [v2.classify(row[None], count, _labels(s)) for row in local]
+            mine, _ = _classified(pipe, s.name, batch, "FP32", count, True)
+            assert [row[0].split(b":")[1:] for row in mine] == [row[0].split(b":")[1:] for row in top]
+        pipe.close()
+
+
+@pytest.fixture(scope="module")
+def onnx_served(tritonserver, trained_digits, tmp_path_factory):
+    """A digits package that serves on onnxruntime (`pipe export --onnx`, `pipe package --engine
+    onnxruntime`): pipe serve runs the model.onnx its Triton repository holds, so both compute the same
+    values and any difference in the classification strings is the formatting's."""
+    run = tmp_path_factory.mktemp("triton-onnx") / "run"
+    shutil.copytree(trained_digits, run)
+    assert main(["export", str(run / "train"), "--onnx"]) == 0
+    assert main(["package", str(run / "export"), "--engine", "onnxruntime"]) == 0
+    package = run / "package"
+    assert yaml.safe_load((package / "serving.yaml").read_text(encoding="utf-8"))["model"]["engine"] == "onnxruntime"
+    assert (package / "model.onnx").read_bytes() == (package / "triton/digits_cnn/1/model.onnx").read_bytes()
+    yield from _serve_both(tritonserver, package, tmp_path_factory.mktemp("triton-log") / "onnx.log")
+
+
+def _post(url: str, count: object, x: np.ndarray) -> httpx.Response:
+    """A JSON v2 request asking for `count` classes (any JSON value) of the output."""
+    with httpx.Client(timeout=30) as c:
+        return c.post(f"{url}/v2/models/digits_cnn/infer", json={
+            "inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}],
+            "outputs": [{"name": OUT, "parameters": {"classification": count}}]})
+
+
+def test_classification_strings_are_byte_identical(onnx_served, x):
+    """The same request to tritonserver and to pipe serve: the same values, the same BYTES output (name,
+    datatype, shape, binary_data_size) and byte-identical "value:index:label" strings, binary and JSON.
+    Both list the extension. Counts that are not integers >= 0: Triton 500, pipe serve 400."""
+    s = onnx_served
+    pipe = tritonclient_http.InferenceServerClient(s.url.removeprefix("http://"))
+    try:
+        assert "classification" in s.client.get_server_metadata()["extensions"]
+        assert "classification" in pipe.get_server_metadata()["extensions"]
+        for batch in (x[:1], x[1:33], x[33:40]):
+            np.testing.assert_array_equal(_infer(pipe, s.name, batch, "FP32"),
+                                          _infer(s.client, s.name, batch, "FP32"))
+            for count in (1, 3, 10, 11):
+                for binary in (True, False):
+                    theirs, their_out = _classified(s.client, s.name, batch, "FP32", count, binary)
+                    mine, my_out = _classified(pipe, s.name, batch, "FP32", count, binary)
+                    assert my_out == their_out and len(theirs) == len(batch)
+                    assert all(isinstance(t, bytes if binary else str) for row in theirs + mine for t in row)
+                    assert mine == theirs, (count, binary)
+        batch = x[:2]
+        # 0 is the output itself on both.
+        theirs, mine = _post(s.triton_url, 0, batch), _post(s.url, 0, batch)
+        assert theirs.status_code == mine.status_code == 200 and theirs.json() == mine.json()
+        for bad in (-1, 1.5, 3.0, "3", True, None):
+            theirs, mine = _post(s.triton_url, bad, batch), _post(s.url, bad, batch)
+            assert theirs.status_code == 500 and "Unable to set 'classification'" in theirs.json()["error"], theirs.text
+            assert mine.status_code == 400 and "classification" in mine.json()["error"], mine.text
+        # Triton keeps the count in 32 bits: 2**32 silently answers the raw output there; refused here.
+        theirs, mine = _post(s.triton_url, 2**32, batch), _post(s.url, 2**32, batch)
+        assert theirs.status_code == 200 and theirs.json()["outputs"][0]["datatype"] == "FP32"
+        assert mine.status_code == 400
+    finally:
+        pipe.close()
 
 
 # ------------------------------------------------------------------ the text package
@@ -300,6 +392,13 @@ def test_text_repository_takes_token_ids_and_answers_as_pipe_serve(text_served):
     labels = (s.package / "triton" / s.name / "labels.txt").read_text(encoding="utf-8").split()
     assert all(sorted(label for _, _, label in row) == sorted(labels) for row in top)
     assert all(labels[i] == label for row in top for _, i, label in row)
+    theirs, _ = _classified(s.client, s.name, ids, "INT64", 2, True)  # pipe serve's strings from Triton's values
+    assert _as_bytes(theirs) == [v2.classify(row[None], 2, labels) for row in s.onnx(ids)]
+    pipe = tritonclient_http.InferenceServerClient(s.url.removeprefix("http://"))
+    mine, _ = _classified(pipe, s.name, ids, "INT64", 2, True)
+    pipe.close()
+    index_label = [[[t.split(b":", 1)[1] for t in row] for row in top] for top in (mine, theirs)]
+    assert index_label[0] == index_label[1]  # values may differ in the last decimal: Paddle vs the ONNX
     # dims [-1]: other lengths run too (5 ids unpadded, 40 past max_len), as in the ONNX.
     for batch in (ids[:, :5].copy(), np.tile(ids[:, :5], (1, 8))):
         np.testing.assert_array_equal(_infer(s.client, s.name, batch, "INT64"), s.onnx(batch))
