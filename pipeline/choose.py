@@ -68,11 +68,14 @@ def pick(variants: dict[str, Any], *, ref_accuracy: float | None, ref_name: str,
         raise InputError(f"--optimize: expected one of {', '.join(OPTIMIZE)}, got {optimize!r}")
     within: dict[str, tuple[dict[str, Any], float]] = {}
     refused: list[str] = []
-    matched = 0
+    matched, could_not = 0, []
     for name, v in variants.items():
-        if not isinstance(v, dict) or v.get("supported") is False or not isinstance(v.get("accuracy"), float):
+        if not isinstance(v, dict):
             continue
         if (engine and v.get("engine") != engine) or (precision and v.get("precision") != precision):
+            continue
+        if v.get("supported") is False or not isinstance(v.get("accuracy"), float):
+            could_not.append(f"{name} could not run where it was made ({v.get('reason') or 'unsupported'})")
             continue
         matched += 1
         if v.get("shippable") is False:
@@ -92,7 +95,8 @@ def pick(variants: dict[str, Any], *, ref_accuracy: float | None, ref_name: str,
     if not matched:  # nothing of that kind was measured: the flags ask for what is not there
         have = ", ".join(f"{n} ({v.get('engine')} {v.get('precision')})" for n, v in variants.items()
                          if isinstance(v, dict) and v.get("supported") is not False) or "none"
-        raise InputError(f"{where}: no variant{' with ' + asked if asked else ''} was measured (it has {have})")
+        why = "; ".join(could_not) or f"it has {have}"
+        raise InputError(f"{where}: no variant{' with ' + asked if asked else ''} was measured ({why})")
     if not within:
         raise GateError(f"{where}: no variant{' with ' + asked if asked else ''} within {max_drop:g} points of "
                         f"{ref_name} is shippable here ({', '.join(refused) or 'none measured'})")

@@ -112,8 +112,11 @@ def test_manifest_and_lineage(run):
     assert m["stage"] == "package" and m["format"] == "pir" and m["precision"] == "fp32" and m["name"] == "digits_cnn"
     assert m["input"]["stage"] == "export" and m["input"]["path"] == "../export"
     assert m["input"]["manifest_sha256"] == artifacts.verify(run / "export", ("export",)).manifest_sha256
-    assert m["config"]["package"] == {"precision": "", "name": "", "max_batch_size": 32, "max_wait_ms": 2.0,
+    assert m["config"]["package"] == {"precision": "", "engine": "auto", "optimize": "balanced", "variant": "",
+                                      "name": "", "max_batch_size": 32, "max_wait_ms": 2.0,
                                       "triton": True, "onnx_parity_tol": 1e-4}
+    assert m["engine"] == "paddle_inference" and m["chosen"]["engine"] == "auto"
+    assert m["chosen"]["why"].startswith("an export has no engine measurements: Paddle Inference")
     assert {k: v for k, v in m["config"].items() if k != "package"} == exp["config"]
     assert m["interface"]["inputs"] == exp["interface"]["inputs"]
     assert m["interface"]["outputs"] == exp["interface"]["outputs"]
@@ -126,7 +129,8 @@ def test_serving_yaml(run):
     iface = _manifest(run / "export")["interface"]
     assert doc["schema"] == 1 and doc["name"] == "digits_cnn" and doc["precision"] == "fp32"
     assert doc["model"] == {"format": "pir", "program": "model.json", "params": "model.pdiparams",
-                            "variant": "export-fp32"}
+                            "variant": "export-fp32", "engine": "paddle_inference"}
+    assert doc["engine"]["name"] == "paddle_inference" and doc["engine"]["chosen"] == "auto"
     assert doc["input"] == {"name": "x", "alias": "x", "dtype": "float32", "shape": [-1, 1, 8, 8]}
     assert doc["output"] == {"name": iface["outputs"][0]["name"], "alias": "logits", "dtype": "float32",
                              "shape": [-1, 10]}
@@ -327,7 +331,11 @@ def test_a_variant_below_the_agreement_budget_is_never_packaged(run, tmp_path, c
     (comp / "manifest.json").write_text(json.dumps(m))  # the manifest is not in its own files list
     code, _, err = cli("package", comp, "--out", tmp_path / "pkg", "--precision", "int8")
     assert code == 4, err
-    assert err == f"pipe package: {comp / 'manifest.json'}: the int8-paddle variant is {status}; pick another --precision\n"
+    assert err.startswith(f"pipe package: package: {comp / 'manifest.json'}: no variant with precision int8 within 1 "
+                          f"points of fp32 is shippable here (int8-paddle ({status}))"), err
+    code, _, err = cli("package", comp, "--out", tmp_path / "pkg", "--variant", "int8-paddle")  # asked by name
+    assert code == 4, err
+    assert err == f"pipe package: {comp / 'manifest.json'}: the int8-paddle variant is {status}; pick another\n"
     assert not (tmp_path / "pkg").exists()
 
 
@@ -338,7 +346,7 @@ def test_compress_refuses_a_changed_export(run, tmp_path, cli):
     shutil.copytree(run / "package", work / "package")
     comp = _stand_in_compress(work, work / "compress")
     code, _, err = cli("package", comp, "--out", tmp_path / "p", "--precision", "bf16")
-    assert code == 2 and "the bf16 variant could not run where it was made (no avx512_bf16 (stand-in))" in err
+    assert code == 2 and "bf16 could not run where it was made (no avx512_bf16 (stand-in))" in err
     (work / "export" / "preprocess.yaml").write_text("changed: true\n")
     code, _, err = cli("package", comp, "--out", tmp_path / "p")
     assert code == 2 and "mismatch for preprocess.yaml" in err
