@@ -109,7 +109,7 @@ def test_file_set_and_manifest(compressed):
     assert set(m["files"]) == EXPECTED_FILES - {"manifest.json"}
     assert m["config"]["compress"] == {
         "int8": True, "backend": "both", "algo": "avg", "calib_batches": 10, "calib_batch_size": 32,
-        "calib_seed": 0, "max_drop": 1.0, "min_agreement": 0.99, "reduce_range": True, "latency_runs": 200,
+        "calib_seed": 0, "max_drop": 1.0, "min_agreement": 0.99, "reduce_range": True, "openvino": True, "latency_runs": 200,
         "throughput_runs": 30, "distill": False, "student": "", "baseline": False}
     exp = _manifest(run / "export")
     assert {k: v for k, v in m["config"].items() if k != "compress"} == \
@@ -121,17 +121,22 @@ def test_file_set_and_manifest(compressed):
     assert [(a.stage, note) for a, note in chain] == [("compress", ""), ("export", ""), ("train", "")]
 
     variants = m["metrics"]["variants"]
-    assert list(variants) == ["fp32", "bf16", "int8-paddle", "onnx-fp32", "int8-onnx"]
+    exp_files = exp["files"]
+    assert list(variants) == ["fp32", "bf16", "int8-paddle", "onnx-fp32", "int8-onnx", "openvino-fp32", "openvino-int8"]
     for name, v in variants.items():
         assert set(v) == VARIANT_KEYS | ({"reason"} if not v["supported"] else set()), name
-        for rel in v["files"]:
-            assert rel in m["files"], f"{name}: {rel} is not a committed file"
+        for rel in v["files"]:  # relative to this artifact, or with source "export" to the export's
+            listed = exp_files if v["source"] == "export" else m["files"]
+            assert rel in listed, f"{name}: {rel} is not a committed file of its {v['source']}"
     assert (variants["fp32"]["files"], variants["fp32"]["source"]) == ([], "export")
     assert (variants["bf16"]["files"], variants["bf16"]["source"]) == ([], "export")
     assert variants["int8-paddle"]["files"] == ["int8-paddle/model.pdmodel", "int8-paddle/model.pdiparams"]
     assert [(v["format"], v["precision"], v["engine"]) for v in variants.values()] == [
         ("pir", "fp32", "paddle_inference"), ("pir", "bf16", "paddle_inference"),
-        ("legacy", "int8", "paddle_inference"), ("onnx", "fp32", "onnxruntime"), ("onnx", "int8", "onnxruntime")]
+        ("legacy", "int8", "paddle_inference"), ("onnx", "fp32", "onnxruntime"), ("onnx", "int8", "onnxruntime"),
+        ("legacy", "fp32", "openvino"), ("onnx", "int8", "openvino")]
+    # OpenVINO runs files the other routes made: the export's legacy program, int8-onnx's QDQ model
+    assert (variants["openvino-fp32"]["source"], variants["openvino-int8"]["files"]) == ("export", ["int8-onnx/model.onnx"])
     calib = m["metrics"]["calibration"]
     assert (calib["split"], calib["batches"], calib["batch_size"], calib["paddleslim_algo"]) == ("train", 10, 32, "avg")
 
@@ -341,7 +346,7 @@ def test_gate_fails_exit_4_and_writes_nothing(compressed, exported, tmp_path, cl
     assert code == 4, err
     assert err.startswith("pipe compress: int8 gate: best int8 variant int8-onnx "), err
     assert f"{onnx['accuracy']:.2%} vs fp32 {m['fp32_accuracy']:.2%} on 269 test samples" in err
-    assert f"drop {drop:.2f} points > max_drop 0; nothing written" in err
+    assert f"drop {drop:.2f} points > max_drop 0" in err and err.endswith("; nothing written\n")
     assert err.count("\n") == 1 and "Traceback" not in err
     assert "int8-onnx" in out  # the table still shows what was measured
     assert tree_hash(run / "compress") == before and _leftovers(run) == []

@@ -27,7 +27,7 @@ from tests.conftest import REPO, tree_hash
 
 N_TEXTS, MAX_LEN, EPOCHS = 800, 48, 3
 FAST_TIMING = ["--set", "compress.latency_runs=20", "--set", "compress.throughput_runs=5"]
-VARIANTS = ["fp32", "bf16", "int8-paddle", "onnx-fp32", "int8-onnx"]
+VARIANTS = ["fp32", "bf16", "int8-paddle", "onnx-fp32", "int8-onnx", "openvino-fp32", "openvino-int8"]
 # The goal on the full corpus is <= 0.5 point; on this ~120-text test split one text is ~0.8
 # point, so the bound here is the stage's default gate: at most one flipped text.
 MAX_DROP_POINTS = 1.0
@@ -121,14 +121,15 @@ def test_text_int8_manifest_has_both_routes_with_numbers(cnn_compressed):
     # the table names the text inputs, and says plainly whether int8 pays
     assert proc.stderr == "", proc.stderr
     assert f"fp32 vs each variant: {n} test samples, texts as int64 ids padded to {MAX_LEN}" in proc.stdout
-    int8_fast = [k for k in ("int8-paddle", "int8-onnx") if variants[k]["faster_than_fp32"]]
+    int8_fast = [k for k, v in variants.items() if v["precision"] == "int8" and v["faster_than_fp32"]]
     assert met["int8_faster_than_fp32"] == bool(int8_fast)
     assert ("int8 is not faster than fp32 here" in proc.stdout) == (not int8_fast)
     for name in ("int8-paddle", "int8-onnx"):
         assert f"{name}: {variants[name]['note']}" in proc.stdout
     # int8 against fp32 on its own engine: does int8 itself pay, apart from onnxruntime vs Paddle?
     own = met["int8_vs_own_fp32"]
-    assert {k: o["own_fp32"] for k, o in own.items()} == {"int8-paddle": "fp32", "int8-onnx": "onnx-fp32"}
+    assert {k: o["own_fp32"] for k, o in own.items()} == {"int8-paddle": "fp32", "int8-onnx": "onnx-fp32",
+                                                        "openvino-int8": "openvino-fp32"}
     assert own["int8-onnx"]["speedup_bs32"] == pytest.approx(
         variants["int8-onnx"]["items_per_s_bs32"] / variants["onnx-fp32"]["items_per_s_bs32"])
     assert own["int8-paddle"]["speedup_bs1"] == pytest.approx(variants["int8-paddle"]["speedup_bs1"])
@@ -204,6 +205,9 @@ def test_bigru_paddle_int8_is_recorded_unsupported_with_the_reason(bigru):
     assert not v["supported"] and v["files"] == [] and v["accuracy"] is None and v["size_bytes"] is None
     assert "legacy program" in v["reason"] and exp["legacy"]["reason"] in v["reason"]
     assert met["int8_unsupported"] == {"int8-paddle": v["reason"]}
+    ov = met["variants"]["openvino-fp32"]  # no legacy program: OpenVINO runs the fp32 ONNX instead
+    assert (ov["format"], ov["source"], ov["files"]) == ("onnx", "compress", ["onnx-fp32/model.onnx"])
+    assert ov["supported"], ov.get("reason")
     onnx = met["variants"]["int8-onnx"]
     assert onnx["supported"] and isinstance(onnx["accuracy"], float)
     assert met["best_int8"] == "int8-onnx"
