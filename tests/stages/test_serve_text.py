@@ -157,9 +157,9 @@ def test_text_package_from_a_compress_artifact(run, tmp_path):
         w.interface = exp.manifest["interface"]
         w.metrics = {"variants": {
             "fp32": {"engine": "paddle_inference", "format": "pir", "precision": "fp32", "files": [],
-                     "source": "export"},
+                     "source": "export", "accuracy": 0.9},  # measured numbers: what pipeline/choose.py ranks
             "int8-paddle": {"engine": "paddle_inference", "format": "legacy", "precision": "int8",
-                            "source": "compress",
+                            "source": "compress", "accuracy": 0.9,
                             "files": ["int8-paddle/model.pdmodel", "int8-paddle/model.pdiparams"]},
         }}
     for precision in ("fp32", "int8"):
