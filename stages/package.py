@@ -1,21 +1,29 @@
 """pipe package: a self-contained serving package, `<run>/package/`, from an export or compress artifact.
 
-    pipe package runs/exp1/export
-    pipe package runs/exp1/compress --precision int8 --max-batch-size 64
+    pipe package runs/exp1/compress                       # the fastest measured variant+engine within budget
+    pipe package runs/exp1/compress --engine openvino --optimize latency
+    pipe package runs/exp1/compress --variant int8-paddle --max-batch-size 64
+    pipe package runs/exp1/export                          # Paddle Inference fp32 (or --precision bf16)
 
 Reads a verified `export/` (fp32, or bf16: the same PIR program run with oneDNN bf16) or `compress/`
-artifact (`--precision` picks a variant from its manifest's `metrics.variants`; fp32/bf16 variants point
-back to the export through the manifest's input lineage). Writes `package/`, copied from an allowlist
-(inference-format files only, never a pickle):
+artifact. From a compress artifact the variant is `--variant`, or the one `pipeline/choose.py` picks from
+the manifest's `metrics.variants` (measured on this machine, every engine) for `--engine auto|paddle|
+onnxruntime|openvino`, `--precision` and `--optimize`; variants with `source: export` point back to the
+export through the manifest's input lineage. Writes `package/`, copied from an allowlist (inference-format
+files only, never a pickle):
 
-    model.json | model.pdmodel, model.pdiparams   the Paddle Inference program and weights
-    serving.yaml                                  input/output spec, preprocessing, labels, batching, limits
+    model.json | model.pdmodel, model.pdiparams   the model the chosen engine runs (Paddle Inference: the
+    | model.onnx                                  PIR or legacy program; onnxruntime: the ONNX; OpenVINO:
+                                                  the ONNX or the legacy program)
+    serving.yaml                                  engine, input/output spec, preprocessing, labels, batching, limits
     serving_client_conf.prototxt                  Paddle Serving client config (feed/fetch vars)
-    triton/<name>/config.pbtxt, 1/model.onnx,     a Triton model repository (onnxruntime backend);
-    triton/<name>/labels.txt                      the ONNX is the compress stage's, else paddle2onnx's
+    triton/<name>/config.pbtxt, 1/model.onnx,     a Triton model repository (onnxruntime backend): the served
+    triton/<name>/labels.txt                      ONNX itself, else compress's or paddle2onnx's, io renamed to
+                                                  the served names
     vocab.json                                    text models only: the export's vocabulary
     reference.safetensors                         256 real inputs and their fp32 outputs (pipeline/reference.py),
-                                                  checked here (exit 4 below compress.min_agreement) and by serve
+                                                  checked here on the chosen engine (exit 4 below
+                                                  compress.min_agreement) and by serve
     README.md, manifest.json                      how to call it (`pipeline/serving/readme.py`); sha256 of every file
 
 A text model (int64 ids [-1, -1]) gets a `text:` section in serving.yaml (char tokenizer, max_len,
