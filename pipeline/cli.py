@@ -285,7 +285,7 @@ _KEY_METRICS = {
     "train": ("test_acc", "epochs_run", "world_size"),
     "export": ("test_acc", "parity_rel"),
     "compress": ("fp32_accuracy", "best_int8", "int8_drop_points"),
-    "package": ("precision", "variant_accuracy"),
+    "package": ("engine", "precision", "variant", "variant_accuracy"),
     "checkpoint": ("step", "epoch"),
 }
 
