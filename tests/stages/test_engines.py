@@ -243,3 +243,20 @@ def _paddle_sees_a_gpu() -> bool:
     import paddle
 
     return paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
+
+
+def test_from_an_export(comp, tmp_path, cli):
+    """An export measures no engine: auto is Paddle Inference; OpenVINO runs its legacy program (checked
+    against the reference set at package time); onnxruntime needs an ONNX the export does not have."""
+    exp = comp.parent / "export"
+    code, out, err = cli("package", exp, "--engine", "openvino", "--out", tmp_path / "ov", "--no-triton")
+    assert code == 0, err
+    doc = yaml.safe_load((tmp_path / "ov/serving.yaml").read_text())
+    assert (doc["model"]["engine"], doc["model"]["format"], doc["model"]["program"]) == ("openvino", "legacy",
+                                                                                      "model.pdmodel")
+    assert "reference check: 256 samples" in out and "on openvino fp32 here" in out
+    code, _, err = cli("package", exp, "--engine", "onnxruntime", "--out", tmp_path / "ort")
+    assert code == 2 and err.count("\n") == 1 and f"--engine onnxruntime: {exp} holds no file it runs" in err
+    assert "pipe export --onnx" in err and not (tmp_path / "ort").exists()
+    code, _, err = cli("package", exp, "--variant", "int8-onnx", "--out", tmp_path / "v")
+    assert code == 2 and "--variant int8-onnx: names a compress variant" in err
