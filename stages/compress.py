@@ -513,26 +513,31 @@ def _openvino(src: artifacts.Artifact, cdir: Path, io: dict[str, Any], built: di
               threads: int) -> dict[str, dict[str, Any]]:
     """OpenVINO on files the other routes made: fp32 on the export's legacy program (it does not read PIR;
     facts note section 13: faster than from paddle2onnx's ONNX on mobilenet_v3_small, 6.6x vs 4.6x fp32 at
-    batch 1), else on onnx-fp32; int8 on int8-onnx's QDQ model. Unsupported, with the reason, when the
-    library is missing or cannot load the file."""
-    out: dict[str, dict[str, Any]] = {}
-    if io["legacy_model"] is not None:
-        fp32 = ("legacy", [io["legacy_model"], io["legacy_params"]], "export", [src.file(io["legacy_model"]),
-                                                                                 src.file(io["legacy_params"])])
-    else:
-        fp32 = ("onnx", list(_VARIANT_FILES["onnx-fp32"]), "compress", [cdir / _VARIANT_FILES["onnx-fp32"][0]])
-    todo = {"openvino-fp32": ("fp32", *fp32)}
+    batch 1), else, or when its Paddle frontend cannot read that program (e.g. "No creator found for
+    einsum node" on a text model), on onnx-fp32; int8 on int8-onnx's QDQ model. Unsupported, with the
+    reason, when the library is missing or cannot load the file."""
+    legacy = ("legacy", [io["legacy_model"], io["legacy_params"]], "export") if io["legacy_model"] else None
+    onnx32 = ("onnx", list(_VARIANT_FILES["onnx-fp32"]), "compress")
+    onnx8 = ("onnx", list(_VARIANT_FILES["int8-onnx"]), "compress")
+    todo = {"openvino-fp32": ("fp32", [c for c in (legacy, onnx32) if c is not None])}
     if "int8-onnx" in built:
-        todo["openvino-int8"] = ("int8", "onnx", list(_VARIANT_FILES["int8-onnx"]), "compress",
-                                 [cdir / _VARIANT_FILES["int8-onnx"][0]])
-    for name, (precision, fmt, files, source, paths) in todo.items():
-        base = {"format": fmt, "files": files, "source": source, "inputs": [io["input"]], "outputs": [io["output"]]}
-        if fmt == "onnx" and not all(p.is_file() for p in paths):
-            continue  # the onnxruntime route was not run (--backend paddle)
-        try:
-            out[name] = {**entry(ov_engine.load(paths, threads=threads, precision=precision)), **base}
-        except PipeError as e:
-            out[name] = {"run": None, "reason": str(e), "engine": ov_engine.NAME, "precision": precision, **base}
+        todo["openvino-int8"] = ("int8", [onnx8])
+    out: dict[str, dict[str, Any]] = {}
+    for name, (precision, choices) in todo.items():
+        why = []
+        for fmt, files, source in choices:
+            paths = [src.file(f) if source == "export" else cdir / f for f in files]
+            if not all(p.is_file() for p in paths):
+                continue  # the onnxruntime route was not run (--backend paddle)
+            base = {"format": fmt, "files": files, "source": source, "inputs": [io["input"]],
+                    "outputs": [io["output"]]}
+            try:
+                out[name] = {**entry(ov_engine.load(paths, threads=threads, precision=precision)), **base}
+                break
+            except PipeError as e:
+                why.append(str(e))
+                out[name] = {"run": None, "reason": "; ".join(why), "engine": ov_engine.NAME, "precision": precision,
+                             **base}
     return out
 
 

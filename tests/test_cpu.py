@@ -37,7 +37,10 @@ def test_the_real_probe_agrees_with_the_cpu_flags(auto):
     assert probe["expected"] == EXACT and probe["got"] in (EXACT, SATURATED), probe
     assert probe["saturates"] == (probe["got"] != EXACT)
     assert probe["saturates"] == (not cap["vnni"]), cap
-    assert cap["int8_exact"] == {"onnxruntime": not probe["saturates"], "paddle_inference": cap["vnni"]}
+    ov = cap["probe_openvino"]  # OpenVINO's own probe (a QDQ MatMul), the same sum
+    assert ov["expected"] == EXACT and ov["saturates"] == (not cap["vnni"]), ov
+    assert cap["int8_exact"] == {"onnxruntime": not probe["saturates"], "paddle_inference": cap["vnni"],
+                                 "openvino": not ov["saturates"]}
     assert cap["forced"] is None and cap["int8_saturates"] == (not all(cap["int8_exact"].values()))
     assert set(cap["flags"]) <= set(cpu._SHOWN_FLAGS)
     assert ("int8 exact" in cpu.summary(cap)) == (not cap["int8_saturates"])
@@ -48,7 +51,8 @@ def test_forcing_the_verdict_runs_the_other_class_branch(auto, force):
     auto.setenv(cpu.FORCE_ENV, force)
     cap = cpu.capability()
     exact = force == "exact"
-    assert cap["forced"] == force and cap["int8_exact"] == {"onnxruntime": exact, "paddle_inference": exact}
+    assert cap["forced"] == force
+    assert cap["int8_exact"] == {"onnxruntime": exact, "paddle_inference": exact, "openvino": exact}
     assert cap["probe"]["expected"] == EXACT  # the real probe is still recorded beside the forced verdict
     assert f"forced by {cpu.FORCE_ENV}={force}" in cpu.summary(cap)
     ops = cpu.onednn_int8_ops()
