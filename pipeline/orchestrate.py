@@ -60,6 +60,7 @@ class Choice:
     precision: str
     why: str
     accuracy: float | None
+    engine: str = "paddle_inference"
 
 
 def run_all(cfg: RunConfig, run_dir: Path, resume: str | None = None, force: str | None = None,
@@ -109,12 +110,13 @@ def run_all(cfg: RunConfig, run_dir: Path, resume: str | None = None, force: str
                                          "input": _manifest_sha(export_dir)},
                             lambda: compress.run(cfg, export_dir, run_dir / "compress"))
     choice = choose(cfg, export_dir, compress_dir)
-    say(f"package: {choice.variant or 'export fp32'} ({choice.why})")
+    say(f"package: {choice.variant or 'export fp32'} on {choice.engine} ({choice.why})")
     pcfg = package.PackageConfig(precision=choice.precision, variant=choice.variant)
     step("package", {"config": dataclasses.asdict(pcfg), "variant": choice.variant,
                      "input": _manifest_sha(choice.model_dir)},
          lambda: package.run(pcfg, choice.model_dir, run_dir / "package"))
-    cache.record["packaged"] = {"variant": choice.variant, "precision": choice.precision, "why": choice.why,
+    cache.record["packaged"] = {"variant": choice.variant, "engine": choice.engine, "precision": choice.precision,
+                                "why": choice.why,
                                 "from": os.path.relpath(choice.model_dir, run_dir)}
     cache.save()
     verify_release(run_dir, cache)
@@ -148,12 +150,12 @@ def choose(cfg: RunConfig, export_dir: Path, compress_dir: Path | None) -> Choic
         if "distill" not in metrics:
             raise
         acc = _read(export_dir).get("metrics", {}).get("test_acc")
-        return Choice(export_dir, "", "fp32", f"no student variant shippable within budget ({e}): the teacher's "
-                      "fp32 export", acc)
-    why = f"{got.engine}: {got.why}"
+        return Choice(export_dir, "", "fp32", f"no student variant within {cfg.compress.max_drop:.2f} points of the "
+                      f"{ref_name} ({str(e).split(' (', 1)[-1].rstrip(')')}): the teacher's fp32 export", acc)
+    why = got.why
     if "distill" in metrics:
         why = f"distilled student {metrics['distill']['student']}: " + why
-    return Choice(compress_dir, got.variant, got.precision, why, got.accuracy)
+    return Choice(compress_dir, got.variant, got.precision, why, got.accuracy, got.engine)
 
 
 def verify_release(run_dir: Path, cache: "_Cache | None" = None) -> None:

@@ -385,6 +385,9 @@ def _mb(v: Any) -> float | None:
 
 def _why(stages: dict[str, Stage], pkg: dict[str, Any]) -> str:
     """The reason recorded in the package manifest, else what the manifests say about the choice."""
+    said = _get(pkg, "chosen", "why")  # pipe package's own reason (pipeline/choose.py)
+    if isinstance(said, str) and said:
+        return f"{_get(pkg, 'metrics', 'variant')} on {pkg.get('engine', 'paddle_inference')}: {said}"
     for key in ("pick_reason", "reason"):
         said = _get(pkg, "metrics", key)
         if isinstance(said, str) and said:

@@ -58,7 +58,7 @@ def test_first_run_builds_every_stage_and_records_the_choice(first_run):
     variants = _manifest(run / "compress")["metrics"]["variants"]
     want = choose.pick(variants, ref_accuracy=variants["fp32"]["accuracy"], ref_name="fp32", max_drop=1.0)
     assert packaged["variant"] == want.variant and _manifest(run / "package")["engine"] == want.engine
-    assert "by balanced" in packaged["why"] and want.engine in packaged["why"]
+    assert "by balanced" in packaged["why"] and f"package: {want.variant} on {want.engine} (" in out
     assert "ran: train" in out and "cached: nothing" in out
     # The report is written by every successful run, with pipe all's own reason for the choice.
     md, html = (run / "report.md").read_text(), (run / "report.html").read_text()
@@ -101,7 +101,7 @@ def test_a_config_change_reruns_only_what_it_affects(first_run, tmp_path, cli):
     run = _copy(first_run, tmp_path / "run")
     code, out, err = cli("all", *FAST, "--run", run, "--pick", "fp32")
     assert code == 0, err
-    assert "compress: cached" in out and "package: fp32 (release.pick=fp32" in out
+    assert "compress: cached" in out and "package: fp32 on paddle_inference (release.pick=fp32" in out
     assert _manifest(run / "package")["metrics"]["variant"] == "fp32"
     code, out, err = cli("all", *FAST, "--run", run, "--set", "compress.calib_batches=3")
     assert code == 0, err
@@ -204,7 +204,8 @@ def test_release_engine_and_optimize(first_run, tmp_path, cli):
     pkg = _manifest(run / "package")
     record = json.loads((run / "pipeline.json").read_text())["packaged"]
     assert pkg["engine"] == "openvino" and pkg["metrics"]["variant"] in ("openvino-fp32", "openvino-int8")
-    assert record["why"].startswith("openvino: fastest of those asked for by latency")
+    assert record["why"].startswith("fastest of those asked for by latency")
+    assert f"package: {pkg['metrics']['variant']} on openvino (" in out
     code, _, err = cli("all", *FAST, "--run", run, "--set", "release.engine=tensorrt")
     assert code == 2 and "release.engine" in err and "tensorrt" in err
 
