@@ -31,18 +31,23 @@ FORMATS = ("onnx", "legacy")  # what it reads: model.onnx, or model.pdmodel + mo
 
 @dataclass
 class Engine:
-    request: Any
+    core: Any  # held for the engine's lifetime: the compiled model and its request live in the core's plugin
+    compiled: Any
     info: dict[str, Any]
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        model = self.request.get_compiled_model()
-        self.inputs = [p.get_any_name() for p in model.inputs]
-        self.outputs = [p.get_any_name() for p in model.outputs]
+        self.request = self.compiled.create_infer_request()
+        self.inputs = [p.get_any_name() for p in self.compiled.inputs]
+        self.outputs = [p.get_any_name() for p in self.compiled.outputs]
         if len(self.inputs) != 1 or len(self.outputs) != 1:
             raise PipeError(f"{self.info['files'][0]}: has {len(self.inputs)} inputs and {len(self.outputs)} "
                             "outputs; pipe runs models with 1 and 1 (logits)")
+
+    def __del__(self) -> None:  # the request before its compiled model, that before the core
+        for name in ("request", "compiled"):
+            self.__dict__.pop(name, None)
 
     def run(self, x: np.ndarray) -> np.ndarray:
         self.request.infer({0: np.ascontiguousarray(x)})
@@ -97,7 +102,7 @@ def load(files: list[Path], *, threads: int, precision: str = "fp32", device: st
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         raise PipeError(f"{paths[0]}: OpenVINO cannot load it ({e.__class__.__name__}: "
                         f"{(lines[-1] if lines else '')[:200]})") from None
-    return Engine(compiled.create_infer_request(), info)
+    return Engine(core, compiled, info)
 
 
 def probe() -> dict[str, Any]:
@@ -120,6 +125,9 @@ def probe() -> dict[str, Any]:
     core = ov.Core()
     compiled = core.compile_model(core.read_model(model.SerializeToString(), b""), "CPU",
                                   {"INFERENCE_NUM_THREADS": 1, "INFERENCE_PRECISION_HINT": "f32"})
-    got = int(round(float(compiled.create_infer_request().infer({0: np.full((1, k), a, np.float32)})[0][0, 0])))
+    request = compiled.create_infer_request()
+    request.infer({0: np.full((1, k), a, np.float32)})
+    got = int(round(float(request.get_output_tensor(0).data[0, 0])))
+    del request, compiled, core  # in this order: the request before its compiled model, that before the core
     return {"op": f"QDQ MatMul u8 x s8, K={k}, all {a} x {w}", "expected": k * a * w, "got": got,
             "saturates": got != k * a * w}
