@@ -8,6 +8,7 @@ A reader checks the manifest, the stage kind and every file's bytes and sha256 b
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -53,8 +54,14 @@ def _walk_files(root: Path) -> Iterator[Path]:
 
 def versions() -> dict[str, str]:
     """Versions recorded in every manifest. Reads package metadata: never imports paddle."""
+    return dict(_versions())
+
+
+@functools.lru_cache(maxsize=1)
+def _versions() -> dict[str, str]:
+    """Computed once per process: a manifest is written per stage and the git SHA does not change meanwhile."""
     out = {"pipe": __version__, "python": platform.python_version()}
-    for dist in ("paddlepaddle", "paddlepaddle-gpu", "numpy", "paddleslim", "onnxruntime"):
+    for dist in ("paddlepaddle", "paddlepaddle-gpu", "numpy", "paddleslim", "onnxruntime", "openvino"):
         try:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
