@@ -105,10 +105,22 @@ def _probe() -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=None)
 def _probe_openvino() -> dict[str, Any] | None:
-    """None when OpenVINO is not installed here."""
-    from pipeline.engines import openvino as ov_engine
+    """None when OpenVINO is not installed here. Run in a child process (~1 s, once per process): a process
+    that only needs the verdict (package, serve's HTTP process, inspect) never loads OpenVINO beside Paddle."""
+    import importlib.util
+    import json
+    import subprocess
+    import sys
 
-    return None if ov_engine.available() else ov_engine.probe()
+    if importlib.util.find_spec("openvino") is None:
+        return None
+    code = "import json; from pipeline.engines import openvino as o; print(json.dumps(o.probe()))"
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False,
+                              env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None  # recorded as "no OpenVINO verdict": int8_exact("openvino") is then False
 
 
 def _onednn_exact() -> bool:

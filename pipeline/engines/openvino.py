@@ -15,6 +15,7 @@ note in `describe()`, and the agreement gate and the package's reference check d
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,8 +124,11 @@ def probe() -> dict[str, Any]:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     core = ov.Core()
-    compiled = core.compile_model(core.read_model(model.SerializeToString(), b""), "CPU",
-                                  {"INFERENCE_NUM_THREADS": 1, "INFERENCE_PRECISION_HINT": "f32"})
+    with tempfile.TemporaryDirectory(prefix="pipe-ov-probe-") as tmp:  # from a file: OpenVINO may keep
+        path = Path(tmp) / "probe.onnx"                                  # pointers into an in-memory model
+        path.write_bytes(model.SerializeToString())
+        compiled = core.compile_model(core.read_model(str(path)), "CPU",
+                                      {"INFERENCE_NUM_THREADS": 1, "INFERENCE_PRECISION_HINT": "f32"})
     request = compiled.create_infer_request()
     request.infer({0: np.full((1, k), a, np.float32)})
     got = int(round(float(request.get_output_tensor(0).data[0, 0])))
