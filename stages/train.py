@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -65,6 +66,29 @@ _EPOCH_FIELDS = ["epoch", "step", "train_loss", "val_loss", "val_acc", "lr", "im
 # ------------------------------------------------------------------ parent side
 
 
+@contextlib.contextmanager
+def _paddle_sigchld_undone() -> Iterator[None]:
+    """Training in this process: afterwards, SIGCHLD is handled as before it.
+
+    A multi-process DataLoader (`data.num_workers` > 0) installs, once per process, a SIGCHLD handler that
+    calls Paddle's C++ `_throw_error_if_process_failed()` on every child exit. Left in place, it ran on
+    each later child of the process (git, the compress and paddle2onnx children, predictor processes)
+    while the finished loader's threads were still alive: a long test process died with SIGSEGV or a
+    corrupt heap right after a `subprocess.run`, 5 runs out of 5 once the suite started more children.
+    Paddle's own flag is reset, so the next in-process training installs its handler again."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGCHLD) if main else None
+    try:
+        yield
+    finally:
+        if main:
+            signal.signal(signal.SIGCHLD, previous if previous is not None else signal.SIG_DFL)
+            for name in ("paddle.io.multiprocess_utils", "paddle.base.multiprocess_utils"):
+                mod = sys.modules.get(name)
+                if mod is not None and hasattr(mod, "_SIGCHLD_handler_set"):
+                    mod._SIGCHLD_handler_set = False
+
+
 def run(cfg: RunConfig, out_dir: Path, resume: str | None = None, view: Emit | None = None) -> Path:
     """Train and write `out_dir`. Checkpoints and logs go beside it in the run directory."""
     out_dir = Path(out_dir)
@@ -74,7 +98,8 @@ def run(cfg: RunConfig, out_dir: Path, resume: str | None = None, view: Emit | N
     resume_from = _resolve_resume(resume, ckpt_dir, cfg)
     view = view or View()
     if local == 1 and world == 1:
-        _worker(cfg, out_dir, ckpt_dir, resume_from, emit=view)
+        with _paddle_sigchld_undone():
+            _worker(cfg, out_dir, ckpt_dir, resume_from, emit=view)
     else:
         _launch(cfg, out_dir, ckpt_dir, resume_from, run_dir, view, local)
     return out_dir
