@@ -357,7 +357,8 @@ def _packaged(stages: dict[str, Stage], picked: dict[str, Any]) -> Section:
     src = _get(m, "input", "stage", default="?")
     variant = pm.get("variant") or m.get("precision") or "?"
     sec.blocks.append(f"`{m.get('name', '?')}`: variant **{variant}** ({m.get('precision', '?')}, format "
-                      f"{m.get('format', '?')}) from the {src} stage; test accuracy "
+                      f"{m.get('format', '?')}, engine {m.get('engine', 'paddle_inference')}) from the {src} stage; "
+                      "test accuracy "
                       f"{_num(pm.get('variant_accuracy'), '.2%')}, size "
                       f"{_num(_mb(pm.get('variant_size_bytes')), '.3f')} MB, "
                       f"p50 {_num(pm.get('variant_latency_ms_p50_bs1'), '.3f')} ms at batch 1, "

@@ -145,13 +145,14 @@ def test_parity_packaged_versions_and_curves(reported):
     assert row[1:4] == [f"{exp['parity_max_abs_diff']:.3g}", f"{exp['parity_max_abs_logit']:.4g}",
                         f"{exp['parity_rel']:.3g}"] and row[-1] == "pass"
     pkg = _manifest(reported / "package")
-    assert parity["package: Triton ONNX (compress:onnx-fp32) vs Paddle predictor"][1] == \
+    assert parity[f"package: Triton ONNX ({pkg['metrics']['onnx_source']}) vs Paddle predictor"][1] == \
         f"{pkg['metrics']['onnx_max_abs_diff']:.3g}"
     packaged = _section(md, "Packaged model")
     assert f"variant **{pkg['metrics']['variant']}**" in packaged
     assert f"test accuracy {pkg['metrics']['variant_accuracy']:.2%}" in packaged
-    int8 = _manifest(reported / "compress")["metrics"]["variants"]["int8-paddle"]
-    assert "Why: " in packaged and int8["note"] in packaged  # the measurement behind the choice
+    shipped = _manifest(reported / "compress")["metrics"]["variants"][pkg["metrics"]["variant"]]
+    assert "Why: " in packaged and pkg["chosen"]["why"] in packaged  # the measurement behind the choice
+    assert f"{shipped['speedup_bs1']:.2f}x at batch 1" in packaged
 
     env = _section(md, "Versions and hardware")
     (table,) = _tables(env)
@@ -236,7 +237,7 @@ def test_missing_optional_fields_and_unsupported_variants(full_run, tmp_path):
     (run / "compress" / "manifest.json").write_text(json.dumps(comp))
     pkg = _manifest(run / "package")
     pkg["metrics"] = {"precision": "fp32"}
-    del pkg["name"], pkg["config"]["package"]
+    del pkg["name"], pkg["config"]["package"], pkg["chosen"], pkg["engine"]  # as an older pipe wrote it
     (run / "package" / "manifest.json").write_text(json.dumps(pkg))
     (run / "train" / "metrics.csv").unlink()  # the train dir no longer verifies
 
@@ -251,7 +252,7 @@ def test_missing_optional_fields_and_unsupported_variants(full_run, tmp_path):
     assert by_stage["package"]["input now"] == "CHANGED since used"
     assert "missing file metrics.csv" in by_stage["train"]["verified"]
     assert "digits_cnn (train): no metrics.csv." in md
-    assert "variant **fp32**" in md
+    assert f"variant **{pkg['precision']}** ({pkg['precision']}, format {pkg['format']}, engine paddle_inference)" in md
 
 
 def test_fast_and_without_paddle(reported):
