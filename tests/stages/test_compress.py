@@ -295,6 +295,10 @@ def test_the_other_cpu_class_branch_forced(exported, tmp_path):
     assert "int8-onnx: int8 with full-range weights on a CPU whose int8 saturates: session.x64quantprecision=1" \
         in proc.stdout
     assert m["onnxruntime_reduce_range"] is False
+    # OpenVINO's own probe really saturates on oneDNN's AVX2 kernels, and the full-range file gets its note
+    assert m["cpu"]["int8_exact"]["openvino"] is False and m["cpu"]["probe_openvino"]["got"] == 1048544
+    ov = m["variants"]["openvino-int8"]["engine_info"]
+    assert ov["int8_weight_range"] == "full" and "OpenVINO has no exact mode for it" in ov["note"]
     bf16 = m["variants"]["bf16"]  # oneDNN kept off its bf16 kernels, as on a CPU without avx512_bf16
     assert not bf16["supported"] and bf16["reason"] == "ONEDNN_MAX_CPU_ISA=AVX2 keeps oneDNN off its bf16 kernels"
 
