@@ -19,8 +19,8 @@ from typing import Any, Callable
 import numpy as np
 
 from pipeline.errors import InputError
+from pipeline.serving.spec import REFERENCE_FILE as FILE  # the package contract names its files
 
-FILE = "reference.safetensors"
 SAMPLES = 256
 _SEED = 0
 

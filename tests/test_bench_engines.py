@@ -1,5 +1,5 @@
-"""The benchmark's engine rows render from their inputs, without timing anything (`pipeline/bench_compress.py`,
-`pipeline/bench_serving.py`, `pipeline/loadgen.py`): the auto pick said as `pipe package` picks, the
+"""The benchmark's engine rows render from their inputs, without timing anything (`pipeline/bench/compress.py`,
+`pipeline/bench/serving.py`, `pipeline/bench/loadgen.py`): the auto pick said as `pipe package` picks, the
 OpenVINO rows and their int8 tag, goals met or missed from the numbers, the predictor runs read off the
 batch histogram, and the /v2 body byte for byte as tritonclient.http builds it."""
 
@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 
-from pipeline import bench_compress, bench_serving, loadgen
+from pipeline.bench import compress as bench_compress, loadgen, serving as bench_serving
 
 CAP = {"vnni": True, "forced": None, "int8_saturates": False,
        "int8_exact": {"onnxruntime": True, "paddle_inference": True, "openvino": True}}

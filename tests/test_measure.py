@@ -1,4 +1,4 @@
-"""`pipeline.measure` (`pipe bench DIR...`) on real artifacts: the shared 2-epoch digits run taken through
+"""`pipeline.bench.measure` (`pipe bench DIR...`) on real artifacts: the shared 2-epoch digits run taken through
 export (--onnx), compress (both int8 backends, few timed runs) and package, and a tiny text model's export.
 
 Accuracy tolerance against the manifests: bench runs the very model files, with the same engine, precision,
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import measure
+from pipeline.bench import measure
 from pipeline.cli import main
 from pipeline.errors import InputError
 from tests.conftest import reviews

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from pipeline import artifacts, data as data_mod, reference
+from pipeline import artifacts, data as data_mod
 from pipeline.errors import InputError
 
 PRECISIONS = ("fp32", "bf16", "int8")
@@ -37,7 +37,7 @@ DEFAULT_ENGINE = "paddle_inference"  # packages made before serving.yaml named a
 DOC_FILES = ("serving.yaml", "serving_client_conf.prototxt", "README.md")
 TRITON_FILES = ("config.pbtxt", "1/model.onnx", "labels.txt")
 VOCAB_FILE = "vocab.json"  # text packages: the only name `serve` accepts for the vocabulary
-REFERENCE_FILE = reference.FILE  # inputs and their fp32 outputs (pipeline/reference.py)
+REFERENCE_FILE = "reference.safetensors"  # inputs and their fp32 outputs (pipeline/reference.py)
 SERVING_SCHEMA = 1
 # Server defaults written into serving.yaml; `pipe serve` flags override them.
 SERVER_DEFAULTS = {

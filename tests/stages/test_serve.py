@@ -31,7 +31,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from pipeline import artifacts, data as data_mod, loadgen
+from pipeline import artifacts, data as data_mod
+from pipeline.bench import loadgen
 from pipeline.serving import batcher, predictor as predictor_mod, validate, wire
 from tests.serving_helpers import (REPO, metric, package_predictor, packaged_run, serving_client_python, start_server,
                                    wait_for)
@@ -194,7 +195,7 @@ def test_batches_run_at_bucket_sizes():
 
 
 def test_bench_load_generator_counts_answers_and_errors(server, digits):
-    """The serving benchmark's load generator (`pipeline/loadgen.py`) against this server: every request
+    """The serving benchmark's load generator (`pipeline/bench/loadgen.py`) against this server: every request
     answered and counted, non-200 answers counted as errors."""
     _, x = digits
     good = json.dumps({"inputs": x[:1].tolist()}).encode()

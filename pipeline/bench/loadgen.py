@@ -1,6 +1,6 @@
 """A lean HTTP/1.1 load generator for the serving benchmark: asyncio, one keep-alive connection per client.
 
-    python -c "from pipeline import loadgen; print(loadgen.run('http://127.0.0.1:8000', [b'{...}'], 16, count=100))"
+    python -c "from pipeline.bench import loadgen; print(loadgen.run('http://127.0.0.1:8000', [b'{...}'], 16, count=100))"
 
 On a 2-core machine the load generator shares the CPU with the server it measures. One httpx.Client per
 thread spent ~1.7 ms of CPU per request (3.4 s for 2,000 requests), more than the server's own HTTP work;

@@ -1,6 +1,6 @@
 """`make bench` rows for the text task: the example config trained from scratch vs a linear baseline.
 
-    python -c "from pipeline import bench_text; print(bench_text.rows(1))"
+    python -c "from pipeline.bench import text; print(text.rows(1))"
 
 Trains `examples/chinese_sentiment.yaml` (its model and hyperparameters) through the real train stage,
 `repeats` times, and fits a character 1-2-gram TF-IDF + logistic regression baseline on the same
@@ -19,7 +19,7 @@ from typing import Any
 
 from pipeline import config as config_mod
 
-_EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "chinese_sentiment.yaml"
+_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "chinese_sentiment.yaml"
 _ACC_GOAL = 0.87
 _TIME_GOAL_S = 300.0
 

@@ -4,6 +4,13 @@
 
 Every ratio compares runs made in this one process (or back to back), interleaved, because the
 machine is shared and noisy: quote the ratios, not the absolute numbers.
+
+    (here)     the suite's entry `run` (CLI start-up, training throughput, data parallel, `pipe all`)
+    compress   int8 and bf16 against fp32 on every engine, the auto pick, the int8 accuracy drop (images, text)
+    serving    `pipe serve` under load (HTTP, dynamic batching, /v1 and /v2), versus the engine alone
+    text       the text model against a TF-IDF + logistic regression baseline on the same split
+    measure    `pipe bench DIR...`: every servable model in export/compress/package artifacts, measured here
+    loadgen    the serving benchmark's HTTP/1.1 load generator
 """
 
 from __future__ import annotations
@@ -33,12 +40,12 @@ def run(out_file: Path, quick: bool = False) -> None:
     rows += _train_throughput(repeats)
     rows += _data_parallel(repeats=1)
     rows += _pipe_all()
-    from pipeline import bench_compress, bench_serving, bench_text  # each builds its own runs in temp dirs
+    from pipeline.bench import compress, serving, text  # each builds its own runs in temp dirs
 
-    rows += bench_compress.rows(quick)
-    rows += bench_serving.rows(quick)
-    rows += bench_serving.text_rows(quick)
-    rows += bench_text.rows(1 if quick else 2)
+    rows += compress.rows(quick)
+    rows += serving.rows(quick)
+    rows += serving.text_rows(quick)
+    rows += text.rows(1 if quick else 2)
     _write(out_file, rows, quick)
 
 

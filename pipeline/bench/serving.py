@@ -1,14 +1,14 @@
 """`pipe bench` serving rows: `pipe serve` under concurrent batch-1 load, package against package, and against
 the engine alone.
 
-    python -c "from pipeline import bench_serving; print(bench_serving.rows(quick=True))"
-    python -c "from pipeline import bench_serving; print(bench_serving.text_rows(quick=True))"
+    python -c "from pipeline.bench import serving; print(serving.rows(quick=True))"
+    python -c "from pipeline.bench import serving; print(serving.text_rows(quick=True))"
 
 `rows` builds, for digits and for mobilenet_v3_small at 3x64x64 (PNG requests), a compress dir with every
 engine measured and two packages of it: `pipe package --engine auto` (what ships: `pipeline/choose.py`) and
 `pipe package --variant fp32` (Paddle Inference fp32, the baseline). Both are served at once by `pipe serve`
 on free ports on 127.0.0.1 and loaded in turn (interleaved rounds: the machine's noise hits both) with
-keep-alive clients from this process (`pipeline/loadgen.py`: asyncio, 0.1-0.2 ms of CPU per request; a
+keep-alive clients from this process (`pipeline/bench/loadgen.py`: asyncio, 0.1-0.2 ms of CPU per request; a
 fixed count, then a fixed time: every load stops by itself):
 - per package: 16 clients x batch-1 requests against the engine alone one by one (the same engine,
   precision and threads as its predictor, loaded here through `pipeline/engines/`), the batch sizes the
@@ -45,12 +45,13 @@ from typing import Any, Callable
 import numpy as np
 import yaml
 
-from pipeline import cpu, loadgen, runtime
+from pipeline import cpu, runtime
+from pipeline.bench import loadgen
 from pipeline.errors import PipeError
 
 Row = tuple[str, str, str, str]
 
-_REPO = Path(__file__).resolve().parents[1]
+_REPO = Path(__file__).resolve().parents[2]
 _START_S = 180.0  # the server's paddle import and warm-up on a busy machine
 _STOP_S = 40.0  # longer than the server's 30 s drain
 _HTTP_TIMEOUT_S = 30.0
@@ -275,7 +276,7 @@ def _replay(eng: Any, x: np.ndarray, runs: dict[int, float]) -> tuple[float, flo
 
 def _int8(s: _Server) -> str:
     """This CPU's int8 capability for the server's engine, said as compress's int8 rows say it."""
-    from pipeline import bench_compress
+    from pipeline.bench import compress as bench_compress
 
     return bench_compress.int8_tag({"cpu": cpu.capability()}, s.engine)
 
@@ -439,7 +440,7 @@ def _build_mobilenet(tmp: Path, quick: bool) -> dict[str, Path]:
     """mobilenet_v3_small on the compress benchmark's seeded synthetic 3x64x64 data, one epoch (speed,
     not accuracy, is measured), exported, compressed on every engine with the compress benchmark's
     settings (its gates off: the model is near chance), and packaged twice without Triton."""
-    from pipeline import bench_compress as bc
+    from pipeline.bench import compress as bc
 
     run = tmp / "run"
     data = bc.synthetic(tmp / "synthetic.npz")
@@ -455,7 +456,7 @@ def _build_digits(tmp: Path, quick: bool) -> dict[str, Path]:
     """`make demo`'s `pipe all --config examples/digits.yaml` (train, export, compress on every engine with
     the example's gates, package, report), then the pair of packages from its compress dir. quick trains 1
     epoch (same model, same cost per inference) and so turns the accuracy gates off."""
-    from pipeline import bench_compress as bc
+    from pipeline.bench import compress as bc
 
     run = tmp / "run"
     sets = ("train.epochs=1", "compress.max_drop=100", "compress.min_agreement=0", *bc.QUICK_TIMING) if quick else ()
@@ -465,7 +466,7 @@ def _build_digits(tmp: Path, quick: bool) -> dict[str, Path]:
 
 def _package_pair(comp: Path) -> dict[str, Path]:
     """`pipe package COMPRESS --engine auto` and `--variant fp32` (Paddle Inference fp32), without Triton."""
-    from pipeline import bench_compress as bc
+    from pipeline.bench import compress as bc
 
     out = {"auto": comp.parent / "package-auto", "fp32": comp.parent / "package-fp32"}
     bc.pipe("package", str(comp), "--engine", "auto", "--no-triton", "--out", str(out["auto"]), cwd=comp.parent)
@@ -475,7 +476,7 @@ def _package_pair(comp: Path) -> dict[str, Path]:
 
 def _build_text_package(tmp: Path, quick: bool) -> Path:
     """train (text_cnn on the built-in corpus; quick: 1 epoch), export, package without Triton."""
-    from pipeline import bench_compress as bc
+    from pipeline.bench import compress as bc
 
     run = tmp / "run"
     bc.pipe("train", "--data", "chinese_sentiment", "--model", "text_cnn", "--epochs", "1" if quick else "3",

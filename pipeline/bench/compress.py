@@ -1,6 +1,6 @@
 """`make bench`, compress part: int8 and bf16 against fp32 on real models, and the int8 accuracy drop on digits.
 
-    python -c "from pipeline import bench_compress; [print(r) for r in bench_compress.rows(quick=True)]"
+    python -c "from pipeline.bench import compress; [print(r) for r in compress.rows(quick=True)]"
 
 For resnet18 and mobilenet_v3_small at 3x64x64 this runs the real stages as a user would, in
 subprocesses, one model after the other: `pipe train` (one epoch of a seeded synthetic .npz, random
@@ -20,7 +20,7 @@ Text (issue 7), `text_rows`: the built-in `chinese_sentiment` task (int64 ids pa
 real split, then the same export + compress runs: every engine's variants as ratios to Paddle fp32
 side by side, the auto pick, plus the int8 accuracy drop against the issue's goal (<= 0.5 point).
 
-    python -c "from pipeline import bench_compress; [print(r) for r in bench_compress.text_rows(quick=True)]"
+    python -c "from pipeline.bench import compress; [print(r) for r in compress.text_rows(quick=True)]"
 
 A stage that fails becomes a **failed** row with its one-line error; the other runs go on.
 Nothing here imports paddle: the stages do, in their own processes.
@@ -44,7 +44,7 @@ from pipeline.errors import PipeError
 
 Row = tuple[str, str, str, str]
 
-_REPO = Path(__file__).parents[1]
+_REPO = Path(__file__).parents[2]
 _MODELS = ("resnet18", "mobilenet_v3_small")
 _SHAPE = (3, 64, 64)
 _CLASSES = 10
@@ -350,7 +350,7 @@ def _avx2_paddle_rows(runs: list[tuple[str, Path]], quick: bool) -> list[Row]:
             out.append((label, "not measured: no int8-paddle variant was built", "", "**failed**"))
             continue
         env = {k: v for k, v in os.environ.items() if k != "PIPE_INT8_CAPABILITY"}
-        proc = subprocess.run([sys.executable, "-m", "pipeline.bench_compress", "--avx2-paddle", str(comp),
+        proc = subprocess.run([sys.executable, "-m", "pipeline.bench.compress", "--avx2-paddle", str(comp),
                                "quick" if quick else "full"], capture_output=True, text=True, cwd=_REPO,
                               env={**env, **_AVX2_ENV, "PYTHONPATH": str(_REPO)}, timeout=_TIMEOUT)
         if proc.returncode != 0:
@@ -429,6 +429,6 @@ def _digits_rows(run: Path, timing: tuple[str, ...]) -> list[Row]:
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--avx2-paddle":
         sys.exit(_avx2_paddle_main(sys.argv[2], sys.argv[3]))
-    print("usage: python -m pipeline.bench_compress --avx2-paddle COMPRESS_DIR quick|full (internal; use make bench)",
+    print("usage: python -m pipeline.bench.compress --avx2-paddle COMPRESS_DIR quick|full (internal; use make bench)",
           file=sys.stderr)
     sys.exit(2)
