@@ -48,6 +48,11 @@ class DataConfig:
 class ModelConfig:
     name: str = _opt("digits_cnn", "images: digits_cnn, mlp, resnet18, mobilenet_v3_small; text: text_fasttext, "
                                    "text_cnn, bigru, transformer; or package.module:factory")
+    init: str = _opt("", "fine-tune from these weights: a .pdparams or .safetensors state dict, or a train "
+                         "artifact directory (--init); tensors matched by name, one of another shape keeps its "
+                         "fresh init; '' = random init")
+    init_strict: bool = _opt(False, "refuse (exit 2) a model.init with any missing, unexpected or differently "
+                                    "shaped (or typed) tensor")
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,30 @@ _UNSAFE = re.compile(r"^\s*(import pickle|from pickle import)|\bpickle\.(loads?|
                      r"allow_pickle\s*=\s*True|\byaml\.load\(|(?<![\w.])eval\(|(?<![\w.])exec\(")
 
 
+# The one exception: pipeline/weights.py imports pickle for its restricted unpickler of `.pdparams`
+# (model.init), whose find_class admits only the numpy globals of a state dict; it is used as
+# `_Restricted(f, path).load()`, and tests/stages/test_init.py proves a crafted pickle is refused unrun.
+_ALLOWED = {("pipeline/weights.py", "import pickle  # for _Restricted only: the one unpickler in pipe "
+                                    "(tests/test_security.py)")}
+
+
 def test_no_unpickling_or_eval_in_pipe():
     hits = []
     for path in sorted([*REPO.glob("pipeline/*.py"), *REPO.glob("stages/*.py")]):
+        rel = path.relative_to(REPO).as_posix()
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if _UNSAFE.search(line):
-                hits.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
+            if _UNSAFE.search(line) and (rel, line.strip()) not in _ALLOWED:
+                hits.append(f"{rel}:{n}: {line.strip()}")
     assert hits == []
+
+
+def test_the_one_unpickler_is_restricted():
+    from pipeline import weights
+
+    assert weights._Restricted.find_class is not pickle.Unpickler.find_class
+    assert weights._ALLOWED_GLOBALS == {("numpy.core.multiarray", "_reconstruct"),
+                                        ("numpy._core.multiarray", "_reconstruct"),
+                                        ("numpy", "ndarray"), ("numpy", "dtype")}
 
 
 class _Payload:
