@@ -77,6 +77,7 @@ def train(
     amp: Optional[str] = typer.Option(None, "--amp", help="O0 (off), O1 or O2."),
     amp_dtype: Optional[str] = typer.Option(None, "--amp-dtype", help="float16 or bfloat16."),
     resume: Optional[str] = typer.Option(None, "--resume", help="'auto' (newest verified checkpoint) or a checkpoint dir."),
+    init: Optional[str] = typer.Option(None, "--init", help="Fine-tune from these weights: a .pdparams or .safetensors state dict, or a train artifact dir (model.init)."),
 ) -> None:
     """Train data-parallel (in-process for one rank, else via paddle.distributed.launch)."""
     cfg = _cfg(config, set_, **{
@@ -84,7 +85,7 @@ def train(
         "train.batch_size": ("--batch-size", batch_size), "train.lr": ("--lr", lr),
         "dist.nproc_per_node": ("--nproc", nproc), "dist.gpus": ("--gpus", gpus), "dist.nnodes": ("--nnodes", nnodes),
         "dist.master": ("--master", master), "dist.node_rank": ("--node-rank", node_rank),
-        "amp.level": ("--amp", amp), "amp.dtype": ("--amp-dtype", amp_dtype),
+        "amp.level": ("--amp", amp), "amp.dtype": ("--amp-dtype", amp_dtype), "model.init": ("--init", init),
     })
     from stages import train as stage
 
@@ -202,7 +203,8 @@ def bench(
     """Measure artifacts on this machine (format, status, size, accuracy, p50/p99, items/s; says which is
     fastest), or with no DIR run the benchmark suite into a Markdown table."""
     if dirs:
-        from pipeline import artifacts, measure
+        from pipeline import artifacts
+        from pipeline.bench import measure
 
         rows = measure.measure(dirs, quick=quick)
         print(measure.render_table(rows))  # plain print: statuses may contain [brackets]
@@ -222,6 +224,7 @@ def all_(
     set_: Optional[list[str]] = SetOpt,
     run: Path = typer.Option(Path("runs/exp"), "--run", help="Run directory filled stage by stage."),
     resume: Optional[str] = typer.Option(None, "--resume", help="Passed to the train stage (reruns training)."),
+    init: Optional[str] = typer.Option(None, "--init", help="Fine-tune from these weights: a .pdparams or .safetensors state dict, or a train artifact dir (model.init)."),
     force: Optional[str] = typer.Option(None, "--force", help="Rerun this stage and every later one, cached or not: "
                                                               "train, export, compress or package."),
     pick: Optional[str] = typer.Option(None, "--pick", help="What to package: fastest (default), smallest or fp32 "
@@ -231,7 +234,7 @@ def all_(
 
     Exit codes: 2 bad input, 3 training diverged, 4 accuracy gate (int8 drop, release.min_accuracy),
     5 parity gate (export, ONNX), 6 missing or unverifiable artifact."""
-    cfg = _cfg(config, set_, **{"release.pick": ("--pick", pick)})
+    cfg = _cfg(config, set_, **{"release.pick": ("--pick", pick), "model.init": ("--init", init)})
     from pipeline import orchestrate
 
     t0 = time.perf_counter()
@@ -259,7 +262,8 @@ def inspect(
     table = Table(title=f"{art.path}", show_header=True)
     for col in ("stage", "path", "created", "key metrics", "status"):
         table.add_column(col, overflow="fold")
-    for item, note in artifacts.lineage(art, check=verify):
+    chain = artifacts.lineage(art, check=verify)
+    for item, note in chain:
         if item is None:
             table.add_row("?", "", "", "", f"[red]{note}[/red]")
             continue
@@ -275,6 +279,11 @@ def inspect(
         out.print(f"input  {io['name']}: {io['dtype']} {io['shape']}")
     if iface.get("labels"):
         out.print(f"labels {len(iface['labels'])}: {', '.join(iface['labels'][:12])}")
+    for item, _ in chain:  # a fine-tuned training's starting weights (model.init)
+        if item is not None and item.manifest.get("init"):
+            from pipeline import weights
+
+            print(weights.describe(item.manifest["init"], check=verify))  # plain print: [status] brackets
     if verify and art.manifest.get("stage") == "package":  # its numbers on this CPU, as pipe serve checks them
         from pipeline import reference
 
