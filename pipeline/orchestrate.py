@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from pipeline import artifacts
+from pipeline import artifacts, job
 from pipeline.config import RunConfig
 from pipeline.errors import ArtifactError, GateError, InputError
 
@@ -66,16 +66,21 @@ class Choice:
 def run_all(cfg: RunConfig, run_dir: Path, resume: str | None = None, force: str | None = None,
             say: Callable[[str], None] = print,
             on_stage: Callable[[StageResult], None] = lambda r: None) -> list[StageResult]:
-    """Run (or reuse) every stage; returns what happened to each. Raises the failing gate's error."""
-    from stages import compress, export, package, train
-
+    """Run (or reuse) every stage; returns what happened to each. Raises the failing gate's error.
+    The run directory is locked for the whole chain: a second `pipe all` or `pipe train` on it exits 2."""
     if force is not None and force not in STAGES:
         raise InputError(f"--force: must be one of {', '.join(STAGES)}, got {force!r}")
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    with job.run_lock(Path(run_dir), "pipe all", job.lock_name(cfg.dist.nnodes, cfg.dist.node_rank)):
+        return _run_all(cfg, Path(run_dir), resume, force, say, on_stage)
+
+
+def _run_all(cfg: RunConfig, run_dir: Path, resume: str | None, force: str | None,
+             say: Callable[[str], None], on_stage: Callable[[StageResult], None]) -> list[StageResult]:
+    from stages import compress, export, package, train
+
     cache = _Cache(run_dir, STAGES.index(force) if force else len(STAGES), say)
     if resume:
-        cache.rerun_from = min(cache.rerun_from, 0)  # --resume asks for training
+        cache.resume = True  # --resume asks for training; later stages rerun only if train/ changed
     stages = [s for s in STAGES if s != "compress" or cfg.compress.int8 or cfg.compress.distill]
     results: list[StageResult] = []
 
@@ -186,6 +191,7 @@ def _accuracy_gate(cfg: RunConfig, choice: Choice) -> None:
 class _Cache:
     def __init__(self, run_dir: Path, rerun_from: int, say: Callable[[str], None]):
         self.path, self.rerun_from, self.say = run_dir / RECORD, rerun_from, say
+        self.resume = False
         self.record: dict[str, Any] = {"schema": 1, "stages": {}}
         try:
             doc = json.loads(self.path.read_text(encoding="utf-8"))
@@ -197,9 +203,10 @@ class _Cache:
     def lookup(self, name: str, path: Path, key: str) -> str | None:
         """A reason the stage is reused, or None to run it (saying why when that is not obvious)."""
         rec = self.record["stages"].get(name)
-        if STAGES.index(name) >= self.rerun_from:
+        if STAGES.index(name) >= self.rerun_from or (name == "train" and self.resume):
             if rec is not None:
-                self.say(f"{name}: forced (--force) - rerunning")
+                self.say(f"{name}: forced ({'--force' if STAGES.index(name) >= self.rerun_from else '--resume'})"
+                         " - rerunning")
             return None
         if not isinstance(rec, dict) or rec.get("key") != key:
             if isinstance(rec, dict):
@@ -218,12 +225,14 @@ class _Cache:
         return "same config, input and versions; verified"
 
     def store(self, name: str, path: Path, key: str, seconds: float) -> None:
-        # A rerun stage invalidates every later one: their input changed.
-        later = STAGES[STAGES.index(name) + 1:]
-        self.record["stages"] = {k: v for k, v in self.record["stages"].items() if k not in later}
-        self.record["stages"][name] = {"key": key, "manifest_sha256": _manifest_sha(path),
-                                       "seconds": round(seconds, 2)}
-        self.rerun_from = min(self.rerun_from, STAGES.index(name) + 1)
+        # A rerun stage invalidates every later one: their input changed. Unless it did not: a rerun that left
+        # its artifact as it was (`pipe train --resume auto` on a finished run) keeps the later ones cached.
+        sha = _manifest_sha(path)
+        if (self.record["stages"].get(name) or {}).get("manifest_sha256") != sha:
+            later = STAGES[STAGES.index(name) + 1:]
+            self.record["stages"] = {k: v for k, v in self.record["stages"].items() if k not in later}
+            self.rerun_from = min(self.rerun_from, STAGES.index(name) + 1)
+        self.record["stages"][name] = {"key": key, "manifest_sha256": sha, "seconds": round(seconds, 2)}
         self.save()
 
     def save(self) -> None:
@@ -256,6 +265,9 @@ def _fingerprints(cfg: RunConfig) -> dict[str, str]:
     out = {"data": _fingerprint(cfg.data.source), "model": _fingerprint(cfg.model.name)}
     if cfg.distill.teacher:
         out["teacher"] = _manifest_sha(Path(cfg.distill.teacher))
+    if cfg.model.init:  # the starting weights: a file's bytes, or a train artifact's manifest
+        init = Path(cfg.model.init)
+        out["init"] = _manifest_sha(init) if init.is_dir() else _fingerprint(cfg.model.init)
     return out
 
 

@@ -28,15 +28,24 @@ _NAME = re.compile(r"vdlrecords\.(\d+)\.log$")
 
 
 class Scalars:
-    """[rank0] One run's VisualDL writer."""
+    """[rank0] One run's VisualDL writer. The directory is prepared, and the command to view it printed, at
+    the first record: a run that fails before its first logged step leaves no curves behind."""
 
-    def __init__(self, path: Path):
-        self.path = path
-        self._w = _writer(path)
+    def __init__(self, vdl_dir: Path, resume_step: int | None, emit: Callable[[dict[str, Any]], None]):
+        self.vdl_dir, self.resume_step, self.emit = vdl_dir, resume_step, emit
+        self.path: Path | None = None
+        self._w: Any = None
+
+    def _add(self, tag: str, value: float, step: int) -> None:
+        if self._w is None:
+            self.emit({"event": "notice", "text": f"training curves: visualdl --logdir {shlex.quote(str(self.vdl_dir))}"})
+            self.path = _prepare(self.vdl_dir, self.resume_step)
+            self._w = _writer(self.path)
+        self._w.add_scalar(tag=tag, value=value, step=step)
 
     def step(self, step: int, loss: float, lr: float, ips: float) -> None:
         for key, value in (("loss", loss), ("lr", lr), ("ips", ips)):
-            self._w.add_scalar(tag=STEP_TAGS[key], value=value, step=step)
+            self._add(STEP_TAGS[key], value, step)
 
     def epoch(self, step: int, row: dict[str, Any], monitor: str) -> None:
         """An epoch's row of metrics.csv; `loss_scale` is "" when the scaler is off."""
@@ -44,16 +53,18 @@ class Scalars:
         tags.setdefault(monitor, "val/" + monitor.removeprefix("val_"))
         for key, tag in tags.items():
             if row.get(key, "") != "":
-                self._w.add_scalar(tag=tag, value=row[key], step=step)
+                self._add(tag, row[key], step)
 
     def flush(self) -> None:
         """Before a checkpoint commits: every record up to its step is on disk (the writer's thread
         writes asynchronously; a crash right after the commit must not lose what a resume keeps)."""
-        self._w.flush()
-        _fsync(self.path)
+        if self._w is not None:
+            self._w.flush()
+            _fsync(self.path)
 
     def close(self) -> None:
-        self._w.close()
+        if self._w is not None:
+            self._w.close()
 
 
 class Off:
@@ -71,13 +82,18 @@ class Off:
 def open_run(vdl_dir: Path, resume_step: int | None, emit: Callable[[dict[str, Any]], None]) -> Scalars:
     """[rank0] The run's writer: fresh (the directory emptied) when `resume_step` is None, else
     holding exactly the records with step <= `resume_step`, each (tag, step) once. Says once how to
-    look at it."""
-    emit({"event": "notice", "text": f"training curves: visualdl --logdir {shlex.quote(str(vdl_dir))}"})
+    look at it (at the first record)."""
+    return Scalars(vdl_dir, resume_step, emit)
+
+
+def _prepare(vdl_dir: Path, resume_step: int | None) -> Path:
+    """The file to write: a fresh directory's first, or after a resume a new one holding the old records
+    up to `resume_step`."""
     if resume_step is None:
         if vdl_dir.exists():
             shutil.rmtree(vdl_dir)
         vdl_dir.mkdir(parents=True)
-        return Scalars(vdl_dir / "vdlrecords.000001.log")
+        return vdl_dir / "vdlrecords.000001.log"
     vdl_dir.mkdir(parents=True, exist_ok=True)
     old = sorted(p for p in vdl_dir.iterdir() if p.is_file() and "vdlrecords" in p.name)
     kept: dict[tuple[str, int], tuple[int, float]] = {}
@@ -96,7 +112,7 @@ def open_run(vdl_dir: Path, resume_step: int | None, emit: Callable[[dict[str, A
     for p in old:  # only now: the new file is complete and closed
         p.unlink()
     _fsync(vdl_dir)
-    return Scalars(path)
+    return path
 
 
 def _writer(path: Path) -> Any:

@@ -6,7 +6,9 @@
 
 Reads: a dataset (`data.source`), no input artifact. Writes, beside `train/`:
 `checkpoints/step-NNNNNN/` (model, optimizer, scheduler, scaler, RNG and sampler state; `last` and
-`best` pointers) and `logs/train/` (the launcher's logs, which hold a dump of the environment).
+`best` pointers), `vdl/` (VisualDL scalars, pipeline/vdl.py) and `logs/train/` (the launcher's logs,
+which hold a dump of the environment). `.lock` is held while the job runs (pipeline/job.py: one writer,
+stopping on SIGTERM/SIGINT, ranks that die with their parent).
 World size 1 runs in this process; more ranks run through `python -m paddle.distributed.launch`,
 which also does multi-node (`--nnodes K --master HOST:PORT`).
 """
@@ -35,7 +37,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from pipeline import artifacts, config as config_mod, data as data_mod, models, runtime
+from pipeline import artifacts, config as config_mod, data as data_mod, job, models, runtime, weights
 from pipeline.config import RunConfig
 from pipeline.errors import DivergedError, InputError, PipeError
 from pipeline.progress import Emit, Tail, View, file_emitter
@@ -48,6 +50,8 @@ _RESUME_SAFE = {
     "train.max_nonfinite_steps", "data.num_workers", "data.persistent_workers", "data.cache_dir",
     "dist.nproc_per_node", "dist.gpus", "dist.nnodes", "dist.master", "dist.node_rank", "dist.peer_timeout",
 }
+# Keys that cannot change the weights of a finished run: with them alone changed, `--resume auto` on it is done.
+_FINISHED_SAFE = _RESUME_SAFE - {"train.epochs", "train.patience"}
 _TRAINING_SECTIONS = ("data", "model", "train", "amp", "dist", "distill")  # later stages' keys don't matter
 # Why a key other than the model's and the data's is refused on resume.
 _RESUME_REFUSED_WHY = {"train.monitor": "it chose the best checkpoint and counted patience so far"}
@@ -90,18 +94,33 @@ def _paddle_sigchld_undone() -> Iterator[None]:
 
 
 def run(cfg: RunConfig, out_dir: Path, resume: str | None = None, view: Emit | None = None) -> Path:
-    """Train and write `out_dir`. Checkpoints and logs go beside it in the run directory."""
+    """Train and write `out_dir`. Checkpoints and logs go beside it in the run directory.
+
+    The run directory is locked for the job's life (one writer); SIGTERM/SIGINT stop every rank and
+    raise `job.Stopped`."""
     out_dir = Path(out_dir)
     run_dir = out_dir.parent
     ckpt_dir = run_dir / "checkpoints"
     world, local = _preflight(cfg)
-    resume_from = _resolve_resume(resume, ckpt_dir, cfg)
+    if cfg.model.init:
+        weights.source(cfg.model.init)  # a bad model.init fails here, before a lock, a log or a launcher
     view = view or View()
-    if local == 1 and world == 1:
-        with _paddle_sigchld_undone():
-            _worker(cfg, out_dir, ckpt_dir, resume_from, emit=view)
-    else:
-        _launch(cfg, out_dir, ckpt_dir, resume_from, run_dir, view, local)
+    with job.run_lock(run_dir, "pipe train", job.lock_name(cfg.dist.nnodes, cfg.dist.node_rank)) as lock_fd, job.stop_on_signals():
+        if resume == "auto" and _finished(out_dir, cfg):
+            view({"event": "notice", "text": f"{out_dir} is done and was made from this training config; "
+                                              "nothing to resume"})
+            return out_dir
+        resume_from = _resolve_resume(resume, ckpt_dir, cfg)
+        try:
+            if local == 1 and world == 1:
+                with _paddle_sigchld_undone():
+                    _worker(cfg, out_dir, ckpt_dir, resume_from, emit=view)
+            else:
+                _launch(cfg, out_dir, ckpt_dir, resume_from, run_dir, view, local, lock_fd)
+        except job.Stopped as e:
+            last = _read_pointer(ckpt_dir, "last")
+            raise job.Stopped(e.signum, f"stopped by {signal.Signals(e.signum).name}: every rank has exited; "
+                                        f"last checkpoint {last or 'none'} (continue with --resume auto)") from None
     return out_dir
 
 
@@ -174,13 +193,23 @@ def _resolve_resume(resume: str | None, ckpt_dir: Path, cfg: RunConfig) -> Path 
     art = artifacts.verify(path, (CHECKPOINT_STAGE,))
     state = json.loads(art.file("state.json").read_text())
     _check_resume_config(state["config"], cfg, path)
-    if state["batch"] == 0 and cfg.train.epochs <= state["epoch"]:
+    done = state["batch"] == 0 and cfg.train.epochs <= state["epoch"]
+    # --resume auto on checkpoints that finished this config's epochs (the job died before writing train/):
+    # the loop is skipped and train/ is written from them
+    if done and not (resume == "auto" and cfg.train.epochs == state["epoch"]):
         raise InputError(f"--resume {path}: nothing to resume, {state['epoch']} of train.epochs="
                          f"{cfg.train.epochs} epochs are done (raise train.epochs to train more)")
     return path
 
 
 def _check_resume_config(saved: dict[str, Any], cfg: RunConfig, path: Path) -> None:
+    for name, old, new in _config_changes(saved, cfg, _RESUME_SAFE):
+        why = _RESUME_REFUSED_WHY.get(name, "it changes the model or the data")
+        raise InputError(f"--resume {path}: {name} was {old!r}, now {new!r}; {why}, start a new run instead")
+
+
+def _config_changes(saved: dict[str, Any], cfg: RunConfig, ignore: set[str]) -> Iterator[tuple[str, Any, Any]]:
+    """(key, old, new) for each training key outside `ignore` that differs from the saved config."""
     now, defaults = cfg.to_dict(), RunConfig().to_dict()
     for section in _TRAINING_SECTIONS:
         old_body, new_body = saved.get(section, {}), now[section]
@@ -188,9 +217,20 @@ def _check_resume_config(saved: dict[str, Any], cfg: RunConfig, path: Path) -> N
             name = f"{section}.{key}"
             old = old_body.get(key, defaults[section].get(key))  # a key newer than the checkpoint ran at its default
             new = new_body.get(key)
-            if name not in _RESUME_SAFE and old != new:
-                why = _RESUME_REFUSED_WHY.get(name, "it changes the model or the data")
-                raise InputError(f"--resume {path}: {name} was {old!r}, now {new!r}; {why}, start a new run instead")
+            if name not in ignore and old != new:
+                yield name, old, new
+
+
+def _finished(out_dir: Path, cfg: RunConfig) -> bool:
+    """`--resume auto` on a done run: its train/ verifies and was made from this training config (keys that
+    cannot change a finished run's weights aside; a raised train.epochs or patience trains on)."""
+    if not (out_dir / "manifest.json").is_file():
+        return False
+    try:
+        art = artifacts.verify(out_dir, ("train",))
+    except InputError:
+        return False  # damaged: the checkpoints rewrite it
+    return next(_config_changes(art.manifest["config"], cfg, _FINISHED_SAFE), None) is None
 
 
 def _checkpoints(ckpt_dir: Path) -> list[Path]:
@@ -216,8 +256,11 @@ def _newest_verified(ckpt_dir: Path) -> Path | None:
 
 
 def _launch(cfg: RunConfig, out_dir: Path, ckpt_dir: Path, resume_from: Path | None,
-            run_dir: Path, view: Emit, local: int) -> None:
-    """Run the ranks of this node through paddle.distributed.launch and wait for them."""
+            run_dir: Path, view: Emit, local: int, lock_fd: int) -> None:
+    """Run the ranks of this node through paddle.distributed.launch and wait for them.
+
+    The launcher gets SIGTERM from the kernel when this process dies (even by SIGKILL), and holds the run
+    lock until it has exited; its own SIGTERM handler stops the ranks, which also die with it."""
     d = cfg.dist
     node = "" if d.nnodes == 1 else f"node-{d.node_rank if d.node_rank >= 0 else os.getpid()}"
     log_dir = run_dir / "logs" / "train" / node if node else run_dir / "logs" / "train"
@@ -237,13 +280,17 @@ def _launch(cfg: RunConfig, out_dir: Path, ckpt_dir: Path, resume_from: Path | N
     if d.node_rank >= 0:
         cmd += ["--rank", str(d.node_rank)]
     cmd += [str(Path(__file__).resolve()), "--spec", str(log_dir / "spec.json")]
-    env = dict(os.environ, OMP_NUM_THREADS=str(runtime.threads_per_process(local)), GLOG_minloglevel="2")
+    env = dict(os.environ, OMP_NUM_THREADS=str(runtime.threads_per_process(local)), GLOG_minloglevel="2",
+               PIPE_JOB_PID=str(os.getpid()))
+    me = os.getpid()
     events = log_dir / "events.jsonl"
     events.touch()
     tail = Tail(events, view)
     tail.start()
     with open(log_dir / "launcher.log", "wb") as launcher_log:
-        proc = subprocess.Popen(cmd, stdout=launcher_log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=launcher_log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                pass_fds=(lock_fd,), preexec_fn=lambda: job.die_with_parent(signal.SIGTERM, me))
+        job.note_launcher(lock_fd, proc.pid)
         try:
             code = _wait(proc, log_dir, d.peer_timeout)
         except BaseException:
@@ -270,6 +317,8 @@ def _wait(proc: subprocess.Popen, log_dir: Path, peer_timeout: int) -> int:
 
 
 def _kill(proc: subprocess.Popen) -> None:
+    """Stop the launcher: SIGTERM (it stops the ranks: rank 0 finishes a checkpoint it is committing), then
+    SIGKILL after 10 s; ranks die with it (`_worker_main`), so nothing of the job outlives this call."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -383,6 +432,7 @@ class _Trainer:
     def _build(self) -> None:
         paddle, cfg, ctx = self.p, self.cfg, self.ctx
         t = cfg.train
+        init = weights.source(cfg.model.init) if cfg.model.init else None  # a bad path fails before any work
         self.data = data_mod.load(cfg.data)
         self.num_classes = len(self.data.labels)
         paddle.seed(t.seed)
@@ -390,6 +440,8 @@ class _Trainer:
         random.seed(t.seed)
         self.vocab_size = len(self.data.preprocessing["vocab"]) if self.data.is_text else None
         net = models.build(cfg.model.name, self.num_classes, self.data.input_shape, self.vocab_size)
+        # every rank loads the same file before the optimizer and DataParallel see the parameters
+        self.init = weights.apply(paddle, net, init, cfg.model.init_strict, ctx.emit) if init else None
         paddle.seed(t.seed * 1000 + ctx.rank)  # dropout masks differ per rank
         self.net = net
         self.per_rank = t.batch_size // ctx.world
@@ -529,13 +581,20 @@ class _Trainer:
         total_steps = t.epochs * self.spe
         ctx.emit({"event": "start", "total_steps": total_steps, "start_step": st.step, "epochs": t.epochs,
                   "resumed_from": str(resume_from) if resume_from else None})
-        epoch = st.epoch
-        while epoch < t.epochs and not st.stopped_early:
-            self._train_epoch(epoch, st)
-            epoch += 1
-            st.epoch, st.batch = epoch, 0
-            self._end_epoch(epoch - 1, st)
-        self._finish(st)
+        from pipeline import vdl  # [rank0] VisualDL scalars; visualdl itself is imported on rank 0 only
+
+        vdl_dir = self.out_dir.parent / "vdl"  # one VisualDL run per --run; logs/ holds environment dumps
+        self.vdl = vdl.open_run(vdl_dir, st.step if resume_from else None, ctx.emit) if ctx.rank == 0 else vdl.Off()
+        try:
+            epoch = st.epoch
+            while epoch < t.epochs and not st.stopped_early:
+                self._train_epoch(epoch, st)
+                epoch += 1
+                st.epoch, st.batch = epoch, 0
+                self._end_epoch(epoch - 1, st)
+            self._finish(st)
+        finally:
+            self.vdl.close()
         ctx.emit({"event": "done"})
 
     def _train_epoch(self, epoch: int, st: "_State") -> None:
@@ -585,7 +644,9 @@ class _Trainer:
             if st.step % t.log_interval == 0:
                 ctx.emit({"event": "step", "step": st.step, "epoch": epoch, "epochs": t.epochs, "loss": value,
                           "lr": lr, "ips": ips})
+                self.vdl.step(st.step, value, lr, ips)
             if t.checkpoint_every and st.step % t.checkpoint_every == 0 and st.batch < self.spe:
+                self.vdl.flush()  # [rank0] the records up to this step on disk before the checkpoint commits
                 self._save(st, best=False)
         st.epoch_loss = float(np.mean(losses)) if losses else float("nan")
         st.epoch_ips = seen / max(1e-9, time.perf_counter() - t0)
@@ -640,6 +701,8 @@ class _Trainer:
                "skipped_steps": st.skipped}
         st.epoch_rows.append(row)
         self.ctx.emit({"event": "epoch", **row, "epochs": t.epochs, "ips": st.epoch_ips, "best": improved})
+        self.vdl.epoch(st.step, row, t.monitor)
+        self.vdl.flush()  # [rank0] as in _train_epoch
         self._save(st, best=improved)
 
     def _sync_buffers(self) -> None:
@@ -689,26 +752,30 @@ class _Trainer:
                 raise DivergedError(f"parameter {name} is NaN/Inf at step {st.step}; "
                                     f"no checkpoint written; last good: {last}")
         if self.ctx.rank == 0:
-            name = f"step-{st.step:06d}"
-            with artifacts.write_stage(self.ckpt_dir / name, CHECKPOINT_STAGE, self.cfg.to_dict()) as w:
-                paddle.save(self.net.state_dict(), str(w.dir / "model.safetensors"), safetensors=True)
-                paddle.save(self._opt_tensors(), str(w.dir / "optimizer.safetensors"), safetensors=True)
-                (w.dir / "state.json").write_text(json.dumps(self._state_doc(st), indent=1))
-                _write_csv(w.dir / "steps.csv", _STEP_FIELDS, st.step_rows)
-                _write_csv(w.dir / "metrics.csv", _EPOCH_FIELDS, st.epoch_rows)
-                w.metrics = {"step": st.step, "epoch": st.epoch, "best_val_acc": st.best_acc,
-                             "best_val_loss": st.best_loss}
-                time.sleep(float(os.environ.get("PIPE_FAULT_SLOW_CHECKPOINT", "0")))  # test hook: widen the window
-            artifacts.write_text_atomic(self.ckpt_dir / "last", name)
-            if best:
-                artifacts.write_text_atomic(self.ckpt_dir / "best", name)
-            self._prune()
+            with job.critical():  # a stop signal waits until the checkpoint and its pointers are committed
+                self._commit(st, best)
             if st.step in _fault_steps("PIPE_FAULT_CRASH_AFTER_STEP"):  # test hook: die like a killed process
                 os._exit(137)
         if self.ctx.world > 1:
             import paddle.distributed as dist
 
             dist.barrier()  # others wait until rank 0 has committed
+
+    def _commit(self, st: "_State", best: bool) -> None:
+        paddle, name = self.p, f"step-{st.step:06d}"
+        with artifacts.write_stage(self.ckpt_dir / name, CHECKPOINT_STAGE, self.cfg.to_dict()) as w:
+            paddle.save(self.net.state_dict(), str(w.dir / "model.safetensors"), safetensors=True)
+            paddle.save(self._opt_tensors(), str(w.dir / "optimizer.safetensors"), safetensors=True)
+            (w.dir / "state.json").write_text(json.dumps(self._state_doc(st), indent=1))
+            _write_csv(w.dir / "steps.csv", _STEP_FIELDS, st.step_rows)
+            _write_csv(w.dir / "metrics.csv", _EPOCH_FIELDS, st.epoch_rows)
+            w.metrics = {"step": st.step, "epoch": st.epoch, "best_val_acc": st.best_acc,
+                         "best_val_loss": st.best_loss}
+            time.sleep(float(os.environ.get("PIPE_FAULT_SLOW_CHECKPOINT", "0")))  # test hook: widen the window
+        artifacts.write_text_atomic(self.ckpt_dir / "last", name)
+        if best:
+            artifacts.write_text_atomic(self.ckpt_dir / "best", name)
+        self._prune()
 
     def _prune(self) -> None:
         keep = {_read_pointer(self.ckpt_dir, "best"), _read_pointer(self.ckpt_dir, "last")}
@@ -848,6 +915,8 @@ class _Trainer:
                 w.extra = {"amp": {"requested": self.cfg.amp.level, "active": self.ctx.amp_active,
                                    "dtype": self.cfg.amp.dtype}, "format": "safetensors",
                            "deterministic": self.ctx.deterministic}
+                if self.init is not None:
+                    w.extra["init"] = self.init  # the starting weights: path, sha256, what matched
         if self.ctx.world > 1:
             import paddle.distributed as dist
 
@@ -1006,6 +1075,11 @@ def _plot(path: Path, steps: list[dict[str, Any]], epochs: list[dict[str, Any]])
 
 def _worker_main(argv: list[str]) -> int:
     """Entry of a rank started by paddle.distributed.launch."""
+    # The launcher starts each rank in a session of its own: the rank dies with the launcher (SIGKILL from the
+    # kernel), and does not start at all when pipe, which started the launcher, is already gone.
+    job.die_with_parent(signal.SIGKILL, os.getppid())
+    if not job.alive(int(os.environ.get("PIPE_JOB_PID", os.getppid()))):
+        return 143
     spec = json.loads(Path(argv[argv.index("--spec") + 1]).read_text())
     log_dir = Path(spec["log_dir"])
     rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
