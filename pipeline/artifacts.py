@@ -38,7 +38,8 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync(path: Path) -> None:
+    """fsync a file or a directory (after a rename in it) by path."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -148,14 +149,14 @@ class StageWriter:
     def commit(self) -> Path:
         manifest = self._manifest()
         _write_json_durable(self.dir / MANIFEST, manifest)
-        _fsync_dir(self.dir)
+        fsync(self.dir)
         old = None
         if self.target.exists():
             # The old artifact stays whole until the new one is in place.
             old = self.target.parent / f"{self.target.name}.old-{os.getpid()}"
             os.replace(self.target, old)
         os.replace(self.dir, self.target)
-        _fsync_dir(self.target.parent)
+        fsync(self.target.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         return self.target
@@ -204,7 +205,7 @@ def write_text_atomic(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync(path.parent)
 
 
 def verify(path: Path, stages: tuple[str, ...]) -> Artifact:

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import re
 import shlex
 import shutil
 from pathlib import Path
 from typing import Any, Callable
+
+from pipeline import artifacts
 
 STEP_TAGS = {"loss": "train/loss", "lr": "train/lr", "ips": "train/samples_per_s"}
 EPOCH_TAGS = {"val_loss": "val/loss", "val_acc": "val/acc", "loss_scale": "amp/loss_scale"}
@@ -60,7 +61,7 @@ class Scalars:
         writes asynchronously; a crash right after the commit must not lose what a resume keeps)."""
         if self._w is not None:
             self._w.flush()
-            _fsync(self.path)
+            artifacts.fsync(self.path)
 
     def close(self) -> None:
         if self._w is not None:
@@ -108,10 +109,10 @@ def _prepare(vdl_dir: Path, resume_step: int | None) -> Path:
     for (tag, step), (walltime, value) in sorted(kept.items(), key=lambda kv: (kv[0][1], kv[1][0], kv[0][0])):
         w.add_scalar(tag=tag, value=value, step=step, walltime=walltime)
     w.close()
-    _fsync(path)
+    artifacts.fsync(path)
     for p in old:  # only now: the new file is complete and closed
         p.unlink()
-    _fsync(vdl_dir)
+    artifacts.fsync(vdl_dir)
     return path
 
 
@@ -155,10 +156,3 @@ def _read_prefix(path: Path) -> dict[str, list[Any]]:
             out.setdefault(rec.values[0].tag, []).append(rec.values[0])
     return out
 
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
