@@ -155,4 +155,3 @@ def _read_prefix(path: Path) -> dict[str, list[Any]]:
         if rec.values[0].WhichOneof("one_value") == "value":
             out.setdefault(rec.values[0].tag, []).append(rec.values[0])
     return out
-
