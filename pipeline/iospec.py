@@ -96,7 +96,7 @@ class IO:
                 outs[i] = replace(outs[i], role=LOGITS)
         io_ = cls(ins, tuple(outs), {k: v for k, v in iface.items() if k not in ("inputs", "outputs")})
         for kind, tensors in (("input", io_.inputs), ("output", io_.outputs)):
-            names = [t.name for t in tensors] + [t.alias for t in tensors if t.alias]
+            names = [n for t in tensors for n in {t.name, t.alias} - {""}]  # a tensor may be aliased as itself
             dup = next((n for n in names if names.count(n) > 1), None)
             if dup is not None:
                 raise InputError(f"{where}: two {kind}s are named {dup!r}")
@@ -114,7 +114,7 @@ class IO:
                              f"interface {len(self.inputs)} and {len(self.outputs)}")
 
         def renamed(t: Tensor, real: str) -> Tensor:
-            return replace(t, name=real, alias="" if real == t.public else t.public)
+            return replace(t, name=real, alias=t.public)  # recorded even when equal: readers take it as is
 
         return replace(self, inputs=tuple(renamed(t, n) for t, n in zip(self.inputs, inputs)),
                        outputs=tuple(renamed(t, n) for t, n in zip(self.outputs, outputs)))
