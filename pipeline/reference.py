@@ -116,7 +116,12 @@ def check_here(package: Path, engine: str = "") -> tuple[dict[str, Any] | None, 
     if name == "paddle_inference":
         runtime.import_paddle(settings.threads)
     eng = predictor.load_engine(sp, name, settings.threads)
-    worst, budget = check(sp, [eng.run], settings.max_batch_size)
+    feed, fetch = sp.inp["name"], sp.outp["name"]  # serving.yaml's names, checked against the engine's
+
+    def logits(x: np.ndarray) -> np.ndarray:
+        return eng.run({feed: x})[fetch]
+
+    worst, budget = check(sp, [logits], settings.max_batch_size)
     return worst, budget, eng.describe()
 
 

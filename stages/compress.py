@@ -60,7 +60,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from pipeline import artifacts, config as config_mod, cpu, data as data_mod, runtime
+from pipeline import artifacts, config as config_mod, cpu, data as data_mod, iospec, runtime
 from pipeline import engines as engines_mod
 from pipeline.engines import openvino as ov_engine, ort as ort_engine, paddle as paddle_engine
 from pipeline.config import CompressConfig, RunConfig
@@ -479,33 +479,35 @@ def _engines(src: artifacts.Artifact, cdir: Path, io: dict[str, Any], backends: 
         return {"run": None, "reason": reason, "engine": paddle_engine.NAME, "format": fmt, "precision": precision,
                 "files": [], "source": source, "inputs": [io["input"]], "outputs": [io["output"]]}
 
-    out["fp32"] = {**entry(paddle_engine.load(pir, threads=threads)), "format": "pir", "files": [],
-                   "source": "export"}
+    desc = iospec.IO.from_interface(src.manifest["interface"])
+    out["fp32"] = {**entry(paddle_engine.load(pir, threads=threads), desc, pir[0]), "format": "pir",
+                   "files": [], "source": "export"}
     bf16_reason = runtime.bf16_unsupported()
     if bf16_reason:
         out["bf16"] = unsupported("bf16", "pir", "bf16", "export", bf16_reason)
     else:
         try:
-            out["bf16"] = {**entry(paddle_engine.load(pir, threads=threads, precision="bf16")), "format": "pir",
-                           "files": [], "source": "export"}
+            bf16 = paddle_engine.load(pir, threads=threads, precision="bf16")
+            out["bf16"] = {**entry(bf16, desc, pir[0]), "format": "pir", "files": [], "source": "export"}
         except PipeError as e:
             out["bf16"] = unsupported("bf16", "pir", "bf16", "export", f"oneDNN bf16 cannot run this model: {e}")
     if "paddle" in backends and "int8-paddle" not in skipped:
+        files = [cdir / f for f in _VARIANT_FILES["int8-paddle"]]
         try:
-            eng = paddle_engine.load([cdir / f for f in _VARIANT_FILES["int8-paddle"]], threads=threads,
-                                     precision="int8")
-            out["int8-paddle"] = {**entry(eng), "format": "legacy", "files": list(_VARIANT_FILES["int8-paddle"]),
-                                  "source": "compress"}
+            eng = paddle_engine.load(files, threads=threads, precision="int8")
         except PipeError as e:
             shutil.rmtree(cdir / "int8-paddle")
             skipped["int8-paddle"] = f"oneDNN int8 cannot run PaddleSlim's model: {e}"
+        else:
+            out["int8-paddle"] = {**entry(eng, desc, files[0]), "format": "legacy",
+                                  "files": list(_VARIANT_FILES["int8-paddle"]), "source": "compress"}
     if "int8-paddle" in skipped:
         out["int8-paddle"] = unsupported("int8-paddle", "legacy", "int8", "compress", skipped["int8-paddle"])
     if "onnxruntime" in backends:
         for name, precision in (("onnx-fp32", "fp32"), ("int8-onnx", "int8")):
             (rel,) = _VARIANT_FILES[name]
             eng = ort_engine.load([cdir / rel], threads=threads, precision=precision)
-            out[name] = {**entry(eng), "format": "onnx", "files": [rel], "source": "compress"}
+            out[name] = {**entry(eng, desc, cdir / rel), "format": "onnx", "files": [rel], "source": "compress"}
     return out
 
 
@@ -523,6 +525,7 @@ def _openvino(src: artifacts.Artifact, cdir: Path, io: dict[str, Any], built: di
     if "int8-onnx" in built:
         todo["openvino-int8"] = ("int8", [onnx8])
     out: dict[str, dict[str, Any]] = {}
+    desc = iospec.IO.from_interface(src.manifest["interface"])
     for name, (precision, choices) in todo.items():
         why = []
         for fmt, files, source in choices:
@@ -532,7 +535,8 @@ def _openvino(src: artifacts.Artifact, cdir: Path, io: dict[str, Any], built: di
             base = {"format": fmt, "files": files, "source": source, "inputs": [io["input"]],
                     "outputs": [io["output"]]}
             try:
-                out[name] = {**entry(ov_engine.load(paths, threads=threads, precision=precision)), **base}
+                eng = ov_engine.load(paths, threads=threads, precision=precision)
+                out[name] = {**entry(eng, desc, paths[0]), **base}
                 break
             except PipeError as e:
                 why.append(str(e))
@@ -541,11 +545,15 @@ def _openvino(src: artifacts.Artifact, cdir: Path, io: dict[str, Any], built: di
     return out
 
 
-def entry(eng: Any) -> dict[str, Any]:
-    """What measurement needs of a loaded engine (`pipeline/engines/`)."""
+def entry(eng: Any, desc: iospec.IO, where: Path) -> dict[str, Any]:
+    """What measurement needs of a loaded engine (`pipeline/engines/`): `run` x -> logits, fed and fetched by
+    name (compress feeds one input, `_read_export`), the feed dict built once per batch."""
     info = eng.describe()
-    return {"run": eng.run, "describe": info, "engine": info["engine"], "precision": info["precision"],
-            "inputs": list(eng.inputs), "outputs": list(eng.outputs)}
+    on = engines_mod.names(eng, desc, str(where))
+    (feed,) = (on[t.name] for t in desc.inputs)
+    fetch = on[desc.logits().name]
+    return {"run": lambda x: eng.run({feed: x})[fetch], "describe": info, "engine": info["engine"],
+            "precision": info["precision"], "inputs": list(eng.inputs), "outputs": list(eng.outputs)}
 
 
 def _measure(engines: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: Path, ds: data_mod.Dataset,

@@ -47,12 +47,12 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import yaml
 
-from pipeline import artifacts, choose, cpu, engines, reference, runtime
+from pipeline import artifacts, choose, cpu, engines, iospec, reference, runtime
 from pipeline.engines import openvino as ov_engine, paddle as paddle_engine
 from pipeline.errors import GateError, InputError, ParityError, PipeError
 from pipeline.serving import readme, spec as serving_spec
@@ -128,12 +128,16 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
     x_checks = _check_batches(inp, text)
     threads = runtime.threads_per_process(1)
     runtime.import_paddle(threads)
+    desc = iospec.IO.from_interface(iface, f"{src.path / artifacts.MANIFEST}: interface")
     fp32 = _load(paddle_engine.NAME, [source.fp32_program, source.fp32_params], threads, "fp32")
-    y_refs = [fp32.run(x) for x in x_checks]
+    fp32_logits = _logits(fp32, desc, source.fp32_program)
+    y_refs = [fp32_logits(x) for x in x_checks]
     packaged = _packaged_engine(source, fp32, threads)
     names = packaged or _load(source.engine, source.files, threads, "fp32")  # bf16 this CPU cannot run: io names
-    inp, outp = {**inp, "name": names.inputs[0]}, {**outp, "name": names.outputs[0]}
-    ref_x, ref_y, ref_check = _reference(src, source, cfg, text, fp32, packaged)
+    on = engines.names(names, desc, str(source.files[0]))  # the packaged file's own names
+    inp, outp = {**inp, "name": on[inp["name"]]}, {**outp, "name": on[outp["name"]]}
+    checked = None if packaged is None else (packaged, _logits(packaged, desc, source.files[0]))
+    ref_x, ref_y, ref_check = _reference(src, source, cfg, text, fp32_logits, checked)
     doc = {**src.manifest["config"], "package": dataclasses.asdict(cfg)}
     with artifacts.write_stage(out_dir, "package", doc, src) as w:
         model_files = MODEL_FILES[source.format]
@@ -382,12 +386,20 @@ def _check_batches(inp: dict[str, Any], text: dict[str, Any] | None) -> list[np.
 
 
 def _load(engine: str, files: list[Path], threads: int, precision: str) -> Any:
-    """The files on `engine` as `pipe serve` runs them (`pipeline/engines/`); files it cannot load, or a model
-    without exactly one input and one output, is bad input naming the file."""
+    """The files on `engine` as `pipe serve` runs them (`pipeline/engines/`); files it cannot load are bad
+    input naming the file."""
     try:
         return engines.ENGINES[engine].load(files, threads=threads, precision=precision)
     except PipeError as e:
         raise InputError(f"{files[0]}: {engine} cannot load it ({str(e)[-200:]})") from None
+
+
+def _logits(eng: Any, desc: iospec.IO, where: Path) -> Callable[[np.ndarray], np.ndarray]:
+    """x -> the logits on `eng`, fed and fetched by name (a package's model takes one input: `_io_spec`)."""
+    on = engines.names(eng, desc, str(where))
+    (feed,) = (on[t.name] for t in desc.inputs)
+    fetch = on[desc.logits().name]
+    return lambda x: eng.run({feed: x})[fetch]
 
 
 def _packaged_engine(source: _Source, fp32: Any, threads: int) -> Any | None:
@@ -400,21 +412,24 @@ def _packaged_engine(source: _Source, fp32: Any, threads: int) -> Any | None:
 
 
 def _reference(src: artifacts.Artifact, source: _Source, cfg: PackageConfig, text: dict[str, Any] | None,
-               fp32: Any, eng: Any | None) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+               fp32: Callable[[np.ndarray], np.ndarray], packaged: tuple[Any, Callable[[np.ndarray], np.ndarray]] | None
+               ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """The reference set (`pipeline/reference.py`): real inputs, the fp32 program's outputs, and the packaged
-    program's agreement with them here, through the engine `pipe serve` runs. Below the budget
+    program's agreement with them here, through the engine `pipe serve` runs (`packaged`: the engine and its
+    x -> logits; None when this CPU cannot run it). Below the budget
     (compress.min_agreement) nothing is written (exit 4): a package never ships what fails its own check."""
     exp = src if src.stage == "export" else _lineage_export(src)
     vocab = serving_spec.check_vocab(source.vocab, text) if text is not None else None
     x = reference.draw(exp.manifest["config"], exp.manifest["interface"], vocab)
     budget = float(((src.manifest.get("config") or {}).get("compress") or {}).get("min_agreement", 0.99))
-    y = reference.run(fp32.run, x, cfg.max_batch_size).astype(np.float32)
+    y = reference.run(fp32, x, cfg.max_batch_size).astype(np.float32)
     out: dict[str, Any] = {"samples": int(len(x)), "min_agreement": budget, "cpu": cpu.summary()}
-    if eng is None:
+    if packaged is None:
         out["not_run_here"] = runtime.bf16_unsupported()
         print(f"package: reference check not run here ({out['not_run_here']}); pipe serve runs it where it serves")
         return x, y, out
-    result = reference.compare(reference.run(eng.run, x, cfg.max_batch_size), y)
+    eng, logits = packaged
+    result = reference.compare(reference.run(logits, x, cfg.max_batch_size), y)
     out.update(result, engine=eng.describe())
     print(f"package: {reference.describe(result, budget)} on {source.engine} {source.precision} here")
     if not reference.verdict(result, budget):
@@ -450,7 +465,7 @@ def _triton(root: Path, name: str, source: _Source, inp: dict[str, Any], outp: d
     renamed = _rename_io(onnx_path, inp["name"], outp["name"])
     if renamed:
         metrics["onnx_io_renamed"] = renamed
-    ort_in, ort_out, y_onnx = _run_onnx(onnx_path, xs, inp, threads)
+    ort_in, ort_out, y_onnx = _run_onnx(onnx_path, xs, inp, outp, threads)
     diff = max(float(np.abs(y.astype(np.float64) - ref).max()) for y, ref in zip(y_onnx, y_refs))
     peak = max(float(np.abs(ref).max()) for ref in y_refs)
     metrics.update({"onnx_max_abs_diff": diff, "onnx_max_abs_logit": peak, "onnx_source": origin,
@@ -522,24 +537,30 @@ def _paddle2onnx(program: Path, params: Path, dest: Path, threads: int) -> None:
                         "(or pass --no-triton)")
 
 
-def _run_onnx(path: Path, xs: list[np.ndarray], inp: dict[str, Any],
+def _run_onnx(path: Path, xs: list[np.ndarray], inp: dict[str, Any], outp: dict[str, Any],
               threads: int) -> tuple[Any, Any, list[np.ndarray]]:
+    """The Triton copy on plain onnxruntime (as Triton's backend runs it), fed and fetched by the served names
+    (`_rename_io` gave it them)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.log_severity_level = 3  # unused-initializer warnings from paddle2onnx graphs
     so.intra_op_num_threads = threads
     sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    ins, outs = sess.get_inputs(), sess.get_outputs()
+    ins, outs = {i.name: i for i in sess.get_inputs()}, {o.name: o for o in sess.get_outputs()}
     if len(ins) != 1 or len(outs) != 1:
         raise InputError(f"{path}: ONNX model has {len(ins)} inputs and {len(outs)} outputs, expected 1 and 1")
+    if inp["name"] not in ins or outp["name"] not in outs:
+        raise InputError(f"{path}: ONNX io names {list(ins)} -> {list(outs)} are not the served "
+                         f"{inp['name']} -> {outp['name']}")
+    ort_in, ort_out = ins[inp["name"]], outs[outp["name"]]
     want = [*inp["shape"][1:]]
-    got = [d if isinstance(d, int) else -1 for d in ins[0].shape[1:]]
+    got = [d if isinstance(d, int) else -1 for d in ort_in.shape[1:]]
     if got != want:
         raise InputError(f"{path}: ONNX input shape [N, {', '.join(map(str, got))}] does not match the "
                          f"model's [N, {', '.join(map(str, want))}]")
-    ys = [sess.run(None, {ins[0].name: x})[0] for x in xs]
-    return ins[0], outs[0], ys
+    ys = [sess.run([ort_out.name], {ort_in.name: x})[0] for x in xs]
+    return ort_in, ort_out, ys
 
 
 _ONNX_TYPES = {"tensor(float)": "TYPE_FP32", "tensor(int64)": "TYPE_INT64", "tensor(int32)": "TYPE_INT32"}

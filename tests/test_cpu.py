@@ -138,7 +138,7 @@ def test_onnxruntime_int8_load_follows_the_capability_and_the_models_weight_rang
         assert on == want, (path.name, eng.describe())
         assert eng.describe().get("x64quantprecision", False) == want
         assert ("note" in eng.describe()) == want
-    ref = ort_engine.load([fp32], threads=1).run(x)
+    ref = ort_engine.load([fp32], threads=1).run({"x": x})["y"]
     for path in (full, reduced):  # real int8: close to fp32, not equal
-        got = ort_engine.load([path], threads=1, precision="int8").run(x)
+        got = ort_engine.load([path], threads=1, precision="int8").run({"x": x})["y"]
         assert got.shape == ref.shape and 0 < np.abs(got - ref).max() < 0.1 * np.abs(ref).max()

@@ -368,7 +368,7 @@ def _avx2_paddle_rows(runs: list[tuple[str, Path]], quick: bool) -> list[Row]:
 
 def _avx2_paddle_main(comp_dir: str, mode: str) -> int:
     """Child (ONEDNN_MAX_CPU_ISA=AVX2): fp32 and both int8 op sets of one compress dir; one JSON line."""
-    from pipeline import artifacts, config as config_mod, cpu, data as data_mod, runtime
+    from pipeline import artifacts, config as config_mod, cpu, data as data_mod, iospec, runtime
     from pipeline.engines import paddle as paddle_engine
     from stages import compress
 
@@ -380,15 +380,18 @@ def _avx2_paddle_main(comp_dir: str, mode: str) -> int:
     prep = compress._preparer(ds, compress._read_export(exp))
     xs = list(compress.fidelity_batches(ds, prep))
     int8 = [comp.path / "int8-paddle/model.pdmodel", comp.path / "int8-paddle/model.pdiparams"]
-    engines = {"fp32": paddle_engine.load([exp.file("model.json"), exp.file("model.pdiparams")], threads=threads),
-               "all": paddle_engine.load(int8, threads=threads, precision="int8", int8_ops=set()),
-               "no_matmul": paddle_engine.load(int8, threads=threads, precision="int8",
-                                               int8_ops=set(cpu.ONEDNN_INT8_OPS_NO_VNNI))}
-    logits = {k: np.concatenate([e.run(x) for x in xs]) for k, e in engines.items()}
+    pir = [exp.file("model.json"), exp.file("model.pdiparams")]
+    desc = iospec.IO.from_interface(exp.manifest["interface"])
+    engines = {"fp32": (paddle_engine.load(pir, threads=threads), pir[0]),
+               "all": (paddle_engine.load(int8, threads=threads, precision="int8", int8_ops=set()), int8[0]),
+               "no_matmul": (paddle_engine.load(int8, threads=threads, precision="int8",
+                                                int8_ops=set(cpu.ONEDNN_INT8_OPS_NO_VNNI)), int8[0])}
+    runs = {k: compress.entry(e, desc, where)["run"] for k, (e, where) in engines.items()}  # x -> logits, by name
+    logits = {k: np.concatenate([run(x) for x in xs]) for k, run in runs.items()}
     head = xs[0]
     x1, x32 = np.ascontiguousarray(head[:1]), np.ascontiguousarray(np.resize(head, (32, *head.shape[1:])))
     n1, n32 = (50, 10) if mode == "quick" else (200, 30)
-    group = [{k: e.run for k, e in engines.items()}]
+    group = [runs]
     lat, thr = compress.interleaved(group, x1, n1), compress.interleaved(group, x32, n32)
     ref = logits["fp32"].argmax(1)
     doc = {"samples": int(len(ref)), **{k: {"agreement": float((logits[k].argmax(1) == ref).mean()),

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from pipeline import artifacts, config as config_mod, cpu, data as data_mod, runtime
+from pipeline import artifacts, config as config_mod, cpu, data as data_mod, iospec, runtime
 from pipeline.engines import ENGINES
 from pipeline.serving.spec import MODEL_FILES
 from pipeline.errors import InputError, PipeError
@@ -201,8 +201,11 @@ def _plans(given: str, art: artifacts.Artifact, threads: int, cache: dict[str, _
         size = sum(a.manifest["files"][f]["bytes"] for a, f in files) / _MB if files else None
         row = BenchRow(given, stage, variant, fmt, engine, precision, status, size)
         if (engine, len(paths)) in (("paddle_inference", 2), ("onnxruntime", 1), ("openvino", 1), ("openvino", 2)):
-            def build() -> Callable[[np.ndarray], np.ndarray]:
-                return ENGINES[engine].load(paths, threads=threads, precision=precision).run
+            def build() -> Callable[[np.ndarray], np.ndarray]:  # x -> logits, fed and fetched by name
+                from stages import compress as c
+
+                eng = ENGINES[engine].load(paths, threads=threads, precision=precision)
+                return c.entry(eng, iospec.IO.from_interface(m["interface"]), paths[0])["run"]
         else:
             build = None
             if row.ok:

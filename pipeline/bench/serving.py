@@ -230,34 +230,40 @@ def _protocols(s: _Server, x: np.ndarray, tensors: list[bytes], total: int, roun
     return out
 
 
-def _engine(s: _Server) -> Any:
+def _engine(s: _Server) -> Callable[[np.ndarray], np.ndarray]:
     """The package's model on its server's engine, precision and threads, loaded here as its predictor
-    loads it (`pipeline.serving.predictor.load_engine`: one oneDNN kernel set per bucket), warmed up."""
+    loads it (`pipeline.serving.predictor.load_engine`: one oneDNN kernel set per bucket), warmed up: x ->
+    logits, fed and fetched by serving.yaml's names as the predictor does."""
     from pipeline.serving import predictor, spec as spec_mod
 
     if s.engine == "paddle_inference":
         runtime.import_paddle(s.threads)
     buckets, spec = predictor.buckets(s.max_batch), spec_mod.load_package(s.package)
     eng = predictor.load_engine(spec, s.engine, s.threads, cache_capacity=len(buckets))
+    feed, fetch = spec.inp["name"], spec.outp["name"]
+
+    def run(x: np.ndarray) -> np.ndarray:
+        return eng.run({feed: x})[fetch]
+
     for b in buckets:  # oneDNN builds kernels per shape once, as the predictor's warm-up
         for _ in range(3):
-            eng.run(np.zeros((b, *spec.sample_shape), s.spec["input"]["dtype"]))
-    return eng
+            run(np.zeros((b, *spec.sample_shape), s.spec["input"]["dtype"]))
+    return run
 
 
-def _bare_rate(eng: Any, x: np.ndarray, total: int, batch: int = 1) -> float:
+def _bare_rate(eng: Callable[[np.ndarray], np.ndarray], x: np.ndarray, total: int, batch: int = 1) -> float:
     """The engine alone answering inputs in `batch`es one run after the other (copy in, run, copy out), at
     least `total` samples and `_MIN_TIMED_S`: items/s."""
     time.sleep(_SWITCH_PAUSE_S)
     t0, i = time.perf_counter(), 0
     while i * batch < total or time.perf_counter() - t0 < _MIN_TIMED_S:
         j = (i * batch) % (len(x) - batch + 1)
-        eng.run(x[j:j + batch])
+        eng(x[j:j + batch])
         i += 1
     return i * batch / (time.perf_counter() - t0)
 
 
-def _replay(eng: Any, x: np.ndarray, runs: dict[int, float]) -> tuple[float, float]:
+def _replay(eng: Callable[[np.ndarray], np.ndarray], x: np.ndarray, runs: dict[int, float]) -> tuple[float, float]:
     """The predictor's runs (bucket size -> count) on the engine alone, repeated for at least `_MIN_TIMED_S`:
     (wall s, CPU s of this process) per replay."""
     xs = {b: np.ascontiguousarray(np.resize(x, (b, *x.shape[1:]))) for b in runs}
@@ -266,7 +272,7 @@ def _replay(eng: Any, x: np.ndarray, runs: dict[int, float]) -> tuple[float, flo
     while k == 0 or time.perf_counter() - t0 < _MIN_TIMED_S:
         for b, n in runs.items():
             for _ in range(int(round(n))):
-                eng.run(xs[b])
+                eng(xs[b])
         k += 1
     return (time.perf_counter() - t0) / k, (time.process_time() - c0) / k
 

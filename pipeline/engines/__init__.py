@@ -1,9 +1,17 @@
 """Inference engines behind one small contract: `load(...)` a variant's files with threads and precision,
-then `run(x)` a batch of numpy inputs and `describe()` what runs.
+then `run(feeds)` a batch of named numpy inputs and `describe()` what runs.
 
-    from pipeline import engines
+    from pipeline import engines, iospec
     eng = engines.ENGINES["onnxruntime"].load([Path("int8-onnx/model.onnx")], threads=2, precision="int8")
-    logits = eng.run(x)
+    eng.inputs, eng.outputs                             # the file's own names, in its own order
+    desc = iospec.IO.from_interface(manifest["interface"])
+    on = engines.names(eng, desc, "int8-onnx/model.onnx")   # interface name -> the engine's name
+    ys = eng.run({on["img"]: img, on["feat"]: feat})     # by name: every input, any order
+    logits = ys[on[desc.logits().name]]                 # every output comes back, keyed by its name
+
+Feed and fetch by name, never by position: ONNX made from the legacy program and OpenVINO reading the legacy
+`.pdmodel` list the inputs in reverse order, and positional feeding raises nothing and answers wrong (facts
+note section 14). A feed dict with a missing or unknown name is a one-line PipeError naming it.
 
 Each module imports its library inside `load` (paddle ~1 s, onnxruntime ~0.1 s, openvino ~0.3 s). CPU-class
 differences (int8 without VNNI, see `pipeline/cpu.py`) are settings an engine applies at load time and
@@ -14,6 +22,9 @@ A GPU is one more `device` of the same engines (Paddle Inference GPU/TensorRT, o
 
 from __future__ import annotations
 
+from typing import Any
+
+from pipeline import iospec
 from pipeline.engines import openvino, ort, paddle
 from pipeline.errors import InputError
 
@@ -41,3 +52,29 @@ def missing(engine: str) -> str:
 
     lib = {"paddle_inference": "paddle", "onnxruntime": "onnxruntime"}[engine]
     return "" if importlib.util.find_spec(lib) else f"{engine}: {lib} is not installed here"
+
+
+def names(eng: Any, desc: iospec.IO, where: str) -> dict[str, str]:
+    """Each interface tensor's name (inputs and outputs, program and public name alike) -> the name `eng`
+    feeds or returns it under. Inputs by name: every program keeps its InputSpec names (in whatever order).
+    Outputs by name where the engine's file has the interface's names (the PIR program, paddle2onnx's ONNX
+    of either program); else by position: the legacy program (PaddleSlim's int8 program is one) names its
+    outputs after their ops, on Paddle Inference and OpenVINO alike (`linear_2.tmp_1` where PIR says
+    `fetch_name_0`), in the same order (measured: tests/test_engines_named.py). InputError (the artifact and
+    its file disagree), one line naming the tensor, when an input is not among the engine's or the output
+    counts differ."""
+    out: dict[str, str] = {}
+    for t in desc.inputs:
+        real = next((n for n in (t.name, t.alias) if n and n in eng.inputs), None)
+        if real is None:
+            raise InputError(f"{where}: input {t.public!r} is not among the engine's inputs "
+                             f"({', '.join(map(repr, eng.inputs))})")
+        out.update({t.name: real, t.public: real})
+    by_name = all(t.name in eng.outputs for t in desc.outputs)
+    if not by_name and len(eng.outputs) != len(desc.outputs):
+        raise InputError(f"{where}: the engine has {len(eng.outputs)} outputs ({', '.join(map(repr, eng.outputs))}),"
+                         f" the interface {len(desc.outputs)} ({', '.join(repr(t.public) for t in desc.outputs)})")
+    for i, t in enumerate(desc.outputs):
+        real = t.name if by_name else eng.outputs[i]
+        out.update({t.name: real, t.public: real})
+    return out

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from pipeline import cpu, runtime
-from pipeline.engines import ort as ort_engine
+from pipeline.engines import feeds as feeds_mod, ort as ort_engine
 from pipeline.errors import InputError, PipeError
 
 NAME = "openvino"
@@ -35,24 +35,30 @@ class Engine:
     core: Any  # held for the engine's lifetime: the compiled model and its request live in the core's plugin
     compiled: Any
     info: dict[str, Any]
-    inputs: list[str] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)  # the file's own names, in OpenVINO's order (`load`)
     outputs: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.request = self.compiled.create_infer_request()
-        self.inputs = [p.get_any_name() for p in self.compiled.inputs]
-        self.outputs = [p.get_any_name() for p in self.compiled.outputs]
-        if len(self.inputs) != 1 or len(self.outputs) != 1:
-            raise PipeError(f"{self.info['files'][0]}: has {len(self.inputs)} inputs and {len(self.outputs)} "
-                            "outputs; pipe runs models with 1 and 1 (logits)")
+        self.inputs = self.inputs or [p.get_any_name() for p in self.compiled.inputs]
+        self.outputs = self.outputs or [p.get_any_name() for p in self.compiled.outputs]
+        # Each name -> its port on the compiled model, by name: OpenVINO lists the legacy .pdmodel's inputs in
+        # reverse order and positional feeding raises nothing (facts note section 14).
+        self._in = _ports(self.compiled.inputs, self.inputs, self.info["files"][0], "input")
+        self._out = _ports(self.compiled.outputs, self.outputs, self.info["files"][0], "output")
+        self._names = frozenset(self.inputs)
+        self._where = f"{self.info['files'][0]}: {NAME}"
 
     def __del__(self) -> None:  # the request before its compiled model, that before the core
         for name in ("request", "compiled"):
             self.__dict__.pop(name, None)
 
-    def run(self, x: np.ndarray) -> np.ndarray:
-        self.request.infer({0: np.ascontiguousarray(x)})
-        return self.request.get_output_tensor(0).data.copy()  # the tensor is reused by the next call
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Every input by name -> every output by name."""
+        feeds_mod.check(feeds, self._names, self.inputs, self._where)
+        self.request.infer({port: np.ascontiguousarray(feeds[name]) for name, port in self._in.items()})
+        # .copy(): the tensors are reused by the next call
+        return {name: self.request.get_output_tensor(port).data.copy() for name, port in self._out.items()}
 
     def describe(self) -> dict[str, Any]:
         return dict(self.info)
@@ -103,7 +109,21 @@ def load(files: list[Path], *, threads: int, precision: str = "fp32", device: st
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         raise PipeError(f"{paths[0]}: OpenVINO cannot load it ({e.__class__.__name__}: "
                         f"{(lines[-1] if lines else '')[:200]})") from None
-    return Engine(core, compiled, info)
+    # The names the file itself gives (before compiling: the compiled ports also carry the names of tensors
+    # fused into them, and `get_any_name()` there may pick one of those, e.g. `Add.9` for `fetch_name_0`).
+    return Engine(core, compiled, info, [p.get_any_name() for p in model.inputs],
+                  [p.get_any_name() for p in model.outputs])
+
+
+def _ports(ports: Any, names: list[str], where: str, kind: str) -> dict[str, int]:
+    """name -> the index of the compiled port that carries it."""
+    out = {}
+    for name in names:
+        found = [i for i, p in enumerate(ports) if name in p.get_names()]
+        if len(found) != 1:
+            raise PipeError(f"{where}: OpenVINO's compiled model has {len(found)} {kind} ports named {name!r}")
+        out[name] = found[0]
+    return out
 
 
 def probe() -> dict[str, Any]:

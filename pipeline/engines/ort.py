@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from pipeline import cpu, runtime
+from pipeline.engines import feeds as feeds_mod
 from pipeline.errors import InputError, PipeError
 
 NAME = "onnxruntime"
@@ -28,19 +29,19 @@ _INT8_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul
 class Engine:
     session: Any
     info: dict[str, Any]
-    inputs: list[str] = field(default_factory=list)
-    outputs: list[str] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)  # the graph's names, in its order (reversed in ONNX
+    outputs: list[str] = field(default_factory=list)  # made from the legacy program: facts note section 14)
 
     def __post_init__(self) -> None:
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.outputs = [o.name for o in self.session.get_outputs()]
-        if len(self.inputs) != 1 or len(self.outputs) != 1:
-            raise PipeError(f"{self.info['files'][0]}: has {len(self.inputs)} inputs and {len(self.outputs)} "
-                            "outputs; pipe runs models with 1 and 1 (logits)")
-        self._feed, self._fetch = self.inputs[0], [self.outputs[0]]
+        self._names = frozenset(self.inputs)
+        self._where = f"{self.info['files'][0]}: {NAME}"
 
-    def run(self, x: np.ndarray) -> np.ndarray:
-        return self.session.run(self._fetch, {self._feed: x})[0]
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Every input by name -> every output by name."""
+        feeds_mod.check(feeds, self._names, self.inputs, self._where)
+        return dict(zip(self.outputs, self.session.run(self.outputs, feeds)))
 
     def describe(self) -> dict[str, Any]:
         return dict(self.info)

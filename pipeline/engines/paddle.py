@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from pipeline import cpu, runtime
+from pipeline.engines import feeds as feeds_mod
 from pipeline.errors import InputError, PipeError
 
 NAME = "paddle_inference"
@@ -28,21 +29,24 @@ NAME = "paddle_inference"
 class Engine:
     predictor: Any
     info: dict[str, Any]
-    inputs: list[str] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)  # the program's names, in its order
     outputs: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.inputs, self.outputs = self.predictor.get_input_names(), self.predictor.get_output_names()
-        if len(self.inputs) != 1 or len(self.outputs) != 1:
-            raise PipeError(f"{self.info['files'][0]}: has {len(self.inputs)} inputs and {len(self.outputs)} "
-                            "outputs; pipe runs models with 1 and 1 (logits)")
-        self._in = self.predictor.get_input_handle(self.inputs[0])
-        self._out = self.predictor.get_output_handle(self.outputs[0])
+        self.inputs = list(self.predictor.get_input_names())
+        self.outputs = list(self.predictor.get_output_names())
+        self._in = {n: self.predictor.get_input_handle(n) for n in self.inputs}
+        self._out = {n: self.predictor.get_output_handle(n) for n in self.outputs}
+        self._names = frozenset(self.inputs)
+        self._where = f"{self.info['files'][0]}: {NAME}"
 
-    def run(self, x: np.ndarray) -> np.ndarray:
-        self._in.copy_from_cpu(np.ascontiguousarray(x))
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Every input by name -> every output by name."""
+        feeds_mod.check(feeds, self._names, self.inputs, self._where)
+        for name, handle in self._in.items():
+            handle.copy_from_cpu(np.ascontiguousarray(feeds[name]))
         self.predictor.run()
-        return self._out.copy_to_cpu()
+        return {name: handle.copy_to_cpu() for name, handle in self._out.items()}
 
     def describe(self) -> dict[str, Any]:
         return dict(self.info)

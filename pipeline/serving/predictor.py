@@ -205,12 +205,14 @@ def _predictor_main(doc: dict[str, Any]) -> int:
         write_frame(channel, {"ok": False, "error": str(e), "input_error": isinstance(e, InputError)})
         return 2
 
+    feed, fetch = doc["input"], doc["output"]  # serving.yaml's names, checked against the engine's at load
+
     def infer(x: np.ndarray) -> np.ndarray:
         n = len(x)
         size = next((b for b in doc["buckets"] if b >= n), n)
         if size > n:  # padded with copies of a real sample (a valid input for any model), outputs dropped
             x = np.concatenate([x, np.repeat(x[:1], size - n, axis=0)])
-        return eng.run(x)[:n]
+        return eng.run({feed: x})[fetch][:n]
 
     write_frame(channel, {"ok": True, "engine": eng.describe()})
     while True:

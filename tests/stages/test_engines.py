@@ -88,7 +88,8 @@ def test_every_engine_runs_the_contract(comp):
         assert (info["engine"], info["precision"], info["threads"], info["device"]) == (v["engine"], v["precision"],
                                                                                       1, "cpu")
         assert eng.inputs == ["x"] and len(eng.outputs) == 1
-        got = np.concatenate([eng.run(x[i:i + 64]) for i in range(0, len(x), 64)])
+        (out,) = eng.outputs
+        got = np.concatenate([eng.run({"x": x[i:i + 64]})[out] for i in range(0, len(x), 64)])
         assert got.shape == (len(x), 10) and got.dtype == np.float32
         assert float((got.argmax(1) == y).mean()) == pytest.approx(v["accuracy"], abs=1e-12), name
 
