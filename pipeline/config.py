@@ -53,6 +53,8 @@ class ModelConfig:
                          "fresh init; '' = random init")
     init_strict: bool = _opt(False, "refuse (exit 2) a model.init with any missing, unexpected or differently "
                                     "shaped (or typed) tensor")
+    logits_output: str = _opt("", "the output classification reads as logits, for a model returning several: a dict "
+                                  "key, or output_<i> of a tuple; '' = the output named logits, or the only one")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,12 @@ Sources (`data.source`):
 - `package.module:factory`, a callable taking the DataConfig and returning
   `{"train": (x, y), "val": (x, y), "test": (x, y), "labels": [...]}`.
 
+Several named inputs per sample: a factory's `x` may be a mapping name -> array (one leading sample axis,
+the same names, per-sample shapes and dtypes in every split), and an `.npz` may hold one `x.<name>` key
+per input instead of `x` (inputs in the file's key order, which `np.savez` keeps). Names are identifiers.
+A 4-D uint8 or float32 input is an NCHW image, normalised like `x`; any other input (float32, int64, int32
+or bool) reaches the model as stored. Single-input sources have one input, named `x`, as before.
+
 Images are stored as uint8 (N, C, H, W) and normalised by `prepare`; texts are stored as int64
 (N, max_len) character ids of a vocabulary built from the training split. The split and the
 preprocessing (with the vocabulary) are recorded in the artifact; nothing here imports paddle.
@@ -26,34 +32,59 @@ import io
 import json
 import lzma
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
+from pipeline import iospec
 from pipeline.config import DataConfig
 from pipeline.errors import InputError
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 _IMAGE_EXTS = {".png", ".jpg", ".jpeg"}
 _SPLIT_DIRS = ("train", "val", "test")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PASSED_DTYPES = (np.float32, np.int64, np.int32, np.bool_)  # inputs given to the model as stored
 
 
 @dataclass(frozen=True)
 class Split:
-    """Samples `x[idx]`, labels `y[idx]`; `x` may be a read-only memmap shared by all ranks."""
+    """Samples `inputs[name][idx]` (one stored array per named input, sharing the leading sample axis) and
+    labels `y[idx]`; an array may be a read-only memmap shared by all ranks. `feeds` gives the model's
+    inputs for positions in the split."""
 
-    x: np.ndarray
+    inputs: dict[str, np.ndarray]
     y: np.ndarray
     idx: np.ndarray
 
     def __len__(self) -> int:
         return len(self.idx)
 
+    @property
+    def x(self) -> np.ndarray:
+        """The stored array of the only input. For the stages that still read one array (export, compress,
+        the package's reference set, the bench) until they read `feeds`; data with several inputs is refused
+        there in one line."""
+        if len(self.inputs) != 1:
+            raise InputError(f"this stage reads one input, the data has {len(self.inputs)} "
+                             f"({', '.join(self.inputs)})")
+        return next(iter(self.inputs.values()))
+
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """Materialise the split (for small evaluation sets)."""
+        """Materialise a single-input split (for small evaluation sets): (x[idx], y[idx])."""
         return np.asarray(self.x[self.idx]), np.asarray(self.y[self.idx])
+
+    def rows(self, pos: np.ndarray) -> dict[str, np.ndarray]:
+        """The stored samples at positions `pos` of this split, by input name."""
+        j = self.idx[pos]
+        return {name: np.asarray(a[j]) for name, a in self.inputs.items()}
+
+    def feeds(self, pos: np.ndarray, pre: dict[str, Any]) -> dict[str, np.ndarray]:
+        """The model's inputs at positions `pos` of this split, by name, prepared as at training time."""
+        return prepare_feeds(self.rows(pos), pre)
 
 
 @dataclass(frozen=True)
@@ -66,36 +97,73 @@ class Dataset:
     texts: tuple[str, ...] = ()  # text datasets: the distinct texts, indexed like x
 
     @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(self.train.inputs)
+
+    @property
+    def input_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every input's stored per-sample shape (text: (max_len,)), by name, in the interface's order."""
+        return {name: tuple(int(d) for d in a.shape[1:]) for name, a in self.train.inputs.items()}
+
+    @property
     def input_shape(self) -> tuple[int, ...]:
+        """The only input's per-sample shape (the stages that read one input)."""
         return tuple(int(d) for d in self.train.x.shape[1:])
 
     @property
     def is_text(self) -> bool:
         return self.preprocessing["kind"] == "text"
 
-    def interface(self) -> dict[str, Any]:
-        """The model interface recorded in every manifest (-1 marks a dynamic dim). A text model takes
-        int64 ids of any length up to max_len; the vocabulary itself travels as a file (`vocab.json`, a JSON list)."""
+    def inputs(self) -> tuple[iospec.Tensor, ...]:
+        """The model's inputs as they reach it: images float32, other inputs their stored dtype; axis 0 the
+        batch (-1). A text model takes int64 ids of any length up to max_len (-1)."""
         if self.is_text:
-            pre = {k: v for k, v in self.preprocessing.items() if k != "vocab"}
-            return {
-                "inputs": [{"name": "x", "dtype": "int64", "shape": [-1, -1]}],
-                "outputs": [{"name": "logits", "dtype": "float32", "shape": [-1, len(self.labels)]}],
-                "labels": list(self.labels),
-                "preprocessing": {**pre, "vocab_file": "vocab.json", "vocab_size": len(self.preprocessing["vocab"])},
-            }
-        return {
-            "inputs": [{"name": "x", "dtype": "float32", "shape": [-1, *self.input_shape]}],
-            "outputs": [{"name": "logits", "dtype": "float32", "shape": [-1, len(self.labels)]}],
-            "labels": list(self.labels),
-            "preprocessing": self.preprocessing,
-        }
+            return (iospec.Tensor("x", "int64", (-1, -1)),)
+        per = input_preprocessing(self.preprocessing, self.input_names)
+        return tuple(iospec.Tensor(name, "float32" if per[name]["kind"] == "image" else str(a.dtype),
+                                   (-1, *(int(d) for d in a.shape[1:])))
+                     for name, a in self.train.inputs.items())
+
+    def interface(self, outputs: tuple[iospec.Tensor, ...] | None = None) -> dict[str, Any]:
+        """The model interface recorded in every manifest (-1 marks a dynamic dim): the inputs, `outputs`
+        (those the trained model measured; default: one float32 (N, K) `logits`), labels, preprocessing.
+        The vocabulary itself travels as a file (`vocab.json`, a JSON list)."""
+        outputs = outputs or (iospec.Tensor(iospec.LOGITS, "float32", (-1, len(self.labels))),)
+        pre = self.preprocessing
+        if self.is_text:
+            pre = {**{k: v for k, v in pre.items() if k != "vocab"}, "vocab_file": "vocab.json",
+                   "vocab_size": len(pre["vocab"])}
+        extra = {"labels": list(self.labels), "preprocessing": pre}
+        return iospec.IO(self.inputs(), tuple(outputs), extra).to_interface()
+
+
+def input_preprocessing(pre: dict[str, Any], names: tuple[str, ...] | list[str]) -> dict[str, dict[str, Any]]:
+    """Each input's preprocessing, by name. Several inputs: `{"kind": "inputs", "inputs": {name: ...}}`;
+    one input: the whole dict is its own (the format of every single-input artifact)."""
+    names = list(names)
+    if pre.get("kind") == "inputs":
+        per = pre.get("inputs") or {}
+        if list(per) != names:
+            raise InputError(f"preprocessing describes inputs {', '.join(per)}, the data has {', '.join(names)}")
+        return dict(per)
+    if len(names) != 1:
+        raise InputError(f"preprocessing of kind {pre.get('kind')!r} describes one input, the data has "
+                         f"{len(names)} ({', '.join(names)})")
+    return {names[0]: pre}
+
+
+def prepare_feeds(raw: Mapping[str, np.ndarray], pre: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Stored samples by input name -> the model's inputs by name, each `prepare`d with its own preprocessing."""
+    per = input_preprocessing(pre, list(raw))
+    return {name: prepare(a, per[name]) for name, a in raw.items()}
 
 
 def prepare(x: np.ndarray, pre: dict[str, Any]) -> np.ndarray:
-    """Raw stored samples -> model input, exactly as at training time (also used by export/serve)."""
+    """Raw stored samples of one input -> model input, exactly as at training time (also used by export/serve)."""
     if pre["kind"] == "text":
         return np.asarray(x, np.int64)  # already ids: tokenisation happens once, in `encode_texts`
+    if pre["kind"] == "none":
+        return np.asarray(x)  # a non-image input: the model takes it as stored
     if pre["kind"] != "image":
         raise InputError(f"preprocessing kind {pre['kind']!r} is not supported by this pipe")
     out = x.astype(np.float32) * np.float32(pre["scale"])
@@ -125,7 +193,7 @@ def load(cfg: DataConfig) -> Dataset:
     if src == "digits":
         with np.load(ASSETS / "digits.npz") as z:
             x, y, split = z["x"], z["y"], z["split"]
-        return _assemble(x, y, split, tuple(str(i) for i in range(10)), "digits")
+        return _assemble({"x": x}, y, split, tuple(str(i) for i in range(10)), "digits")
     if src == "chinese_sentiment":
         raw = lzma.decompress((ASSETS / "chinese_sentiment.tsv.xz").read_bytes()).decode("utf-8")
         rows = [line.split("\t", 1) for line in raw.splitlines()]
@@ -145,15 +213,25 @@ def load(cfg: DataConfig) -> Dataset:
     raise InputError(f"--data {src}: expected 'digits', an ImageFolder directory, an .npz file or module:factory")
 
 
-def _assemble(x: np.ndarray, y: np.ndarray, split: np.ndarray, labels: tuple[str, ...], where: str) -> Dataset:
+def _assemble(inputs: dict[str, np.ndarray], y: np.ndarray, split: np.ndarray, labels: tuple[str, ...],
+              where: str) -> Dataset:
     idx = [np.flatnonzero(split == k) for k in range(3)]
     for name, ix in zip(_SPLIT_DIRS, idx):
         if len(ix) == 0:
             raise InputError(f"{where}: the {name} split is empty")
-    scale = 1.0 / 255.0 if x.dtype == np.uint8 else 1.0
-    mean, std = _channel_stats(x, idx[0], scale)
-    pre = {"kind": "image", "layout": "NCHW", "scale": scale, "mean": mean, "std": std}
-    return Dataset(*(Split(x, y, ix) for ix in idx), labels=labels, preprocessing=pre)
+    per = {name: _input_preprocessing(a, idx[0]) for name, a in inputs.items()}
+    pre = next(iter(per.values())) if len(per) == 1 else {"kind": "inputs", "inputs": per}
+    return Dataset(*(Split(inputs, y, ix) for ix in idx), labels=labels, preprocessing=pre)
+
+
+def _input_preprocessing(a: np.ndarray, train_idx: np.ndarray) -> dict[str, Any]:
+    """An NCHW image (4-D uint8 or float32) is normalised by the training split's channel statistics (uint8
+    also scaled by 1/255); any other input is given to the model as stored."""
+    if a.ndim != 4 or a.dtype not in (np.uint8, np.float32):
+        return {"kind": "none"}
+    scale = 1.0 / 255.0 if a.dtype == np.uint8 else 1.0
+    mean, std = _channel_stats(a, train_idx, scale)
+    return {"kind": "image", "layout": "NCHW", "scale": scale, "mean": mean, "std": std}
 
 
 def _channel_stats(x: np.ndarray, train_idx: np.ndarray, scale: float) -> tuple[list[float], list[float]]:
@@ -200,14 +278,61 @@ def _check_arrays(x: Any, y: Any, where: str) -> tuple[np.ndarray, np.ndarray]:
     return x, y.astype(np.int64)
 
 
+def _check_inputs(inputs: Any, y: Any, where: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Named inputs (a mapping name -> array with one leading sample axis) and their labels, checked."""
+    if not isinstance(inputs, Mapping) or not inputs:
+        raise InputError(f"{where}: inputs must be an array x or a non-empty mapping of input name -> array")
+    out: dict[str, np.ndarray] = {}
+    for name, a in inputs.items():
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise InputError(f"{where}: input name {name!r} must be an identifier (letters, digits, _; "
+                             "not starting with a digit)")
+        a = np.asarray(a)
+        image = a.ndim == 4 and a.dtype in (np.uint8, np.float32)
+        if a.ndim < 1 or not (image or a.dtype in _PASSED_DTYPES):
+            raise InputError(f"{where}: input {name!r} is {a.dtype} {a.shape}; an input is float32, int64, int32 "
+                             "or bool with a leading sample axis, or a uint8 (N, C, H, W) image")
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            raise InputError(f"{where}: input {name!r} holds NaN or Inf")
+        out[name] = a
+    sizes = {name: len(a) for name, a in out.items()}
+    first = next(iter(sizes))
+    other = next((n for n in sizes if sizes[n] != sizes[first]), None)
+    if other is not None:
+        raise InputError(f"{where}: inputs {first!r} and {other!r} have {sizes[first]} and {sizes[other]} samples; "
+                         "every input needs one entry per sample")
+    y = np.asarray(y)
+    if y.ndim != 1 or len(y) != sizes[first] or not np.issubdtype(y.dtype, np.integer):
+        raise InputError(f"{where}: y must be N integer labels matching the inputs' {sizes[first]} samples, "
+                         f"got {y.dtype} {y.shape}")
+    if len(y) == 0:
+        raise InputError(f"{where}: no samples")
+    if y.min() < 0:
+        raise InputError(f"{where}: labels must be >= 0")
+    return out, y.astype(np.int64)
+
+
+def _npz_inputs(z: Any, path: Path) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """`x` (one input, named x, as always) or one `x.<name>` per input, in the file's order."""
+    named = [k for k in z.files if k.startswith("x.")]
+    if "x" in z.files and named:
+        raise InputError(f"{path}: has both 'x' and {named[0]!r}; give one input as 'x' or every input as 'x.<name>'")
+    if not named:
+        if "x" not in z.files or "y" not in z.files:
+            raise InputError(f"{path}: needs arrays 'x' and 'y' (has {', '.join(z.files) or 'none'})")
+        x, y = _check_arrays(z["x"], z["y"], str(path))
+        return {"x": x}, y
+    if "y" not in z.files:
+        raise InputError(f"{path}: needs array 'y' beside {', '.join(named)} (has {', '.join(z.files)})")
+    return _check_inputs({k[2:]: z[k] for k in named}, z["y"], str(path))
+
+
 def _from_npz(path: Path, cfg: DataConfig) -> Dataset:
     if not path.is_file():
         raise InputError(f"--data {path}: no such file")
     try:
         with np.load(path, allow_pickle=False) as z:
-            if "x" not in z or "y" not in z:
-                raise InputError(f"{path}: needs arrays 'x' and 'y' (has {', '.join(z.files) or 'none'})")
-            x, y = _check_arrays(z["x"], z["y"], str(path))
+            inputs, y = _npz_inputs(z, path)
             split = np.asarray(z["split"]) if "split" in z else _stratified_split(y, cfg)
             labels = tuple(str(s) for s in z["labels"]) if "labels" in z else None
     except (OSError, ValueError) as e:
@@ -218,28 +343,35 @@ def _from_npz(path: Path, cfg: DataConfig) -> Dataset:
     labels = labels or tuple(str(i) for i in range(n_classes))
     if len(labels) < n_classes:
         raise InputError(f"{path}: {len(labels)} labels but class ids go up to {n_classes - 1}")
-    return _assemble(x, y, split, labels, str(path))
+    return _assemble(inputs, y, split, labels, str(path))
 
 
 def _from_factory(spec: str, cfg: DataConfig) -> Dataset:
     from pipeline.models import import_factory  # no paddle: models imports it inside build()
 
     out = import_factory(spec, "--data")(cfg)
-    if not isinstance(out, dict) or any(k not in out for k in _SPLIT_DIRS):
+    if (not isinstance(out, dict) or any(k not in out for k in _SPLIT_DIRS)
+            or any(not isinstance(out[k], (tuple, list)) or len(out[k]) != 2 for k in _SPLIT_DIRS)):
         raise InputError(f"--data {spec}: factory must return a dict with train, val and test (x, y) pairs")
-    parts = [_check_arrays(*out[k], f"{spec} {k}") for k in _SPLIT_DIRS]
-    shapes = {p[0].shape[1:] for p in parts}
-    dtypes = {p[0].dtype for p in parts}
-    if len(shapes) != 1 or len(dtypes) != 1:
-        raise InputError(f"--data {spec}: train/val/test must share sample shape and dtype")
-    x = np.concatenate([p[0] for p in parts])
+    named = [isinstance(out[k][0], Mapping) for k in _SPLIT_DIRS]
+    if any(named) and not all(named):
+        raise InputError(f"--data {spec}: train/val/test must all give x as an array or all as a mapping of inputs")
+    if named[0]:
+        parts = [_check_inputs(*out[k], f"--data {spec} {k}") for k in _SPLIT_DIRS]
+    else:
+        parts = [({"x": x}, y) for x, y in (_check_arrays(*out[k], f"{spec} {k}") for k in _SPLIT_DIRS)]
+    kinds = {tuple((n, a.shape[1:], a.dtype) for n, a in p[0].items()) for p in parts}
+    if len(kinds) != 1:
+        what = "input names, sample shapes and dtypes" if named[0] else "sample shape and dtype"
+        raise InputError(f"--data {spec}: train/val/test must share {what}")
+    inputs = {n: np.concatenate([p[0][n] for p in parts]) for n in parts[0][0]}
     y = np.concatenate([p[1] for p in parts])
     split = np.concatenate([np.full(len(p[1]), k, np.uint8) for k, p in enumerate(parts)])
     n_classes = int(y.max()) + 1
     labels = tuple(str(s) for s in out.get("labels", range(n_classes)))
     if len(labels) < n_classes:
         raise InputError(f"--data {spec}: {len(labels)} labels but class ids go up to {n_classes - 1}")
-    return _assemble(x, y, split, labels, spec)
+    return _assemble(inputs, y, split, labels, spec)
 
 
 # ---------------------------------------------------------------- text
@@ -315,7 +447,7 @@ def _from_texts(texts: list[str], labels: list[str], cfg: DataConfig, where: str
     for name, ix in zip(_SPLIT_DIRS, idx):
         if len(ix) == 0:
             raise InputError(f"--data {where}: the {name} split is empty ({len(kept)} distinct texts)")
-    return Dataset(*(Split(x, y, ix) for ix in idx), labels=names, preprocessing=pre,
+    return Dataset(*(Split({"x": x}, y, ix) for ix in idx), labels=names, preprocessing=pre,
                    texts=tuple(kept))
 
 
@@ -416,7 +548,7 @@ def _from_image_folder(root: Path, cfg: DataConfig) -> Dataset:
             split = split.copy()
             split[tr[sub == 1]] = 1
             split[tr[sub == 2]] = 2
-    return _assemble(x, y, split, tuple(classes), str(root))
+    return _assemble({"x": x}, y, split, tuple(classes), str(root))
 
 
 def _build_cache(files: list[tuple[Path, int, int]], size: int, channels: int, xpath: Path, mpath: Path) -> None:

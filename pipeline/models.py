@@ -4,31 +4,56 @@
 `factory(num_classes=K, input_shape=(C, H, W))` (text: `input_shape=(max_len,)` and `vocab_size=V`)
 and must return a `paddle.nn.Layer` mapping a float32 (N, C, H, W) batch (text: int64 (N, L) ids,
 0 = padding) to (N, K) logits. No pretrained weights are ever downloaded.
+
+Several named inputs (pipeline/data.py): `input_shape` is the first input's per-sample shape, and a factory
+that takes an `input_shapes` parameter (or **kwargs) also gets every input's, `{name: shape}`.
+
+How a model is called (`calling`): by keyword, `net(**feeds)`, when its forward has a parameter named after
+every input (a forward taking only **kwargs too); positionally in the interface's input order when it names
+none of them (nn.Sequential's `input`); naming some but not all is refused.
+
+What a model returns (`outputs`): a tensor, a tuple (or list) or a dict of tensors. Outputs are named and
+ordered as `paddle.jit.save` will list them (it drops a dict's keys and flattens it in SORTED key order; a
+tuple keeps its order): a tensor is `logits`; a tuple's elements are `output_0..output_<k-1>` in order; a
+dict's are its keys, sorted. Classification reads the logits from the output `model.logits_output` names,
+else the one named `logits`, else the only output; otherwise (or naming no output) one line lists them.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
+import re
 import sys
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
+from pipeline import iospec
 from pipeline.errors import InputError
 
 BUILTIN = ("digits_cnn", "mlp", "resnet18", "mobilenet_v3_small", "text_cnn", "bigru", "transformer", "text_fasttext")
 TEXT = ("text_cnn", "bigru", "transformer", "text_fasttext")
 
 
-def build(name: str, num_classes: int, input_shape: tuple[int, ...], vocab_size: int | None = None) -> Any:
+def build(name: str, num_classes: int, input_shape: tuple[int, ...], vocab_size: int | None = None,
+          input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> Any:
+    """The model for `num_classes` classes. `input_shape`: the (first) input's per-sample shape;
+    `input_shapes`: every input's, by name, where the caller knows them (a factory taking it gets it)."""
     import paddle
 
     if ":" in name:
         factory = import_factory(name, "--model")
-        extra = {"vocab_size": vocab_size} if vocab_size else {}
+        extra: dict[str, Any] = {"vocab_size": vocab_size} if vocab_size else {}
+        if input_shapes is not None and _takes(factory, "input_shapes"):
+            extra["input_shapes"] = {k: tuple(v) for k, v in input_shapes.items()}
         model = factory(num_classes=num_classes, input_shape=tuple(input_shape), **extra)
         if not isinstance(model, paddle.nn.Layer):
             raise InputError(f"--model {name}: factory returned {type(model).__name__}, not a paddle.nn.Layer")
         return model
+    if input_shapes is not None and len(input_shapes) != 1:
+        raise InputError(f"--model {name}: a built-in model takes one input, the data has {len(input_shapes)} "
+                         f"({', '.join(input_shapes)}); use a package.module:factory model")
     if (name in TEXT) != bool(vocab_size):
         kind = "text" if vocab_size else "image"
         raise InputError(f"--model {name}: not a model for {kind} data "
@@ -65,6 +90,164 @@ def import_factory(spec: str, flag: str) -> Callable[..., Any]:
     if not callable(factory):
         raise InputError(f"{flag} {spec}: {fn_name} is not callable")
     return factory
+
+
+def _takes(fn: Callable[..., Any], param: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+    return param in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+# ------------------------------------------------------------------ calling a model, reading its outputs
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class Call:
+    """How a model is fed its named inputs (see the module docstring). `spec_order`: the input names in the
+    order forward's parameters list them, the order of a `paddle.jit.save` input_spec list."""
+
+    names: tuple[str, ...]  # the interface's order
+    keyword: bool
+    spec_order: tuple[str, ...]
+
+    def split(self, feeds: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """(args, kwargs) for `feeds`; also what PaddleSlim's Distill passes on to both models."""
+        if self.keyword:
+            return (), {n: feeds[n] for n in self.names}
+        return tuple(feeds[n] for n in self.names), {}
+
+    def __call__(self, net: Any, feeds: Mapping[str, Any]) -> Any:
+        args, kwargs = self.split(feeds)
+        return net(*args, **kwargs)
+
+
+def calling(net: Any, names: Sequence[str], where: str) -> Call:
+    """The rule of the module docstring, decided once from `net.forward`'s signature."""
+    names = tuple(names)
+    try:
+        params = list(inspect.signature(net.forward).parameters.values())
+    except (TypeError, ValueError):
+        return Call(names, False, names)
+    kinds = inspect.Parameter
+    by_name = [p.name for p in params if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)]
+    positional = [p for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
+    varargs = any(p.kind is kinds.VAR_POSITIONAL for p in params)
+    varkw = any(p.kind is kinds.VAR_KEYWORD for p in params)
+    sig = f"forward({', '.join(p.name for p in params)})"
+    hits = [n for n in names if n in by_name]
+    if len(hits) == len(names):
+        return Call(names, True, tuple(sorted(names, key=by_name.index)))
+    if hits:
+        missing = next(n for n in names if n not in by_name)
+        raise InputError(f"{where}: {sig} takes input {hits[0]!r} by name but not {missing!r}; name its parameters "
+                         f"after every input ({', '.join(names)}) or after none of them")
+    if varkw and not positional and not varargs:
+        return Call(names, True, names)
+    required = [p for p in positional if p.default is kinds.empty]
+    if len(required) > len(names) or (len(positional) < len(names) and not varargs):
+        raise InputError(f"{where}: {sig} takes {len(positional)} positional inputs, the data gives {len(names)} "
+                         f"({', '.join(names)}); name forward's parameters after the inputs")
+    return Call(names, False, names)
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """A model's return value as named outputs (module docstring): `names` in the order export will see
+    them, `logits` the one classification reads."""
+
+    kind: str  # "tensor", "sequence" or "dict"
+    names: tuple[str, ...]
+    logits: str
+
+    def named(self, out: Any) -> dict[str, Any]:
+        if self.kind == "tensor":
+            return {self.names[0]: out}
+        if self.kind == "dict":
+            return {k: out[k] for k in self.names}
+        return dict(zip(self.names, out))
+
+    def logits_of(self, out: Any) -> Any:
+        if self.kind == "tensor":
+            return out
+        if self.kind == "dict":
+            return out[self.logits]
+        return out[self.names.index(self.logits)]
+
+
+def outputs(out: Any, logits_output: str, where: str) -> Outputs:
+    """How to read `out`, one model call's return value; `logits_output` is model.logits_output."""
+    import paddle
+
+    if isinstance(out, paddle.Tensor):
+        kind, named = "tensor", {"logits": out}
+    elif isinstance(out, dict):
+        bad = next((k for k in out if not isinstance(k, str) or not _NAME.fullmatch(k)), None)
+        if bad is not None:
+            raise InputError(f"{where}: output name {bad!r} must be an identifier (letters, digits, _)")
+        kind, named = "dict", {k: out[k] for k in sorted(out)}
+    elif isinstance(out, (tuple, list)):
+        kind, named = "sequence", {f"output_{i}": t for i, t in enumerate(out)}
+    else:
+        raise InputError(f"{where}: the model returned {type(out).__name__}; return a tensor, a tuple or a dict "
+                         "of tensors")
+    if not named:
+        raise InputError(f"{where}: the model returned no outputs")
+    bad = next((k for k, t in named.items() if not isinstance(t, paddle.Tensor)), None)
+    if bad is not None:
+        raise InputError(f"{where}: output {bad!r} is a {type(named[bad]).__name__}, not a tensor; return a tensor, "
+                         "a tuple or a dict of tensors")
+    names = tuple(named)
+    if logits_output:
+        if logits_output not in names:
+            raise InputError(f"model.logits_output {logits_output!r}: the model's outputs are {', '.join(names)}")
+        logits = logits_output
+    elif "logits" in names or len(names) == 1:
+        logits = "logits" if "logits" in names else names[0]
+    else:
+        raise InputError(f"{where}: the model returns {len(names)} outputs ({', '.join(names)}), none named logits; "
+                         "set model.logits_output to the one classification reads")
+    return Outputs(kind, names, logits)
+
+
+def probe(net: Any, call: Call, feeds: Sequence[Mapping[str, Any]], logits_output: str, num_classes: int,
+          where: str) -> tuple[Outputs, tuple[iospec.Tensor, ...]]:
+    """Call `net` on each of `feeds` (numpy arrays by input name) in eval mode without gradients (no RNG drawn,
+    no BatchNorm statistics moved): its outputs named (`outputs`) and described for the interface, each with
+    the dtype and shape measured (-1 for the batch and for an axis whose size differs between the calls),
+    the logits role marked where there are several outputs (one output is the logits: every single-output
+    interface stays as it was); the logits checked to be float (N, num_classes)."""
+    import paddle
+
+    was_training = net.training
+    net.eval()
+    with paddle.no_grad():
+        results = [call(net, {k: paddle.to_tensor(v) for k, v in f.items()}) for f in feeds]
+    if was_training:
+        net.train()
+    outs = outputs(results[0], logits_output, where)
+    measured = [outs.named(r) for r in results]
+    described = []
+    for name in outs.names:
+        shapes = [list(m[name].shape) for m in measured]
+        dtype = _dtype(measured[0][name])
+        if dtype not in iospec.DTYPES:
+            raise InputError(f"{where}: output {name!r} is {dtype}; an output is one of {', '.join(iospec.DTYPES)}")
+        shape = (-1, *(d if all(s[i] == d for s in shapes) else -1 for i, d in enumerate(shapes[0]) if i))
+        role = iospec.LOGITS if name == outs.logits and len(outs.names) > 1 else ""
+        described.append(iospec.Tensor(name, dtype, shape, role=role))
+    logits, n = measured[0][outs.logits], len(next(iter(feeds[0].values())))
+    if "float" not in _dtype(logits) or list(logits.shape) != [n, num_classes]:
+        raise InputError(f"{where}: the logits output {outs.logits!r} is {_dtype(logits)} {list(logits.shape)} for {n} "
+                         f"samples; classification needs float [{n}, {num_classes}] ({num_classes} labels)")
+    return outs, tuple(described)
+
+
+def _dtype(t: Any) -> str:
+    return str(t.dtype).replace("paddle.", "")
 
 
 def _digits_cnn(num_classes: int, channels: int) -> Any:

@@ -37,7 +37,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from pipeline import artifacts, config as config_mod, data as data_mod, job, models, runtime, weights
+from pipeline import artifacts, config as config_mod, data as data_mod, iospec, job, models, runtime, weights
 from pipeline.config import RunConfig
 from pipeline.errors import DivergedError, InputError, PipeError
 from pipeline.progress import Emit, Tail, View, file_emitter
@@ -439,9 +439,12 @@ class _Trainer:
         np.random.seed(t.seed)
         random.seed(t.seed)
         self.vocab_size = len(self.data.preprocessing["vocab"]) if self.data.is_text else None
-        net = models.build(cfg.model.name, self.num_classes, self.data.input_shape, self.vocab_size)
+        net = self._model(cfg.model.name)
         # every rank loads the same file before the optimizer and DataParallel see the parameters
         self.init = weights.apply(paddle, net, init, cfg.model.init_strict, ctx.emit) if init else None
+        where = f"--model {cfg.model.name}"
+        self.call = models.calling(net, self.data.input_names, where)
+        self.outputs, self.output_tensors = self._probe(net, self.call, cfg.model.logits_output, where)
         paddle.seed(t.seed * 1000 + ctx.rank)  # dropout masks differ per rank
         self.net = net
         self.per_rank = t.batch_size // ctx.world
@@ -450,7 +453,7 @@ class _Trainer:
             raise InputError(f"train.batch_size {t.batch_size}: larger than the training split "
                              f"({len(self.data.train)} samples)")
         self.spe = len(self.sampler)
-        dataset = _ArrayDataset(self.data.train, self.data.preprocessing)
+        dataset = _FeedDataset(self.data.train, self.data.preprocessing)
         self.loader = paddle.io.DataLoader(
             dataset, batch_sampler=self.sampler, collate_fn=dataset.collate,
             num_workers=cfg.data.num_workers, persistent_workers=cfg.data.persistent_workers and cfg.data.num_workers > 0,
@@ -481,27 +484,50 @@ class _Trainer:
         self.teacher = self._teacher() if cfg.distill.teacher else None
         self.distill = self._distiller() if self.teacher is not None and cfg.distill.engine == "paddleslim" else None
 
+    def _model(self, name: str) -> Any:
+        shapes = self.data.input_shapes
+        return models.build(name, self.num_classes, next(iter(shapes.values())), self.vocab_size, input_shapes=shapes)
+
+    def _probe(self, net: Any, call: models.Call, logits_output: str,
+               where: str) -> tuple[models.Outputs, tuple[iospec.Tensor, ...]]:
+        """The model's outputs named and measured on 2 training samples (models.probe); with a dynamic input
+        axis (text: ids of any length up to max_len) a second call at half that length finds the output axes
+        that follow it."""
+        full = self.data.train.feeds(np.arange(min(2, len(self.data.train))), self.data.preprocessing)
+        feeds = [full]
+        dynamic = {t.name: {i for i, d in enumerate(t.shape) if i and d == -1} for t in self.data.inputs()}
+        if any(dynamic.values()):
+            feeds.append({k: v[tuple(slice(0, max(1, n // 2)) if i in dynamic[k] else slice(None)
+                                     for i, n in enumerate(v.shape))] for k, v in full.items()})
+        return models.probe(net, call, feeds, logits_output, self.num_classes, where)
+
     def _teacher(self) -> Any:
-        """The frozen teacher of knowledge distillation: a verified train artifact on the same data."""
+        """The frozen teacher of knowledge distillation: a verified train artifact on the same data, wrapped so
+        that called as the student is called it returns its logits (by its own model.logits_output)."""
         src = artifacts.verify(Path(self.cfg.distill.teacher), ("train",))
         iface = src.manifest["interface"]
-        shape = tuple(iface["inputs"][0]["shape"][1:])
-        if iface != {**iface, **self.data.interface()} or iface["labels"] != list(self.data.labels):
-            raise InputError(f"distill.teacher {src.path}: trained on inputs {list(shape)} with "
-                             f"{len(iface['labels'])} labels; this data has {list(self.data.input_shape)} "
+        now = self.data.interface()
+        if any(iface.get(k) != now[k] for k in ("inputs", "labels", "preprocessing")):
+            raise InputError(f"distill.teacher {src.path}: trained on inputs {_describe(iface.get('inputs'))} with "
+                             f"{len(iface.get('labels') or [])} labels; this data has {_describe(now['inputs'])} "
                              f"and {len(self.data.labels)}")
         if self.data.is_text:
             vocab = json.loads(src.file("vocab.json").read_text(encoding="utf-8"))
             if vocab != self.data.preprocessing["vocab"]:
                 raise InputError(f"distill.teacher {src.path}: its vocabulary differs from this data's")
-        teacher = models.build(src.manifest["config"]["model"]["name"], len(self.data.labels),
-                               self.data.input_shape, self.vocab_size)
+        model_cfg = src.manifest["config"]["model"]
+        teacher = self._model(model_cfg["name"])
         teacher.set_state_dict(runtime.load_safetensors(self.p, src.file("model.safetensors")))
         teacher.eval()
         for p in teacher.parameters():
             p.stop_gradient = True
+        where = f"distill.teacher {src.path}"
+        call = models.calling(teacher, self.data.input_names, where)
+        outs, _ = self._probe(teacher, call, model_cfg.get("logits_output", ""), where)
         self.teacher_acc = src.manifest["metrics"].get("test_acc")
-        return teacher
+        wrapped = _teacher_logits(self.p, teacher, self.call, call, outs)
+        wrapped.eval()
+        return wrapped
 
     def _distiller(self) -> Any:
         """PaddleSlim's `Distill` over the student (as trained: DataParallel-wrapped on N ranks) and the
@@ -519,14 +545,15 @@ class _Trainer:
                    "weight": d.alpha * d.temperature ** 2, "io": ["output", "output"], "idx": [None, None]}]
         prefix = "_layers." if self.model is not self.net else ""
         student_names = {n for n, _ in self.net.named_sublayers()}
-        teacher_names = {n for n, _ in self.teacher.named_sublayers()}
+        teacher_names = {n for n, _ in self.teacher.net.named_sublayers()}
         for pair in filter(None, (p.strip() for p in d.pairs.split(","))):
             s_name, eq, t_name = pair.partition("=")
             s_name, t_name = s_name.strip(), t_name.strip()
             if not eq or s_name not in student_names or t_name not in teacher_names:
                 raise InputError(f"distill.pairs {pair!r}: expected student_layer=teacher_layer naming sublayers "
                                  f"of each model (student has e.g. {', '.join(sorted(student_names)[:6])})")
-            layers.append({"layers_name": [prefix + s_name, t_name], "loss_function": "DistanceLoss", "mode": "l2",
+            layers.append({"layers_name": [prefix + s_name, "net." + t_name], "loss_function": "DistanceLoss",
+                           "mode": "l2",
                            "weight": d.feature_weight, "io": ["output", "output"], "idx": [None, None]})
         distill = Distill([{"model_name_pairs": [["student_0", "teacher_0"]], "layers": layers}],
                           self.model, self.teacher, convert_fn=False, return_model_outputs=True)
@@ -545,7 +572,7 @@ class _Trainer:
         for cfg in self.distill._loss_config_list:
             s_name, t_name = cfg["layers_name"]
             s_out, t_out = outs["student_0"].get(s_name), outs["teacher_0"].get(t_name)
-            names = f"{s_name.split('#')[0]}={t_name.split('#')[0]}"
+            names = f"{s_name.split('#')[0].removeprefix('_layers.')}={t_name.split('#')[0].removeprefix('net.')}"
             if not isinstance(s_out, self.p.Tensor) or not isinstance(t_out, self.p.Tensor):
                 raise InputError(f"distill.pairs {names}: a layer returned no single tensor")
             if s_out.shape != t_out.shape:
@@ -604,22 +631,23 @@ class _Trainer:
         self.sampler.set_epoch(epoch, start=st.batch)
         fault_nan = _fault_steps("PIPE_FAULT_NAN_STEPS")
         t0, seen, losses = time.perf_counter(), 0, []
-        for b, (x, y) in enumerate(self.loader, start=st.batch):
+        for b, (feeds, y) in enumerate(self.loader, start=st.batch):
             kd = None
             with paddle.amp.auto_cast(enable=ctx.amp_active, level=a.level, dtype=a.dtype):
-                if self.distill is not None and not self._distill_checked:
+                if self.distill is not None:
+                    args, kwargs = self.call.split(feeds)  # Distill passes them on to the student and the teacher
                     try:  # a pair of mismatched shapes fails inside Distill's loss: name the pair instead
-                        kd, logits, _ = self.distill(x)
+                        kd, out, _ = self.distill(*args, **kwargs)
                     except ValueError:
-                        self._check_outputs(None)
+                        if not self._distill_checked:
+                            self._check_outputs(None)
                         raise
-                elif self.distill is not None:
-                    kd, logits, _ = self.distill(x)
                 else:
-                    logits = self.model(x)
+                    out = self.call(self.model, feeds)
+                logits = self.outputs.logits_of(out)
             if self.distill is not None and not self._distill_checked:
                 self._check_outputs(logits)
-            loss = self._loss(logits.astype("float32"), x, y, kd)
+            loss = self._loss(logits.astype("float32"), feeds, y, kd)
             if st.step + 1 in fault_nan:  # test hook: behave as if this step's loss were NaN
                 loss = loss * float("nan")
             value = self._global_loss(loss)  # [sync] host sync every step: the NaN guard needs it
@@ -651,7 +679,7 @@ class _Trainer:
         st.epoch_loss = float(np.mean(losses)) if losses else float("nan")
         st.epoch_ips = seen / max(1e-9, time.perf_counter() - t0)
 
-    def _loss(self, logits: Any, x: Any, y: Any, kd: Any = None) -> Any:
+    def _loss(self, logits: Any, feeds: dict[str, Any], y: Any, kd: Any = None) -> Any:
         F, t = self.p.nn.functional, self.cfg.train
         ce = F.cross_entropy(logits, y, label_smoothing=t.label_smoothing)
         if self.teacher is None:
@@ -660,7 +688,7 @@ class _Trainer:
         if kd is not None:  # PaddleSlim Distill: alpha * T^2 * KL (+ feature terms), weighted in its config
             return kd.astype("float32") + (1 - d.alpha) * ce
         with self.p.no_grad():
-            soft = F.softmax(self.teacher(x).astype("float32") / d.temperature, axis=-1)
+            soft = F.softmax(self.teacher(**feeds).astype("float32") / d.temperature, axis=-1)
         kd = F.kl_div(F.log_softmax(logits / d.temperature, axis=-1), soft, reduction="batchmean")
         return d.alpha * kd * d.temperature ** 2 + (1 - d.alpha) * ce
 
@@ -718,18 +746,19 @@ class _Trainer:
 
     def _evaluate(self, split: data_mod.Split, shard: bool) -> tuple[float, float]:
         paddle, F = self.p, self.p.nn.functional
-        idx = split.idx[self.ctx.rank::self.ctx.world] if shard else split.idx
+        pos = np.arange(len(split))
+        pos = pos[self.ctx.rank::self.ctx.world] if shard else pos
         self.net.eval()
         loss_sum = correct = 0.0
         with paddle.no_grad():
-            for i in range(0, len(idx), 256):
-                j = idx[i:i + 256]
-                x = paddle.to_tensor(data_mod.prepare(np.asarray(split.x[j]), self.data.preprocessing))
-                y = paddle.to_tensor(np.asarray(split.y[j]))
-                logits = self.net(x).astype("float32")
+            for i in range(0, len(pos), 256):
+                p = pos[i:i + 256]
+                feeds = {k: paddle.to_tensor(v) for k, v in split.feeds(p, self.data.preprocessing).items()}
+                y = paddle.to_tensor(np.asarray(split.y[split.idx[p]]))
+                logits = self.outputs.logits_of(self.call(self.net, feeds)).astype("float32")
                 loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
                 correct += float((logits.argmax(axis=1) == y).astype("float32").sum())
-        totals = np.array([loss_sum, correct, len(idx)], np.float64)
+        totals = np.array([loss_sum, correct, len(pos)], np.float64)
         if shard and self.ctx.world > 1:
             import paddle.distributed as dist
 
@@ -898,7 +927,8 @@ class _Trainer:
                 if self.data.is_text:
                     (w.dir / "vocab.json").write_text(json.dumps(self.data.preprocessing["vocab"], ensure_ascii=False),
                                                       encoding="utf-8")
-                w.interface = {**self.data.interface(), "model": self.cfg.model.name}
+                # inputs from the data, outputs as the model returned them (the order export sees)
+                w.interface = {**self.data.interface(self.output_tensors), "model": self.cfg.model.name}
                 ips = [r["img_per_s"] for r in st.epoch_rows if r["img_per_s"]]
                 w.metrics = {
                     "test_acc": test_acc, "test_loss": test_loss, "val_acc": val_acc, "val_loss": val_loss,
@@ -964,9 +994,9 @@ class _GlobalBatchSampler:
             yield perm[lo:lo + self.local].tolist()
 
 
-class _ArrayDataset:
-    """Map-style dataset over a Split yielding raw samples; `collate` prepares a whole batch at once
-    (vectorised), exactly as export and serve prepare their inputs."""
+class _FeedDataset:
+    """Map-style dataset over a Split yielding sample positions; `collate` reads and prepares a whole batch
+    at once (vectorised) into the model's named inputs, exactly as export and serve prepare theirs."""
 
     def __init__(self, split: data_mod.Split, pre: dict[str, Any]):
         self.split, self.pre = split, pre
@@ -974,14 +1004,47 @@ class _ArrayDataset:
     def __len__(self) -> int:
         return len(self.split)
 
-    def __getitem__(self, i: int):
-        j = self.split.idx[i]
-        return self.split.x[j], self.split.y[j]
+    def __getitem__(self, i: int) -> int:
+        return i
 
-    def collate(self, batch: list[tuple[np.ndarray, np.int64]]) -> tuple[np.ndarray, np.ndarray]:
-        x = np.stack([b[0] for b in batch])
-        y = np.fromiter((b[1] for b in batch), np.int64, len(batch))
-        return data_mod.prepare(x, self.pre), y
+    def collate(self, batch: list[int]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        pos = np.asarray(batch, np.int64)
+        return self.split.feeds(pos, self.pre), np.asarray(self.split.y[self.split.idx[pos]], np.int64)
+
+
+class _ArrayDataset(_FeedDataset):
+    """pipeline/bench's bare loop calls `net(x)` with one array per batch: the single input's. Goes when the
+    bench feeds by name."""
+
+    def collate(self, batch: list[int]) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[override]
+        feeds, y = super().collate(batch)
+        (x,) = feeds.values()
+        return x, y
+
+
+def _teacher_logits(paddle: Any, teacher: Any, student_call: models.Call, call: models.Call,
+                    outs: models.Outputs) -> Any:
+    """The teacher as a layer called the student's way (PaddleSlim's Distill passes the student's arguments
+    on to it) returning its logits alone; its own sublayers are under `net.`."""
+
+    class TeacherLogits(paddle.nn.Layer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = teacher
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            feeds = {**dict(zip(student_call.names, args)), **kwargs}  # by position or by name
+            return outs.logits_of(call(self.net, feeds))
+
+    return TeacherLogits()
+
+
+def _describe(tensors: Any) -> str:
+    """Inputs of an interface in one line: `img [1, 8, 8], feat [4]`."""
+    try:
+        return ", ".join(f"{t['name']} {list(t['shape'][1:])}" for t in tensors)
+    except (KeyError, TypeError):
+        return repr(tensors)
 
 
 def _logit_layer(net: Any, num_classes: int, who: str) -> str:
