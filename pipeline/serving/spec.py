@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from pipeline import artifacts, data as data_mod
+from pipeline import artifacts, data as data_mod, iospec
 from pipeline.errors import InputError
 
 PRECISIONS = ("fp32", "bf16", "int8")
@@ -124,6 +124,12 @@ class Spec:
     doc: dict[str, Any]
     manifest_sha256: str
     text: TextSpec | None = None
+
+    @property
+    def io(self) -> iospec.IO:
+        """Every input and output (program name, public `alias`, dtype, shape; the logits role): what the
+        server validates requests against and feeds and fetches by name."""
+        return iospec.IO.from_interface({"inputs": [self.inp], "outputs": [self.outp]}, "serving.yaml")
 
     @property
     def dir(self) -> Path:
