@@ -5,17 +5,19 @@
     pipe export runs/exp1/train --set export.parity_tol=1e-5 --out runs/exp1/export-strict
 
 Reads a verified `train/` artifact: `model.safetensors`, the resolved config (model, data) and the
-interface (input shape, labels, preprocessing). Writes `export/`:
-`model.json` + `model.pdiparams` (PIR program, what later stages serve), `preprocess.yaml` (input
-name/shape, layout, scale, mean, std, labels), `legacy/model.pdmodel` + `legacy/model.pdiparams` (the
-pre-PIR program PaddleSlim's int8 quantization needs) and `manifest.json`. No `.pdiparams.info` (a
-pickle Paddle Inference does not need) is shipped.
+interface (every named input and output, labels, preprocessing; pipeline/iospec.py). Writes `export/`:
+`model.json` + `model.pdiparams` (PIR program, what later stages serve: one named InputSpec per input, in
+forward's parameter order, dynamic batch and the dynamic axes the interface has), `preprocess.yaml`
+(every input and output, labels, layout/scale/mean/std or the tokenizer), `legacy/model.pdmodel` +
+`legacy/model.pdiparams` (the pre-PIR program PaddleSlim's int8 quantization needs) and `manifest.json`.
+No `.pdiparams.info` (a pickle Paddle Inference does not need) is shipped.
 
 Parity gate (exit 5, nothing written): a Paddle Inference predictor (oneDNN) on the first
-`export.parity_samples` test samples must match the dygraph model, max|diff| <= `export.parity_tol` *
-max|logit|; the legacy program is held to the same bound. The saved output cannot be named `logits`
-(PIR names unnamed fetches `fetch_name_<i>`; `Value.name` is settable only on persistable values):
-the interface records the predictor's real names with the public one as `alias`.
+`export.parity_samples` test samples, fed by name, must match the dygraph model on EVERY output, max|diff|
+<= `export.parity_tol` * that output's max|value|; the legacy program and the ONNX are held to the same
+bound. Saved outputs cannot keep their names (PIR names them `fetch_name_<i>`, a legacy program
+`linear_2.tmp_1`; a dict output comes out in sorted key order, which is the interface's order): the
+interface records each program's real names with the public one as `alias`.
 
 `--precision bf16` (export.precision) also runs the program under oneDNN bf16 kernels (fp16 on a GPU) on
 the test split and records accuracy, top-1 agreement and max|diff| against fp32 and the batch-1 latency
@@ -42,7 +44,7 @@ from typing import Any, Iterator
 import numpy as np
 import yaml
 
-from pipeline import artifacts, config as config_mod, data as data_mod, models, runtime
+from pipeline import artifacts, config as config_mod, data as data_mod, iospec, models, runtime
 from pipeline.config import ExportConfig, RunConfig
 from pipeline.errors import InputError, ParityError, PipeError
 
@@ -60,42 +62,46 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path, onnx: bool = False) -> Path
     out_dir = Path(out_dir)
     src = artifacts.verify(in_dir, ("train",))
     train_cfg = config_mod.from_dict(src.manifest["config"])
-    iface = src.manifest["interface"]
-    shape, labels, pre = _read_interface(src)
+    desc, labels, pre = _read_interface(src)
     ds = data_mod.load(train_cfg.data)
-    _check_data(src, ds, shape, labels)
+    _check_data(src, ds, desc, labels)
     threads = runtime.threads_per_process(1)
     paddle = runtime.import_paddle(threads)
     paddle.set_device("cpu")
-    model = {"name": train_cfg.model.name, "num_classes": len(labels), "shape": _model_shape(shape, pre),
-             "vocab_size": pre.get("vocab_size"), "dtype": iface["inputs"][0]["dtype"]}
+    model = {"name": train_cfg.model.name, "num_classes": len(labels), "vocab_size": pre.get("vocab_size"),
+             "input_shapes": {k: list(v) for k, v in ds.input_shapes.items()}}
     net = _load_model(paddle, src, model)
+    where = f"{src.path / artifacts.MANIFEST}: model {train_cfg.model.name!r}"
+    call = models.calling(net, [t.name for t in desc.inputs], where)
     test, y = ds.test, np.asarray(ds.test.y[ds.test.idx])
     n = min(cfg.export.parity_samples, len(test))
-    x_par = data_mod.prepare(np.asarray(test.x[test.idx[:n]]), pre)
-    # Reference logits first: to_static converts `net.forward` in place.
-    ref = np.concatenate([_dygraph_logits(paddle, net, xb) for xb in _batches(test, pre)])
-    ref_par = _dygraph_logits(paddle, net, x_par)
-    in_name = iface["inputs"][0]["name"]
+    x_par = test.feeds(np.arange(n), pre)
+    # Reference outputs first: to_static converts `net.forward` in place.
+    dygraph = _Dygraph(paddle, net, call, desc, train_cfg.model.logits_output, where)
+    logits = desc.logits().name
+    ref = np.concatenate([dygraph(xb)[logits] for xb in _batches(test, pre)])
+    ref_par = dygraph(x_par)
     doc = dataclasses.replace(train_cfg, export=cfg.export).to_dict()
     with artifacts.write_stage(out_dir, "export", doc, src) as w:
-        _save_program(paddle, net, in_name, shape, model["dtype"], w.dir / "model")
+        _save_program(paddle, net, desc, call.spec_order, w.dir / "model")
         pred = _predictor(paddle, w.dir / "model.json", w.dir / "model.pdiparams", threads)
-        parity = _parity_gate(ref_par, _predict(pred, x_par), cfg.export, "predictor")
-        got = np.concatenate([_predict(pred, xb) for xb in _batches(test, pre)])
-        latency = _latency_ms(pred, x_par[:1])
-        legacy_error = _export_legacy(src, model, shape, in_name, w.dir / "legacy", threads)
+        prog = _program_io(desc, pred.get_input_names(), pred.get_output_names(), "the exported program")
+        parity = _parity_gate(ref_par, _predict(pred, prog, x_par), cfg.export, "predictor", desc)
+        got = np.concatenate([_predict(pred, prog, xb)[logits] for xb in _batches(test, pre)])
+        latency = _latency_ms(pred, prog, desc.batch(x_par, 0, 1))
+        legacy_error = _export_legacy(src, model, desc, call.spec_order, w.dir / "legacy", threads)
         legacy_parity = {"parity_max_abs_diff": None, "parity_rel": None}
+        legacy_io = None
         if legacy_error is None:
             legacy = _predictor(paddle, w.dir / "legacy/model.pdmodel", w.dir / "legacy/model.pdiparams", threads)
-            legacy_parity = _parity_gate(ref_par, _predict(legacy, x_par), cfg.export, "legacy program")
-        io = {"inputs": pred.get_input_names(), "outputs": pred.get_output_names()}
-        w.interface = _with_io_names(iface, io)
-        _write_preprocess(w.dir / "preprocess.yaml", w.interface, pre)
+            legacy_io = _program_io(desc, legacy.get_input_names(), legacy.get_output_names(), "the legacy program")
+            legacy_parity = _parity_gate(ref_par, _predict(legacy, legacy_io, x_par), cfg.export, "legacy program", desc)
+        w.interface = prog.to_interface()
+        _write_preprocess(w.dir / "preprocess.yaml", prog, pre)
         if pre["kind"] == "text":  # the tokenizer travels with the model
             shutil.copyfile(src.file(pre["vocab_file"]), w.dir / pre["vocab_file"])
-        onnx_parity = _export_onnx(w.dir, ref_par, x_par, cfg.export, threads) if onnx else None
-        reduced = (_reduced_precision(paddle, w.dir, test, pre, got, y, x_par[:1], latency, threads)
+        onnx_parity = _export_onnx(w.dir, desc, ref_par, x_par, cfg.export, threads) if onnx else None
+        reduced = (_reduced_precision(paddle, w.dir, prog, test, pre, got, y, desc.batch(x_par, 0, 1), latency, threads)
                    if cfg.export.precision != "fp32" else None)
         _check_file_set(w.dir, onnx, pre, legacy_error is None)
         w.metrics = {
@@ -116,59 +122,60 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path, onnx: bool = False) -> Path
             w.metrics["onnx_parity_rel"] = onnx_parity["parity_rel"]
         w.extra = {"format": "pir", "onednn": True, "legacy": {
             "format": "legacy", "model": "legacy/model.pdmodel", "params": "legacy/model.pdiparams",
-            "inputs": legacy.get_input_names(), "outputs": legacy.get_output_names()} if legacy_error is None
-            else {"available": False, "reason": legacy_error}}
+            "inputs": [t.name for t in legacy_io.inputs], "outputs": [t.name for t in legacy_io.outputs]}
+            if legacy_io is not None else {"available": False, "reason": legacy_error}}
         if onnx_parity is not None:
             w.extra["onnx"] = {"format": "onnx", "model": "model.onnx", "opset": _ONNX_OPSET,
                                "inputs": onnx_parity["inputs"], "outputs": onnx_parity["outputs"]}
     return out_dir
 
 
-def _read_interface(src: artifacts.Artifact) -> tuple[list[int], list[str], dict[str, Any]]:
-    """(input shape with -1 batch, labels, preprocessing) from the train manifest, checked."""
+def _read_interface(src: artifacts.Artifact) -> tuple[iospec.IO, list[str], dict[str, Any]]:
+    """(the io description, labels, preprocessing) from the train manifest, checked."""
     where = src.path / artifacts.MANIFEST
     iface = src.manifest["interface"]
+    desc = iospec.IO.from_interface(iface, f"{where}: interface")
     try:
-        (inp,), (out,) = iface["inputs"], iface["outputs"]
-        shape = [int(d) for d in inp["shape"]]
         labels, pre = [str(s) for s in iface["labels"]], iface["preprocessing"]
-        named = all(isinstance(io["name"], str) and io["name"] for io in (inp, out)) and isinstance(pre, dict)
-    except (KeyError, TypeError, ValueError):
-        named = False
-    if not named:
-        raise InputError(f"{where}: interface needs one named input and output, labels and preprocessing")
-    if pre.get("kind") == "text":
-        if shape != [-1, -1] or inp.get("dtype") != "int64" or not isinstance(pre.get("vocab_size"), int):
+        ok = isinstance(pre, dict) and isinstance(pre.get("kind"), str)
+    except (KeyError, TypeError):
+        ok = False
+    if not ok:
+        raise InputError(f"{where}: interface needs labels and preprocessing")
+    desc.logits()  # classification: exactly one output is the logits
+    if pre["kind"] == "text":
+        bad = next((t for t in desc.inputs if t.shape != (-1, -1) or t.dtype != "int64"), None)
+        if bad is not None or not isinstance(pre.get("vocab_size"), int):
             raise InputError(f"{where}: a text interface takes int64 ids of shape [-1, -1] and a vocab_size")
-        return shape, labels, pre
-    if len(shape) != 4 or shape[0] != -1 or min(shape[1:]) < 1:
-        raise InputError(f"{where}: interface input must be NCHW with a dynamic batch, got {shape}")
-    return shape, labels, pre
+    return desc, labels, pre
 
 
-def _check_data(src: artifacts.Artifact, ds: data_mod.Dataset, shape: list[int], labels: list[str]) -> None:
+def _check_data(src: artifacts.Artifact, ds: data_mod.Dataset, desc: iospec.IO, labels: list[str]) -> None:
     """The test split is re-read from `data.source`: it must still be the data the model was trained on."""
     where = src.path / artifacts.MANIFEST
     source = src.manifest["config"]["data"]["source"]
-    now = ds.interface()["inputs"][0]["shape"]
-    if now != shape or list(ds.labels) != labels:
-        raise InputError(f"{where}: trained on {shape[1:]} inputs with {len(labels)} labels, but data.source "
-                         f"{source!r} now gives {now[1:]} with {len(ds.labels)}; the data changed")
+    then = [(t.name, t.dtype, list(t.shape)) for t in desc.inputs]
+    now = [(t.name, t.dtype, list(t.shape)) for t in ds.inputs()]
+    if now != then or list(ds.labels) != labels:
+        raise InputError(f"{where}: trained on inputs {_describe(then)} with {len(labels)} labels, but data.source "
+                         f"{source!r} now gives {_describe(now)} with {len(ds.labels)}; the data changed")
     n_test = (src.manifest["metrics"].get("samples") or {}).get("test")
     if n_test is not None and n_test != len(ds.test):
         raise InputError(f"{where}: the test split had {n_test} samples, data.source {source!r} now gives "
                          f"{len(ds.test)}; the data changed")
 
 
-def _model_shape(shape: list[int], pre: dict[str, Any]) -> list[int]:
-    """The per-sample shape the model is built for (text: the training max_len, not the dynamic -1)."""
-    return [int(pre["max_len"])] if pre["kind"] == "text" else shape[1:]
+def _describe(inputs: list[tuple[str, str, list[int]]]) -> str:
+    if len(inputs) == 1:
+        return str(inputs[0][2][1:])
+    return ", ".join(f"{n} {d} {s[1:]}" for n, d, s in inputs)
 
 
 def _load_model(paddle: Any, src: artifacts.Artifact, model: dict[str, Any]) -> Any:
     path = src.file("model.safetensors")
-    name = model["name"]
-    net = models.build(name, model["num_classes"], tuple(model["shape"]), model["vocab_size"])
+    name, shapes = model["name"], {k: tuple(v) for k, v in model["input_shapes"].items()}
+    net = models.build(name, model["num_classes"], next(iter(shapes.values())), model["vocab_size"],
+                       input_shapes=shapes)
     state = runtime.load_safetensors(paddle, path)
     want = {k: list(v.shape) for k, v in net.state_dict().items()}
     have = {k: list(v.shape) for k, v in state.items()}
@@ -180,24 +187,49 @@ def _load_model(paddle: Any, src: artifacts.Artifact, model: dict[str, Any]) -> 
     return net
 
 
-def _batches(split: data_mod.Split, pre: dict[str, Any]) -> Iterator[np.ndarray]:
-    """Prepared model inputs of a split, `_EVAL_BATCH` at a time (the split may be a large memmap)."""
+def _batches(split: data_mod.Split, pre: dict[str, Any]) -> Iterator[dict[str, np.ndarray]]:
+    """Prepared model inputs of a split by name, `_EVAL_BATCH` at a time (the split may be a large memmap)."""
     for i in range(0, len(split), _EVAL_BATCH):
-        yield data_mod.prepare(np.asarray(split.x[split.idx[i:i + _EVAL_BATCH]]), pre)
+        yield split.feeds(np.arange(i, min(i + _EVAL_BATCH, len(split))), pre)
 
 
-def _dygraph_logits(paddle: Any, net: Any, x: np.ndarray) -> np.ndarray:
-    with paddle.no_grad():
-        return net(paddle.to_tensor(x)).astype("float32").numpy()
+class _Dygraph:
+    """The trained model called on named inputs, returning every output by the interface's name (float32)."""
+
+    def __init__(self, paddle: Any, net: Any, call: models.Call, desc: iospec.IO, logits_output: str, where: str):
+        self.paddle, self.net, self.call, self.desc = paddle, net, call, desc
+        self.logits_output, self.where, self.rule = logits_output, where, None
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with self.paddle.no_grad():
+            out = self.call(self.net, {k: self.paddle.to_tensor(v) for k, v in feeds.items()})
+        if self.rule is None:
+            self.rule = models.outputs(out, self.logits_output, self.where)
+            if list(self.rule.names) != [t.name for t in self.desc.outputs]:
+                raise InputError(f"{self.where}: the model returns {', '.join(self.rule.names)}, the train "
+                                 f"manifest lists {', '.join(t.name for t in self.desc.outputs)}")
+        return {k: v.numpy() for k, v in self.rule.named(out).items()}
 
 
-def _save_program(paddle: Any, net: Any, in_name: str, shape: list[int], dtype: str, prefix: Path) -> None:
-    """jit.save: PIR `model.json` by default, `model.pdmodel` when FLAGS_enable_pir_api=0 (the child)."""
-    spec = paddle.static.InputSpec(list(shape), dtype, in_name)
-    static = paddle.jit.to_static(net, input_spec=[spec], full_graph=True)
+def _save_program(paddle: Any, net: Any, desc: iospec.IO, order: tuple[str, ...], prefix: Path) -> None:
+    """jit.save with one named InputSpec per input, in forward's parameter order (dynamic batch, and the
+    dynamic axes the interface has): PIR `model.json` by default, `model.pdmodel` when FLAGS_enable_pir_api=0
+    (the child)."""
+    specs = [paddle.static.InputSpec(list(t.shape), t.dtype, t.name) for t in (desc.input(n) for n in order)]
+    static = paddle.jit.to_static(net, input_spec=specs, full_graph=True)
     paddle.jit.save(static, str(prefix))
     # A pickle Paddle Inference does not need (jit.save writes it for legacy programs).
     prefix.with_name(prefix.name + ".pdiparams.info").unlink(missing_ok=True)
+
+
+def _program_io(desc: iospec.IO, inputs: list[str], outputs: list[str], what: str) -> iospec.IO:
+    """The interface under a saved program's names: inputs keep their InputSpec names (in whatever order the
+    program lists them), outputs are named by Paddle (`fetch_name_<i>`, or `linear_2.tmp_1` in a legacy
+    program) in the order the model returns them, which is the interface's."""
+    if sorted(inputs) != sorted(t.name for t in desc.inputs):
+        raise PipeError(f"{what} takes inputs {', '.join(inputs)}, the interface lists "
+                        f"{', '.join(t.name for t in desc.inputs)}")
+    return desc.with_program_names([t.name for t in desc.inputs], list(outputs), what)
 
 
 def _predictor(paddle: Any, model: Path, params: Path, threads: int) -> Any:
@@ -209,8 +241,9 @@ def _predictor(paddle: Any, model: Path, params: Path, threads: int) -> Any:
     return paddle.inference.create_predictor(c)
 
 
-def _reduced_precision(paddle: Any, d: Path, test: data_mod.Split, pre: dict[str, Any], fp32: np.ndarray,
-                       y: np.ndarray, x1: np.ndarray, fp32_latency: float, threads: int) -> dict[str, Any]:
+def _reduced_precision(paddle: Any, d: Path, prog: iospec.IO, test: data_mod.Split, pre: dict[str, Any],
+                       fp32: np.ndarray, y: np.ndarray, x1: dict[str, np.ndarray], fp32_latency: float,
+                       threads: int) -> dict[str, Any]:
     """`--precision bf16`: the same program under oneDNN bf16 kernels (fp16 on a GPU), measured on the
     test split against the fp32 predictor. Hardware without the kernels gets a notice, not a crash:
     the export stays fp32 and the manifest says why."""
@@ -229,8 +262,9 @@ def _reduced_precision(paddle: Any, d: Path, test: data_mod.Split, pre: dict[str
         c.set_cpu_math_library_num_threads(threads)
     c.disable_glog_info()
     pred = paddle.inference.create_predictor(c)
-    got = np.concatenate([_predict(pred, xb) for xb in _batches(test, pre)])
-    latency = _latency_ms(pred, x1)
+    logits = prog.logits().public
+    got = np.concatenate([_predict(pred, prog, xb)[logits] for xb in _batches(test, pre)])
+    latency = _latency_ms(pred, prog, x1)
     out = {"precision": precision, "supported": True, "device": "gpu" if gpu else "cpu",
            "accuracy": float((got.argmax(1) == y).mean()), "fp32_accuracy": float((fp32.argmax(1) == y).mean()),
            "top1_agreement": float((got.argmax(1) == fp32.argmax(1)).mean()),
@@ -242,67 +276,69 @@ def _reduced_precision(paddle: Any, d: Path, test: data_mod.Split, pre: dict[str
     return out
 
 
-def _predict(pred: Any, x: np.ndarray) -> np.ndarray:
-    (name_in,), names_out = pred.get_input_names(), pred.get_output_names()
-    if len(names_out) != 1:
-        raise PipeError(f"the exported program has {len(names_out)} outputs, expected 1 (logits)")
-    h_in, h_out = pred.get_input_handle(name_in), pred.get_output_handle(names_out[0])
-    h_in.copy_from_cpu(np.ascontiguousarray(x))
+def _predict(pred: Any, prog: iospec.IO, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every output of a Paddle Inference predictor by the interface's (public) name, fed by name."""
+    for t in prog.inputs:
+        pred.get_input_handle(t.name).copy_from_cpu(np.ascontiguousarray(feeds[t.public]))
     pred.run()
-    return h_out.copy_to_cpu()
+    return {t.public: pred.get_output_handle(t.name).copy_to_cpu() for t in prog.outputs}
 
 
-def _parity_gate(ref: np.ndarray, got: np.ndarray, ecfg: ExportConfig, what: str) -> dict[str, Any]:
-    if got.shape != ref.shape:
-        raise ParityError(f"parity gate: {what} returned shape {list(got.shape)}, the trained model "
-                        f"{list(ref.shape)}; nothing written")
-    diff = float(np.abs(got.astype(np.float64) - ref).max())
-    peak = float(np.abs(ref).max())
-    bound = ecfg.parity_tol * peak
-    if not diff <= bound:  # `not <=` also catches NaN
-        raise ParityError(f"parity gate: {what} vs trained model max|diff| {diff:.3g} > export.parity_tol "
-                        f"{ecfg.parity_tol:g} x max|logit| {peak:.3g} = {bound:.3g} on {len(ref)} test samples; "
-                        "nothing written")
-    return {"parity_max_abs_diff": diff, "parity_max_abs_logit": peak,
-            "parity_rel": diff / peak if peak else 0.0, "parity_tol": ecfg.parity_tol,
-            "parity_samples": int(len(ref))}
+def _parity_gate(ref: dict[str, np.ndarray], got: dict[str, np.ndarray], ecfg: ExportConfig, what: str,
+                 desc: iospec.IO) -> dict[str, Any]:
+    """Every output within export.parity_tol x its own max|value| of the trained model's; the top-level
+    numbers are the logits output's, `parity_outputs` has each output's."""
+    per: dict[str, dict[str, float]] = {}
+    for t in desc.outputs:
+        name = t.public
+        r, g = ref[name], got[name]
+        if g.shape != r.shape:
+            raise ParityError(f"parity gate: {what} returned shape {list(g.shape)} for output {name!r}, the trained "
+                              f"model {list(r.shape)}; nothing written")
+        diff = float(np.abs(g.astype(np.float64) - r).max()) if r.size else 0.0
+        peak = float(np.abs(r).max()) if r.size else 0.0
+        bound = ecfg.parity_tol * peak
+        if not diff <= bound:  # `not <=` also catches NaN
+            raise ParityError(f"parity gate: {what} vs trained model on output {name!r}: max|diff| {diff:.3g} > "
+                              f"export.parity_tol {ecfg.parity_tol:g} x max|{name}| {peak:.3g} = {bound:.3g} on "
+                              f"{len(r)} test samples; nothing written")
+        per[name] = {"max_abs_diff": diff, "max_abs": peak, "rel": diff / peak if peak else 0.0}
+    top = per[desc.logits().public]
+    return {"parity_max_abs_diff": top["max_abs_diff"], "parity_max_abs_logit": top["max_abs"],
+            "parity_rel": top["rel"], "parity_tol": ecfg.parity_tol,
+            "parity_samples": int(len(ref[desc.logits().public])), "parity_outputs": per}
 
 
-def _latency_ms(pred: Any, x1: np.ndarray) -> float:
+def _latency_ms(pred: Any, prog: iospec.IO, x1: dict[str, np.ndarray]) -> float:
     """p50 of copy-in + run + copy-out at batch 1: what a server pays per request."""
-    h_in = pred.get_input_handle(pred.get_input_names()[0])
-    h_out = pred.get_output_handle(pred.get_output_names()[0])
+    ins = [(pred.get_input_handle(t.name), np.ascontiguousarray(x1[t.public])) for t in prog.inputs]
+    outs = [pred.get_output_handle(t.name) for t in prog.outputs]
     times = []
     for i in range(_WARMUP + _TIMED):
         t0 = time.perf_counter()
-        h_in.copy_from_cpu(x1)
+        for h, a in ins:
+            h.copy_from_cpu(a)
         pred.run()
-        h_out.copy_to_cpu()
+        for h in outs:
+            h.copy_to_cpu()
         if i >= _WARMUP:
             times.append(time.perf_counter() - t0)
     return float(np.median(times) * 1e3)
 
 
-def _with_io_names(iface: dict[str, Any], io: dict[str, list[str]]) -> dict[str, Any]:
-    """The train interface with the predictor's real io names; the interface name stays as `alias`."""
-    out = dict(iface)
-    for key, names in io.items():
-        specs = iface[key]
-        if len(names) != len(specs):
-            raise PipeError(f"the exported program has {len(names)} {key}, the interface lists {len(specs)}")
-        out[key] = [{**s, "name": real, "alias": s["name"]} for s, real in zip(specs, names)]
-    return out
-
-
-def _write_preprocess(path: Path, iface: dict[str, Any], pre: dict[str, Any]) -> None:
-    inp, out = iface["inputs"][0], iface["outputs"][0]
+def _write_preprocess(path: Path, prog: iospec.IO, pre: dict[str, Any]) -> None:
+    """What a client needs to feed the program: every input and output (program name, public name, dtype,
+    shape), the labels and the preprocessing."""
     doc = {
-        "input": {"name": inp["name"], "dtype": inp["dtype"], "shape": inp["shape"]},
-        "output": {"name": out["name"], "alias": out["alias"], "shape": out["shape"]},
-        "kind": pre["kind"], "labels": iface["labels"],
+        "inputs": [{"name": t.name, "alias": t.public, "dtype": t.dtype, "shape": list(t.shape)} for t in prog.inputs],
+        "outputs": [{"name": t.name, "alias": t.public, "dtype": t.dtype, "shape": list(t.shape),
+                     **({"role": t.role} if t.role else {})} for t in prog.outputs],
+        "kind": pre["kind"], "labels": prog.extra["labels"],
     }
     if pre["kind"] == "text":
         doc.update({k: pre[k] for k in ("tokenizer", "max_len", "pad_id", "unk_id", "vocab_file", "vocab_size")})
+    elif pre["kind"] == "inputs":
+        doc["per_input"] = pre["inputs"]
     else:
         doc.update({k: pre[k] for k in ("layout", "scale", "mean", "std")})
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
@@ -321,7 +357,7 @@ def _check_file_set(d: Path, onnx: bool, pre: dict[str, Any], legacy: bool) -> N
 # ------------------------------------------------------------------ legacy program (child process)
 
 
-def _export_legacy(src: artifacts.Artifact, model: dict[str, Any], shape: list[int], in_name: str,
+def _export_legacy(src: artifacts.Artifact, model: dict[str, Any], desc: iospec.IO, order: tuple[str, ...],
                    dest: Path, threads: int) -> str | None:
     """FLAGS_enable_pir_api=0 only takes effect if set before paddle is imported: a child process.
 
@@ -331,7 +367,7 @@ def _export_legacy(src: artifacts.Artifact, model: dict[str, Any], shape: list[i
     dest.mkdir()
     spec = {"weights": str(src.file("model.safetensors").resolve()),
             "sha256": src.manifest["files"]["model.safetensors"]["sha256"],
-            "model": model, "shape": shape, "input": in_name,
+            "model": model, "interface": desc.to_interface(), "order": list(order),
             "prefix": str((dest / "model").resolve())}
     env = dict(os.environ, FLAGS_enable_pir_api="0", GLOG_minloglevel="2", OMP_NUM_THREADS=str(threads),
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # a module:factory model imports as here
@@ -359,19 +395,22 @@ def _legacy_main(spec: dict[str, Any]) -> int:
         return 2
     paddle = runtime.import_paddle(1)
     paddle.set_device("cpu")
-    m = spec["model"]
-    net = models.build(m["name"], m["num_classes"], tuple(m["shape"]), m["vocab_size"])
+    shapes = {k: tuple(v) for k, v in spec["model"]["input_shapes"].items()}
+    net = models.build(spec["model"]["name"], spec["model"]["num_classes"], next(iter(shapes.values())),
+                       spec["model"]["vocab_size"], input_shapes=shapes)
     net.set_state_dict(runtime.load_safetensors(paddle, weights))
     net.eval()
-    _save_program(paddle, net, spec["input"], spec["shape"], m["dtype"], Path(spec["prefix"]))
+    _save_program(paddle, net, iospec.IO.from_interface(spec["interface"]), tuple(spec["order"]), Path(spec["prefix"]))
     return 0
 
 
 # ------------------------------------------------------------------ ONNX (child process)
 
 
-def _export_onnx(d: Path, ref: np.ndarray, x: np.ndarray, ecfg: ExportConfig, threads: int) -> dict[str, Any]:
-    """paddle2onnx of the PIR program just written, then the parity gate in onnxruntime."""
+def _export_onnx(d: Path, desc: iospec.IO, ref: dict[str, np.ndarray], x: dict[str, np.ndarray],
+                 ecfg: ExportConfig, threads: int) -> dict[str, Any]:
+    """paddle2onnx of the PIR program just written, then the parity gate in onnxruntime on every output, fed
+    by name (ONNX from the PIR program keeps the InputSpec names; outputs come in the program's order)."""
     spec = {"model": str((d / "model.json").resolve()), "params": str((d / "model.pdiparams").resolve()),
             "dest": str((d / "model.onnx").resolve())}
     env = dict(os.environ, FLAGS_enable_pir_api="1", GLOG_minloglevel="2", OMP_NUM_THREADS=str(threads),
@@ -392,10 +431,12 @@ def _export_onnx(d: Path, ref: np.ndarray, x: np.ndarray, ecfg: ExportConfig, th
     so.intra_op_num_threads, so.log_severity_level = threads, 3
     sess = ort.InferenceSession(str(d / "model.onnx"), so, providers=["CPUExecutionProvider"])
     inputs, outputs = [i.name for i in sess.get_inputs()], [o.name for o in sess.get_outputs()]
-    if len(inputs) != 1 or len(outputs) != 1:
-        raise PipeError(f"model.onnx has {len(inputs)} inputs and {len(outputs)} outputs, expected 1 and 1")
-    got = sess.run(outputs, {inputs[0]: np.ascontiguousarray(x)})[0]
-    return {**_parity_gate(ref, got, ecfg, "onnxruntime (model.onnx)"), "inputs": inputs, "outputs": outputs}
+    onnx_io = _program_io(desc, inputs, outputs, "model.onnx")
+    got = sess.run([t.name for t in onnx_io.outputs],
+                   {t.name: np.ascontiguousarray(x[t.public]) for t in onnx_io.inputs})
+    named = {t.public: g for t, g in zip(onnx_io.outputs, got)}
+    return {**_parity_gate(ref, named, ecfg, "onnxruntime (model.onnx)", desc),
+            "inputs": [t.name for t in onnx_io.inputs], "outputs": [t.name for t in onnx_io.outputs]}
 
 
 def _onnx_main(spec: dict[str, Any]) -> int:

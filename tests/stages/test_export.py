@@ -94,9 +94,10 @@ def test_preprocess_yaml(exported):
     m = _manifest(exported / "export")
     doc = yaml.safe_load((exported / "export" / "preprocess.yaml").read_text())
     pre = m["interface"]["preprocessing"]
-    assert doc["input"] == {"name": "x", "dtype": "float32", "shape": [-1, 1, 8, 8]}
-    assert doc["output"]["name"] == m["interface"]["outputs"][0]["name"]
-    assert doc["output"]["alias"] == "logits"
+    assert doc["inputs"] == [{"name": "x", "alias": "x", "dtype": "float32", "shape": [-1, 1, 8, 8]}]
+    (out,) = doc["outputs"]
+    assert out["name"] == m["interface"]["outputs"][0]["name"] and out["alias"] == "logits"
+    assert out["role"] == "logits" and out["shape"] == [-1, 10] and out["dtype"] == "float32"
     assert (doc["layout"], doc["scale"], doc["mean"], doc["std"]) == \
         (pre["layout"], pre["scale"], pre["mean"], pre["std"])
     assert doc["labels"] == [str(i) for i in range(10)]
@@ -174,7 +175,7 @@ def test_parity_gate_fails_exit_5(exported, trained_digits, tmp_path, cli):
     run = _copy_run(trained_digits, tmp_path / "run")
     code, _, err = cli("export", run / "train", "--set", f"export.parity_tol={tol!r}")
     assert code == 5
-    assert err.startswith("pipe export: parity gate: predictor vs trained model max|diff|")
+    assert err.startswith("pipe export: parity gate: predictor vs trained model on output 'logits': max|diff|")
     assert f"{m['parity_max_abs_diff']:.3g}" in err and "on 64 test samples; nothing written" in err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert not (run / "export").exists() and _leftovers(run) == []
