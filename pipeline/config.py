@@ -42,12 +42,15 @@ class DataConfig:
     min_count: int = _opt(2, "text: a character enters the vocabulary if it occurs this often in train", min=1)
     text_column: str = _opt("text", "text files: the column (or JSON key) holding the text")
     label_column: str = _opt("label", "text files: the column (or JSON key) holding the label")
+    text_inputs: str = _opt("ids", "text: the model's inputs made from the ids: 'ids' (one input x) or 'ernie' "
+                                   "(input_ids and token_type_ids of one segment, for model ernie_tiny)",
+                            ("ids", "ernie"))
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = _opt("digits_cnn", "images: digits_cnn, mlp, resnet18, mobilenet_v3_small; text: text_fasttext, "
-                                   "text_cnn, bigru, transformer; or package.module:factory")
+                                   "text_cnn, bigru, transformer, ernie_tiny (with data.text_inputs=ernie); or package.module:factory")
     init: str = _opt("", "fine-tune from these weights: a .pdparams or .safetensors state dict, or a train "
                          "artifact directory (--init); tensors matched by name, one of another shape keeps its "
                          "fresh init; '' = random init")
@@ -142,6 +145,9 @@ class CompressConfig:
                                       "of all splits, is below this is never shipped; compress exits 4 if no int8 "
                                       "variant reaches it",
                                 min=0, max=1)
+    min_sqnr_db: float = _opt(20.0, "a variant whose SQNR against fp32 (10 log10(sum ref^2 / sum (ref - got)^2), over "
+                                    "the same samples) is below this on any float output other than the logits is "
+                                    "never shipped. PLACEHOLDER")
     reduce_range: bool = _opt(True, "onnxruntime int8 with 7-bit weights: the same numbers on every x86 CPU; false = "
                                     "8-bit weights, exact only with VNNI (elsewhere loaded with "
                                     "session.x64quantprecision=1, at about fp32 speed)")

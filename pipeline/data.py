@@ -118,7 +118,7 @@ class Dataset:
         """The model's inputs as they reach it: images float32, other inputs their stored dtype; axis 0 the
         batch (-1). A text model takes int64 ids of any length up to max_len (-1)."""
         if self.is_text:
-            return (iospec.Tensor("x", "int64", (-1, -1)),)
+            return tuple(iospec.Tensor(name, "int64", (-1, -1)) for name in self.input_names)
         per = input_preprocessing(self.preprocessing, self.input_names)
         return tuple(iospec.Tensor(name, "float32" if per[name]["kind"] == "image" else str(a.dtype),
                                    (-1, *(int(d) for d in a.shape[1:])))
@@ -146,6 +146,8 @@ def input_preprocessing(pre: dict[str, Any], names: tuple[str, ...] | list[str])
         if list(per) != names:
             raise InputError(f"preprocessing describes inputs {', '.join(per)}, the data has {', '.join(names)}")
         return dict(per)
+    if pre.get("kind") == "text":  # every input of a text model is made from the same ids (`text_inputs`)
+        return {name: pre for name in names}
     if len(names) != 1:
         raise InputError(f"preprocessing of kind {pre.get('kind')!r} describes one input, the data has "
                          f"{len(names)} ({', '.join(names)})")
@@ -443,12 +445,28 @@ def _from_texts(texts: list[str], labels: list[str], cfg: DataConfig, where: str
     pre = {"kind": "text", "tokenizer": "char", "max_len": cfg.max_len, "pad_id": 0, "unk_id": 1,
            "vocab": vocab, "dropped_conflicting": sum(len(v) > 1 for v in seen.values()),
            "duplicates_removed": len(texts) - len(seen)}
+    if cfg.text_inputs != "ids":  # recorded only where it is not the default: single-input artifacts stay as they were
+        pre["text_inputs"] = cfg.text_inputs
     idx = [np.flatnonzero(split == k) for k in range(3)]
     for name, ix in zip(_SPLIT_DIRS, idx):
         if len(ix) == 0:
             raise InputError(f"--data {where}: the {name} split is empty ({len(kept)} distinct texts)")
-    return Dataset(*(Split({"x": x}, y, ix) for ix in idx), labels=names, preprocessing=pre,
-                   texts=tuple(kept))
+    inputs = text_inputs(x, pre)
+    return Dataset(*(Split(inputs, y, ix) for ix in idx), labels=names, preprocessing=pre, texts=tuple(kept))
+
+
+def text_inputs(ids: np.ndarray, pre: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The model's inputs made from a text's ids (N, max_len) by the rule `data.text_inputs` recorded in the
+    preprocessing: one input `x`, or ERNIE's `input_ids` + `token_type_ids` (pipeline/ernie.py). Training,
+    export, compress and the server's tokenizer all go through here."""
+    rule = pre.get("text_inputs", "ids")
+    if rule == "ids":
+        return {"x": ids}
+    if rule == "ernie":
+        from pipeline import ernie
+
+        return ernie.text_feeds(ids)
+    raise InputError(f"text preprocessing: unknown text_inputs {rule!r} (ids or ernie)")
 
 
 def encode_texts(texts: list[str], vocab: dict[str, int], max_len: int) -> np.ndarray:

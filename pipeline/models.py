@@ -32,8 +32,11 @@ from typing import Any, Callable, Mapping, Sequence
 from pipeline import iospec
 from pipeline.errors import InputError
 
-BUILTIN = ("digits_cnn", "mlp", "resnet18", "mobilenet_v3_small", "text_cnn", "bigru", "transformer", "text_fasttext")
-TEXT = ("text_cnn", "bigru", "transformer", "text_fasttext")
+BUILTIN = ("digits_cnn", "mlp", "resnet18", "mobilenet_v3_small", "text_cnn", "bigru", "transformer", "text_fasttext",
+           "ernie_tiny")
+TEXT = ("text_cnn", "bigru", "transformer", "text_fasttext", "ernie_tiny")
+# Built-in models whose inputs are not the one input `x` (their data: data.text_inputs).
+_INPUTS = {"ernie_tiny": ("input_ids", "token_type_ids")}
 
 
 def build(name: str, num_classes: int, input_shape: tuple[int, ...], vocab_size: int | None = None,
@@ -51,7 +54,10 @@ def build(name: str, num_classes: int, input_shape: tuple[int, ...], vocab_size:
         if not isinstance(model, paddle.nn.Layer):
             raise InputError(f"--model {name}: factory returned {type(model).__name__}, not a paddle.nn.Layer")
         return model
-    if input_shapes is not None and len(input_shapes) != 1:
+    if name in _INPUTS and input_shapes is not None and tuple(input_shapes) != _INPUTS[name]:
+        raise InputError(f"--model {name}: takes inputs {', '.join(_INPUTS[name])}, the data gives "
+                         f"{', '.join(input_shapes)}; set data.text_inputs=ernie")
+    if name not in _INPUTS and input_shapes is not None and len(input_shapes) != 1:
         raise InputError(f"--model {name}: a built-in model takes one input, the data has {len(input_shapes)} "
                          f"({', '.join(input_shapes)}); use a package.module:factory model")
     if (name in TEXT) != bool(vocab_size):
@@ -455,4 +461,11 @@ def _text_fasttext(vocab_size: int, num_classes: int, max_len: int) -> Any:
     return FastText()
 
 
-_TEXT_BUILDERS = {"text_cnn": _text_cnn, "bigru": _bigru, "transformer": _transformer, "text_fasttext": _text_fasttext}
+def _ernie_tiny(vocab_size: int, num_classes: int, max_len: int) -> Any:
+    from pipeline import ernie
+
+    return ernie.build_ernie_tiny(vocab_size, num_classes, max_len)
+
+
+_TEXT_BUILDERS = {"text_cnn": _text_cnn, "bigru": _bigru, "transformer": _transformer, "text_fasttext": _text_fasttext,
+                  "ernie_tiny": _ernie_tiny}
