@@ -386,10 +386,13 @@ def _avx2_paddle_main(comp_dir: str, mode: str) -> int:
                "all": (paddle_engine.load(int8, threads=threads, precision="int8", int8_ops=set()), int8[0]),
                "no_matmul": (paddle_engine.load(int8, threads=threads, precision="int8",
                                                 int8_ops=set(cpu.ONEDNN_INT8_OPS_NO_VNNI)), int8[0])}
-    runs = {k: compress.entry(e, desc, where)["run"] for k, (e, where) in engines.items()}  # x -> logits, by name
-    logits = {k: np.concatenate([run(x) for x in xs]) for k, run in runs.items()}
-    head = xs[0]
-    x1, x32 = np.ascontiguousarray(head[:1]), np.ascontiguousarray(np.resize(head, (32, *head.shape[1:])))
+    runs = {k: compress.runner(e, desc, where)["run"] for k, (e, where) in engines.items()}  # feeds -> outputs, by name
+    out = desc.logits().public
+    logits = {k: np.concatenate([run(x)[out] for x in xs]) for k, run in runs.items()}
+    head = xs[0]  # every input by name, as compress times them
+    rows = np.arange(32) % iospec.num_rows(head)
+    x1 = {k: np.ascontiguousarray(a[:1]) for k, a in head.items()}
+    x32 = {k: np.ascontiguousarray(a[rows]) for k, a in head.items()}
     n1, n32 = (50, 10) if mode == "quick" else (200, 30)
     group = [runs]
     lat, thr = compress.interleaved(group, x1, n1), compress.interleaved(group, x32, n32)

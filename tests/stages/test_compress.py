@@ -29,7 +29,7 @@ VARIANT_KEYS = {
     "format", "precision", "engine", "files", "source", "inputs", "outputs", "size_bytes", "supported",
     "accuracy", "top1_agreement", "max_abs_diff", "latency_ms_p50_bs1", "latency_ms_p99_bs1",
     "items_per_s_bs32", "speedup_bs1", "speedup_bs32", "faster_than_fp32", "note",
-    "engine_info", "agreement_samples", "test_top1_agreement", "status", "shippable",
+    "engine_info", "agreement_samples", "test_top1_agreement", "status", "shippable", "fidelity",
 }
 MEASURED = ("accuracy", "top1_agreement", "max_abs_diff", "latency_ms_p50_bs1", "latency_ms_p99_bs1",
             "items_per_s_bs32", "speedup_bs1", "speedup_bs32")
@@ -109,7 +109,7 @@ def test_file_set_and_manifest(compressed):
     assert set(m["files"]) == EXPECTED_FILES - {"manifest.json"}
     assert m["config"]["compress"] == {
         "int8": True, "backend": "both", "algo": "avg", "calib_batches": 10, "calib_batch_size": 32,
-        "calib_seed": 0, "max_drop": 1.0, "min_agreement": 0.99, "reduce_range": True, "openvino": True, "latency_runs": 200,
+        "calib_seed": 0, "max_drop": 1.0, "min_agreement": 0.99, "min_sqnr_db": 20.0, "reduce_range": True, "openvino": True, "latency_runs": 200,
         "throughput_runs": 30, "distill": False, "student": "", "baseline": False}
     exp = _manifest(run / "export")
     assert {k: v for k, v in m["config"].items() if k != "compress"} == \
