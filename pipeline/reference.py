@@ -6,28 +6,44 @@ The same int8 file computes different numbers on CPUs with and without VNNI (`pi
 package built on one machine says nothing about the numbers on another. `pipe package` draws `SAMPLES`
 inputs (seeded, from all splits of the data the model was trained on, preprocessed as a client's request
 would be: images normalised, texts encoded with the export's vocabulary), runs them through the fp32
-program and stores both in `reference.safetensors` (tensors only: no pickle), with the agreement budget
-in `serving.yaml`. `pipe serve` runs the inputs on its own predictors before `/readyz` turns 200 and
-refuses to serve (exit 4) when top-1 agreement with the fp32 outputs is below the budget.
+program and stores every input and every output in `reference.safetensors` (tensors only: no pickle; keys
+`input/<name>` and `output/<name>` by public name, the logits output named in the metadata), with the
+agreement budgets in `serving.yaml`. `pipe serve` runs the inputs on its own predictors before `/readyz`
+turns 200 and refuses to serve (exit 4) when top-1 agreement on the logits with the fp32 outputs is below
+`min_agreement`, or a float output other than the logits is below `min_sqnr_db` (compress's
+`compress.min_sqnr_db`, the same measure stages/compress.py gates variants on): SQNR in dB = 10 log10 of
+sum(ref^2) / sum((got - ref)^2), None when the outputs are identical. Every output's max|diff| is reported;
+outputs of other dtypes report the fraction of equal elements (`equal`), not gated.
+
+Sets made before every tensor was stored hold two keys, `inputs` (the only input) and `outputs` (the
+logits); they still check, on the logits.
 """
 
 from __future__ import annotations
 
+import inspect
+import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from pipeline import iospec
 from pipeline.errors import InputError
 from pipeline.serving.spec import REFERENCE_FILE as FILE  # the package contract names its files
 
 SAMPLES = 256
 _SEED = 0
+_FORMAT = "2"  # metadata "pipe.reference"; sets without it are the two-key format before it
+# A runner: a batch of feeds by the served program's input names -> its outputs by output name (program or
+# public name; a bare array is the logits).
+Runner = Callable[[dict[str, np.ndarray]], Any]
 
 
 def draw(export_config: dict[str, Any], interface: dict[str, Any], vocab: dict[str, int] | None,
-         n: int = SAMPLES) -> np.ndarray:
-    """`n` inputs drawn (seeded) from train, val and test of the export's data, as the model takes them."""
+         n: int = SAMPLES) -> dict[str, np.ndarray]:
+    """`n` inputs drawn (seeded) from train, val and test of the export's data, as the model takes them: one
+    array per input, by the interface's input name."""
     from pipeline import config as config_mod, data as data_mod
 
     cfg = config_mod.from_dict(export_config)
@@ -35,93 +51,241 @@ def draw(export_config: dict[str, Any], interface: dict[str, Any], vocab: dict[s
         ds = data_mod.load(cfg.data)
     except InputError as e:
         raise InputError(f"reference set: the data the model was trained on is needed to build it: {e}") from None
+    desc = iospec.IO.from_interface(interface)
     pre = interface["preprocessing"]
     parts = []
     for sp, rows in data_mod.draw(ds, n, _SEED):
         if vocab is not None:  # texts as a client sends them, encoded with the export's vocabulary
-            parts.append(data_mod.encode_texts([ds.texts[j] for j in sp.idx[rows]], vocab, int(pre["max_len"])))
+            ids = data_mod.encode_texts([ds.texts[j] for j in sp.idx[rows]], vocab, int(pre["max_len"]))
+            parts.append(data_mod.text_inputs(ids, pre))
         else:
-            parts.append(data_mod.prepare(np.asarray(sp.x[sp.idx[rows]]), pre))
-    x = np.ascontiguousarray(np.concatenate(parts))
-    want = interface["inputs"][0]
-    if str(x.dtype) != want["dtype"] or any(d != -1 and d != got for d, got in zip(want["shape"][1:], x.shape[1:])):
-        raise InputError(f"reference set: data.source {cfg.data.source!r} now gives {x.dtype} {list(x.shape[1:])} "
-                         f"inputs, the model takes {want['dtype']} {want['shape'][1:]}; the data changed")
-    return x
+            parts.append(sp.feeds(rows, pre))
+    have = sorted(parts[0])
+    want = sorted(t.public for t in desc.inputs)
+    if have != want:
+        raise InputError(f"reference set: data.source {cfg.data.source!r} now gives inputs {', '.join(have)}, the "
+                         f"model takes {', '.join(want)}; the data changed")
+    feeds = {}
+    for t in desc.inputs:
+        x = np.ascontiguousarray(np.concatenate([p[t.public] for p in parts]))
+        if str(x.dtype) != t.dtype or any(d != -1 and d != got for d, got in zip(t.shape[1:], x.shape[1:])):
+            raise InputError(f"reference set: data.source {cfg.data.source!r} now gives {x.dtype} "
+                             f"{list(x.shape[1:])} inputs {t.public!r}, the model takes {t.dtype} "
+                             f"{list(t.shape[1:])}; the data changed")
+        feeds[t.name] = x
+    return feeds
 
 
-def save(path: Path, inputs: np.ndarray, outputs: np.ndarray) -> None:
+def save(path: Path, io_: iospec.IO, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> None:
+    """Every input and output of `io_` (arrays by program name) under its public name."""
     from safetensors.numpy import save_file
 
-    save_file({"inputs": np.ascontiguousarray(inputs), "outputs": np.ascontiguousarray(outputs, np.float32)},
-              str(path))
+    tensors = {f"input/{t.public}": np.ascontiguousarray(inputs[t.name]) for t in io_.inputs}
+    tensors.update({f"output/{t.public}": np.ascontiguousarray(outputs[t.name]) for t in io_.outputs})
+    save_file(tensors, str(path), metadata={"pipe.reference": _FORMAT, "logits": io_.logits().public})
+
+
+def _read(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), "numpy") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
+    except (SafetensorError, OSError) as e:
+        raise InputError(f"{path}: not a reference set (safetensors of inputs and outputs): "
+                         f"{e.__class__.__name__}") from None
+
+
+def load_set(path: Path, io_: iospec.IO, text_len: int | None = None
+             ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The set checked against a package's tensors: (inputs, outputs), each by the served program's name.
+    Every input of `io_` with its dtype and fixed axes (text: ids of `text_len`), one row count throughout;
+    every output (a two-key set: the logits only). InputError, one line naming the tensor, otherwise."""
+    t, meta = _read(path)
+    if meta.get("pipe.reference") != _FORMAT:  # the format before every tensor was stored
+        if sorted(t) != ["inputs", "outputs"]:
+            raise InputError(f"{path}: not a reference set (keys {', '.join(sorted(t))})")
+        if len(io_.inputs) != 1:
+            raise InputError(f"{path}: a one-input reference set, the package takes {len(io_.inputs)} inputs")
+        got_in, got_out = {io_.inputs[0].public: t["inputs"]}, {io_.logits().public: t["outputs"]}
+    else:
+        got_in = {k.split("/", 1)[1]: v for k, v in t.items() if k.startswith("input/")}
+        got_out = {k.split("/", 1)[1]: v for k, v in t.items() if k.startswith("output/")}
+        known = {f"input/{x.public}" for x in io_.inputs} | {f"output/{x.public}" for x in io_.outputs}
+        if set(t) != known:
+            raise InputError(f"{path}: holds {', '.join(sorted(t))}; the package's tensors are "
+                             f"{', '.join(f'input/{x.public}' for x in io_.inputs)}, "
+                             f"{', '.join(f'output/{x.public}' for x in io_.outputs)}")
+    rows = {len(a) for a in (*got_in.values(), *got_out.values())}
+    if len(rows) != 1 or not rows.pop():
+        raise InputError(f"{path}: its tensors have different or no rows "
+                         f"({', '.join(f'{k} {list(a.shape)}' for k, a in {**got_in, **got_out}.items())})")
+    inputs, outputs = {}, {}
+    for x in io_.inputs:
+        a = got_in[x.public]
+        want = (-1, text_len) if text_len is not None else x.shape
+        fits = a.ndim == len(want) and all(d in (-1, g) for d, g in zip(want[1:], a.shape[1:]))
+        if str(a.dtype) != x.dtype or not fits:
+            raise InputError(f"{path}: input {x.public!r} is {a.dtype} {list(a.shape[1:])}; the package takes "
+                             f"{x.dtype} {list(want[1:])}")
+        inputs[x.name] = a
+    for x in io_.outputs:
+        if x.public in got_out:
+            a = got_out[x.public]
+            if a.ndim != len(x.shape) or any(d not in (-1, g) for d, g in zip(x.shape[1:], a.shape[1:])):
+                raise InputError(f"{path}: output {x.public!r} is {list(a.shape[1:])}; the package gives "
+                                 f"{list(x.shape[1:])}")
+            outputs[x.name] = a
+    return inputs, outputs
 
 
 def load(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
-
-    try:
-        t = load_file(str(path))
-        x, y = t["inputs"], t["outputs"]
-    except (SafetensorError, OSError, KeyError) as e:
-        raise InputError(f"{path}: not a reference set (safetensors with inputs and outputs): "
-                         f"{e.__class__.__name__}") from None
+    """(inputs, logits) of a one-input set, for callers that feed one array (examples/serve_demo.py)."""
+    t, meta = _read(path)
+    if meta.get("pipe.reference") != _FORMAT:
+        x, y = t.get("inputs"), t.get("outputs")
+    else:
+        ins = [k for k in t if k.startswith("input/")]
+        x = t[ins[0]] if len(ins) == 1 else None
+        y = t.get(f"output/{meta.get('logits')}")
+    if x is None or y is None:
+        raise InputError(f"{path}: not a one-input reference set (keys {', '.join(sorted(t))})")
     if len(x) != len(y) or y.ndim != 2 or not len(x):
         raise InputError(f"{path}: {len(x)} inputs but outputs of shape {list(y.shape)}")
     return x, y
 
 
-def run(run_batch: Callable[[np.ndarray], np.ndarray], inputs: np.ndarray, batch: int) -> np.ndarray:
-    return np.concatenate([np.asarray(run_batch(inputs[i:i + batch])) for i in range(0, len(inputs), batch)])
+def run(run_batch: Runner, inputs: Mapping[str, np.ndarray], batch: int, io_: iospec.IO) -> dict[str, np.ndarray]:
+    """Every output of `run_batch` over `inputs` in batches, by the program's output name."""
+    n = iospec.num_rows(inputs)
+    parts: list[dict[str, np.ndarray]] = []
+    for i in range(0, n, batch):
+        got = run_batch({k: v[i:i + batch] for k, v in inputs.items()})
+        if not isinstance(got, Mapping):
+            got = {io_.logits().name: got}
+        named: dict[str, np.ndarray] = {}
+        for k, v in got.items():
+            try:
+                named[io_.output(k).name] = np.asarray(v)
+            except InputError:
+                pass  # not one of the package's outputs: nothing to compare
+        parts.append(named)
+    keys = set.intersection(*(set(p) for p in parts))
+    return {k: np.concatenate([p[k] for p in parts]) for k in keys}
 
 
-def compare(got: np.ndarray, ref: np.ndarray) -> dict[str, Any]:
-    if got.shape != ref.shape:
-        return {"samples": int(len(ref)), "top1_agreement": 0.0, "max_abs_diff": float("inf"),
-                "error": f"outputs of shape {list(got.shape)}, the reference has {list(ref.shape)}"}
-    return {"samples": int(len(ref)), "top1_agreement": float((got.argmax(1) == ref.argmax(1)).mean()),
-            "max_abs_diff": float(np.abs(got.astype(np.float64) - ref).max())}
+def sqnr_db(got: np.ndarray, ref: np.ndarray) -> float | None:
+    """10 log10(sum(ref^2) / sum((got - ref)^2)); None when they are identical (an infinite ratio)."""
+    ref64 = ref.astype(np.float64)
+    noise = float(np.square(got.astype(np.float64) - ref64).sum())
+    signal = float(np.square(ref64).sum())
+    if noise == 0:
+        return None
+    return 10 * math.log10(max(signal, np.finfo(np.float64).tiny) / noise)  # finite: manifests and /v1 are JSON
+
+
+def compare(got: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], io_: iospec.IO,
+            min_sqnr_db: float | None = None) -> dict[str, Any]:
+    """Top-1 agreement and max|diff| on the logits; per output (public name): float outputs max|diff| and SQNR
+    in dB, others the fraction of equal elements. `min_sqnr_db` (None: no SQNR budget, as packages made
+    before it) travels in the result for `verdict`. An output missing or of another shape is an `error`."""
+    logits = io_.logits()
+    n = len(ref[logits.name])
+    per: dict[str, dict[str, Any]] = {}
+    for t in io_.outputs:
+        if t.name not in ref:
+            continue  # a set made before every output was stored
+        r, g = ref[t.name], got.get(t.name)
+        if g is None or g.shape != r.shape:
+            return {"samples": int(n), "top1_agreement": 0.0, "max_abs_diff": float("inf"),
+                    "error": f"output {t.public!r}: " + ("not returned" if g is None else
+                                                         f"shape {list(g.shape)}, the reference has {list(r.shape)}")}
+        if r.dtype.kind == "f":
+            per[t.public] = {"max_abs_diff": float(np.abs(g.astype(np.float64) - r).max(initial=0.0)),
+                             "sqnr_db": sqnr_db(g, r)}
+        else:
+            per[t.public] = {"equal": float(np.count_nonzero(g == r)) / max(r.size, 1)}
+    g, r = got[logits.name], ref[logits.name]
+    out = {"samples": int(n), "top1_agreement": float((g.argmax(1) == r.argmax(1)).mean()),
+           "max_abs_diff": per[logits.public]["max_abs_diff"], "logits": logits.public, "outputs": per}
+    return out if min_sqnr_db is None else {**out, "min_sqnr_db": float(min_sqnr_db)}
+
+
+def below_sqnr(result: dict[str, Any]) -> list[str]:
+    """The float outputs other than the logits whose SQNR is below the result's `min_sqnr_db`."""
+    budget = result.get("min_sqnr_db")
+    if budget is None:
+        return []
+    return [k for k, v in (result.get("outputs") or {}).items()
+            if k != result.get("logits") and v.get("sqnr_db") is not None and v["sqnr_db"] < budget]
 
 
 def verdict(result: dict[str, Any], budget: float) -> bool:
-    return "error" not in result and result["top1_agreement"] >= budget
+    """Top-1 agreement on the logits within `budget` and every other float output within min_sqnr_db."""
+    return "error" not in result and result["top1_agreement"] >= budget and not below_sqnr(result)
 
 
-def check(spec: Any, runners: list[Callable[[np.ndarray], np.ndarray]], batch: int) -> tuple[dict[str, Any], float]:
-    """Run a package's reference set (`spec`: a loaded `pipeline.serving.spec.Spec`) through each runner:
-    (the worst result, the budget). None, None for a package made before reference sets existed."""
+def _named(fn: Callable[..., Any], io_: iospec.IO) -> Runner:
+    """Transition: a runner whose parameter is `x` (pipe serve's PredictorProcess.run before it fed by name)
+    takes the only input's array and returns the logits."""
+    try:
+        first = next(iter(inspect.signature(fn).parameters), "")
+    except (TypeError, ValueError):
+        first = ""
+    if first != "x":
+        return fn
+    if len(io_.inputs) != 1:
+        raise InputError(f"reference set: a one-input runner for a package of {len(io_.inputs)} inputs")
+    name = io_.inputs[0].name
+    return lambda feeds: fn(feeds[name])
+
+
+def check(spec: Any, runners: list[Callable[..., Any]], batch: int) -> tuple[dict[str, Any] | None, float | None]:
+    """Run a package's reference set (`spec`: a loaded `pipeline.serving.spec.Spec`) through each runner (feeds
+    by the served program's input names -> outputs by name; `Runner`): (the worst result, the budget). None,
+    None for a package made before reference sets existed."""
     ref = spec.doc.get("reference")
     if ref is None:
         return None, None
     path = spec.dir / ref["file"]
-    x, y = load(path)
-    if str(x.dtype) != spec.inp["dtype"] or tuple(x.shape[1:]) != spec.sample_shape or y.shape[1] != len(spec.labels):
-        raise InputError(f"{path}: {x.dtype} inputs {list(x.shape[1:])} -> {list(y.shape[1:])}; the package takes "
-                         f"{spec.inp['dtype']} {list(spec.sample_shape)} -> {len(spec.labels)} labels")
-    results = [compare(run(fn, x, batch), y) for fn in runners]
-    return min(results, key=lambda r: (r["top1_agreement"], -r["max_abs_diff"])), float(ref["min_agreement"])
+    x, y = load_set(path, spec.io, spec.text.max_len if spec.text is not None else None)
+    if y[spec.io.logits().name].shape[1] != len(spec.labels):
+        raise InputError(f"{path}: logits of {y[spec.io.logits().name].shape[1]} classes; the package has "
+                         f"{len(spec.labels)} labels")
+    budget, min_db = float(ref["min_agreement"]), ref.get("min_sqnr_db")
+    results = [compare(run(_named(fn, spec.io), x, batch, spec.io), y, spec.io, min_db) for fn in runners]
+    return min(results, key=lambda r: (verdict(r, budget), r["top1_agreement"], -r["max_abs_diff"])), budget
 
 
 def check_here(package: Path, engine: str = "") -> tuple[dict[str, Any] | None, float | None, dict[str, Any]]:
     """`pipe inspect --verify PACKAGE`: the reference check on this machine, through the engine and settings
     `pipe serve` would use (the package's engine or `engine`, one predictor's threads, batches of
-    max_batch_size)."""
-    from pipeline import runtime
+    max_batch_size), every tensor fed and fetched by name (`engines.names`)."""
+    from pipeline import engines, runtime
+    from pipeline.errors import PipeError
     from pipeline.serving import predictor, spec as spec_mod
 
     sp = spec_mod.load_package(Path(package))
     settings = spec_mod.settings(_NoFlags(), sp)
     name = predictor.engine_for(sp, engine)
+    if sp.precision == "bf16" and runtime.bf16_unsupported():
+        raise InputError(f"{sp.dir}: a bf16 package, but {runtime.bf16_unsupported()}; package the "
+                         "model with --precision fp32")
     if name == "paddle_inference":
         runtime.import_paddle(settings.threads)
-    eng = predictor.load_engine(sp, name, settings.threads)
-    feed, fetch = sp.inp["name"], sp.outp["name"]  # serving.yaml's names, checked against the engine's
+    try:
+        eng = engines.ENGINES[name].load(list(sp.files), threads=settings.threads, precision=sp.precision)
+    except InputError:
+        raise
+    except PipeError as e:  # the engine's C++ error: one line, naming the file
+        raise PipeError(f"{sp.files[0]}: {name} cannot load it ({str(e)[-200:]})") from None
+    on = engines.names(eng, sp.io, str(sp.files[0]))  # serving.yaml's names, checked against the engine's
 
-    def logits(x: np.ndarray) -> np.ndarray:
-        return eng.run({feed: x})[fetch]
+    def outputs(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        got = eng.run({on[k]: v for k, v in feeds.items()})
+        return {t.name: got[on[t.name]] for t in sp.io.outputs}
 
-    worst, budget = check(sp, [logits], settings.max_batch_size)
+    worst, budget = check(sp, [outputs], settings.max_batch_size)
     return worst, budget, eng.describe()
 
 
@@ -161,7 +325,20 @@ def verify_here(package: Path) -> None:
 
 
 def describe(result: dict[str, Any], budget: float) -> str:
+    """One line: the logits' agreement and max|diff|, then each other output's max|diff| and SQNR."""
     if "error" in result:
         return f"reference check: {result['error']}"
-    return (f"reference check: {result['samples']} samples, top-1 agreement with fp32 {result['top1_agreement']:.4f} "
+    line = (f"reference check: {result['samples']} samples, top-1 agreement with fp32 {result['top1_agreement']:.4f} "
             f"(budget {budget:g}), max|diff| {result['max_abs_diff']:.3g}")
+    low = below_sqnr(result)
+    for name, one in (result.get("outputs") or {}).items():
+        if name == result.get("logits"):
+            continue
+        if "equal" in one:
+            line += f"; {name} {one['equal']:.4f} equal"
+            continue
+        db = one["sqnr_db"]
+        line += (f"; {name} max|diff| {one['max_abs_diff']:.3g}, "
+                 + ("identical" if db is None else f"SQNR {db:.1f} dB")
+                 + (f" < min_sqnr_db {result['min_sqnr_db']:g}" if name in low else ""))
+    return line

@@ -15,25 +15,31 @@ files only, never a pickle):
     model.json | model.pdmodel, model.pdiparams   the model the chosen engine runs (Paddle Inference: the
     | model.onnx                                  PIR or legacy program; onnxruntime: the ONNX; OpenVINO:
                                                   the ONNX or the legacy program)
-    serving.yaml                                  engine, input/output spec, preprocessing, labels, batching, limits
-    serving_client_conf.prototxt                  Paddle Serving client config (feed/fetch vars)
+    serving.yaml                                  engine, every input and output (`inputs:`, `outputs:`),
+                                                  preprocessing, labels, batching, limits
+    serving_client_conf.prototxt                  Paddle Serving client config (a feed_var per input, a
+                                                  fetch_var per output)
     triton/<name>/config.pbtxt, 1/model.onnx,     a Triton model repository (onnxruntime backend): the served
     triton/<name>/labels.txt                      ONNX itself, else compress's or paddle2onnx's, io renamed to
-                                                  the served names
+                                                  the served names; an entry per tensor, labels on the logits
     vocab.json                                    text models only: the export's vocabulary
-    reference.safetensors                         256 real inputs and their fp32 outputs (pipeline/reference.py),
-                                                  checked here on the chosen engine (exit 4 below
-                                                  compress.min_agreement) and by serve
+    reference.safetensors                         256 real inputs and their fp32 outputs, every tensor
+                                                  (pipeline/reference.py), checked here on the chosen engine
+                                                  (exit 4 below compress.min_agreement on the logits or
+                                                  compress.min_sqnr_db on another float output) and by serve
     README.md, manifest.json                      how to call it (`pipeline/serving/readme.py`); sha256 of every file
 
-A text model (int64 ids [-1, -1]) gets a `text:` section in serving.yaml (char tokenizer, max_len,
-pad/unk ids, vocabulary file), a client config with an int64 feed of variable length (`shape: -1`), a
-Triton input of dims [-1] (its ONNX parity-checked at max_len and at half that length), and a README with
-a text example. The contract itself (allowlist, dtypes, schema) is `pipeline/serving/spec.py`.
+Every tensor of the model's interface (`pipeline/iospec.py`) is carried under the served program's name
+(`name`; the legacy program names outputs after their ops) with its public name (`alias`), and read by
+name everywhere: the logits are the output with the logits role. A text model (every input int64 ids
+[-1, -1]) gets a `text:` section in serving.yaml (char tokenizer, max_len, pad/unk ids, vocabulary file),
+a client config with int64 feeds of variable length (`shape: -1`), Triton inputs of dims [-1] (its ONNX
+parity-checked at max_len and at half that length), and a README with a text example. The contract itself
+(allowlist, dtypes, schema, `check_io`) is `pipeline/serving/spec.py`.
 
 `pipe serve package/` needs nothing outside this directory. The paddle2onnx conversion is checked in
-onnxruntime against the Paddle predictor on a fixed random batch: max|diff| <= `onnx_parity_tol` x
-max|logit| or the stage fails with exit 5, writing nothing.
+onnxruntime against the Paddle predictor on a fixed random batch, every output: max|diff| <=
+`onnx_parity_tol` x that output's max|value| or the stage fails with exit 5, writing nothing.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import numpy as np
@@ -64,6 +71,7 @@ SERVER_DEFAULTS = serving_spec.SERVER_DEFAULTS
 allowlist = serving_spec.allowlist
 _CHECK_BATCH = 8
 _CHECK_SEED = 0
+_MIN_SQNR_DB = 20.0  # compress.min_sqnr_db's default (pipeline/config.py), for configs recorded before it
 _P2O_TIMEOUT = 600
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # The Triton ONNX of a Paddle package, by precision, in order of preference (compress variant names).
@@ -122,22 +130,21 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
     source = _select(src, cfg)
     print(f"package: {source.variant} on {source.engine} ({source.why})")
     iface = source.interface
-    inp, outp = _io_spec(src, iface)
+    desc = _io(src, iface)  # by the export's (PIR) program names
     text = _text(src, source, iface)
     name = cfg.name or _sanitise(str(iface.get("model") or "model"))
-    x_checks = _check_batches(inp, text)
+    checks = _check_batches(desc, iface["preprocessing"], text)
     threads = runtime.threads_per_process(1)
     runtime.import_paddle(threads)
-    desc = iospec.IO.from_interface(iface, f"{src.path / artifacts.MANIFEST}: interface")
     fp32 = _load(paddle_engine.NAME, [source.fp32_program, source.fp32_params], threads, "fp32")
-    fp32_logits = _logits(fp32, desc, source.fp32_program)
-    y_refs = [fp32_logits(x) for x in x_checks]
+    fp32_run = _runner(fp32, desc, source.fp32_program)
+    y_refs = [fp32_run(feeds) for feeds in checks]
     packaged = _packaged_engine(source, fp32, threads)
     names = packaged or _load(source.engine, source.files, threads, "fp32")  # bf16 this CPU cannot run: io names
     on = engines.names(names, desc, str(source.files[0]))  # the packaged file's own names
-    inp, outp = {**inp, "name": on[inp["name"]]}, {**outp, "name": on[outp["name"]]}
-    checked = None if packaged is None else (packaged, _logits(packaged, desc, source.files[0]))
-    ref_x, ref_y, ref_check = _reference(src, source, cfg, text, fp32_logits, checked)
+    served = _renamed(desc, on)
+    checked = None if packaged is None else (packaged, _runner(packaged, desc, source.files[0]))
+    ref_x, ref_y, ref_check = _reference(src, source, cfg, text, desc, fp32_run, checked)
     doc = {**src.manifest["config"], "package": dataclasses.asdict(cfg)}
     with artifacts.write_stage(out_dir, "package", doc, src) as w:
         model_files = MODEL_FILES[source.format]
@@ -145,25 +152,27 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
             _copy_model(f, w.dir / dest)
         if text is not None:
             shutil.copyfile(source.vocab, w.dir / text["vocab_file"])
-        reference.save(w.dir / reference.FILE, ref_x, ref_y)
+        reference.save(w.dir / reference.FILE, desc, ref_x, ref_y)
         metrics: dict[str, Any] = {"precision": source.precision, "variant": source.variant, "engine": source.engine,
                                    "reference": ref_check, "cpu": cpu.capability()}
         metrics.update({f"variant_{k}": v for k, v in source.variant_metrics.items()
                         if isinstance(v, (int, float, str)) and not isinstance(v, bool)})
         triton = None
         if cfg.triton:
-            triton = _triton(w.dir / "triton" / name, name, source, inp, outp, iface["labels"], cfg,
-                             x_checks, y_refs, threads)
+            triton = _triton(w.dir / "triton" / name, name, source, desc, served, iface["labels"], cfg,
+                             checks, y_refs, threads)
             metrics.update(triton.pop("metrics"))
-        spec = _serving_spec(name, source, inp, outp, iface, cfg, triton, text, ref_check)
+        spec = _serving_spec(name, source, served, iface, cfg, triton, text, ref_check)
         (w.dir / "serving.yaml").write_text(yaml.safe_dump(spec, sort_keys=False, allow_unicode=True),
                                             encoding="utf-8")
-        (w.dir / "serving_client_conf.prototxt").write_text(_client_conf(inp, outp), encoding="utf-8")
-        (w.dir / "README.md").write_text(readme.render(spec, inp, outp, readme.example_ids(source.vocab, text)),
+        (w.dir / "serving_client_conf.prototxt").write_text(_client_conf(served), encoding="utf-8")
+        (w.dir / "README.md").write_text(readme.render(spec, readme.example_ids(source.vocab, text)),
                                              encoding="utf-8")
         _check_file_set(w.dir, allowlist(source.format, name if cfg.triton else None,
                                          text["vocab_file"] if text else None, reference=True))
-        w.interface = {**iface, "inputs": [inp], "outputs": [outp]}
+        # the interface as the export recorded it, under the packaged file's names
+        w.interface = {**iface, **{kind: [{**d, "name": t.name, "alias": t.public} for d, t in zip(iface[kind], ts)]
+                                   for kind, ts in (("inputs", served.inputs), ("outputs", served.outputs))}}
         w.metrics = metrics
         w.extra = {"format": source.format, "precision": source.precision, "engine": source.engine, "name": name,
                    "serving": "serving.yaml", "chosen": {"engine": cfg.engine, "optimize": cfg.optimize, "why": source.why}}
@@ -339,50 +348,50 @@ def _lineage_export(comp: artifacts.Artifact) -> artifacts.Artifact:
     return exp
 
 
-def _io_spec(src: artifacts.Artifact, iface: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The single input and output of the interface, checked: dtype we can serve, dynamic batch."""
-    where = src.path / artifacts.MANIFEST
+def _io(src: artifacts.Artifact, iface: dict[str, Any]) -> iospec.IO:
+    """The interface's tensors, checked servable (`pipeline/serving/spec.py` check_io): dtypes pipe serves,
+    dynamic batch, fixed input dims (text: int64 ids [-1, -1]), float32 [-1, K] logits for K labels."""
+    where = f"{src.path / artifacts.MANIFEST}: interface"
     try:
-        (inp,), (outp,) = iface["inputs"], iface["outputs"]
-        labels = iface["labels"]
-        shape_in, shape_out = [int(d) for d in inp["shape"]], [int(d) for d in outp["shape"]]
-        ok = isinstance(labels, list) and isinstance(iface.get("preprocessing"), dict)
-    except (KeyError, TypeError, ValueError):
+        ok = isinstance(iface["labels"], list) and isinstance(iface["preprocessing"], dict)
+    except (KeyError, TypeError):
         ok = False
     if not ok:
-        raise InputError(f"{where}: interface needs one input, one output, labels and preprocessing")
-    text = iface["preprocessing"].get("kind") == "text"
-    if text and (shape_in != [-1, -1] or inp.get("dtype") != "int64"):
-        raise InputError(f"{where}: a text model takes int64 ids of shape [-1, -1], got {inp.get('dtype')} {shape_in}")
-    for what, io, shape in (("input", inp, shape_in), ("output", outp, shape_out)):
-        if io.get("dtype") not in DTYPES:
-            raise InputError(f"{where}: {what} dtype {io.get('dtype')!r} is not servable "
-                             f"(pipe serves {', '.join(DTYPES)})")
-        if (len(shape) < 2 or shape[0] != -1 or min(shape[1:]) < 1) and not (text and io is inp):
-            raise InputError(f"{where}: {what} shape must be a dynamic batch and fixed dims, got {shape}")
-    if outp["dtype"] != "float32" or len(shape_out) != 2 or shape_out[1] != len(labels):
-        raise InputError(f"{where}: output must be float32 [-1, {len(labels)}] logits, got "
-                         f"{outp['dtype']} {shape_out}")
-    keys = ("name", "alias", "dtype", "shape")
-    return ({k: inp.get(k, inp["name"]) for k in keys}, {k: outp.get(k, outp["name"]) for k in keys})
+        raise InputError(f"{where}: needs inputs, outputs, labels and preprocessing")
+    desc = iospec.IO.from_interface(iface, where)
+    serving_spec.check_io(desc, iface["labels"], iface["preprocessing"].get("kind") == "text", where)
+    return desc
 
 
-def _check_batches(inp: dict[str, Any], text: dict[str, Any] | None) -> list[np.ndarray]:
-    """Fixed random batches in the model's input space (parity needs the same function, not real data).
-    Text: ids of random lengths padded to max_len (what `pipe serve` feeds), and the same cut to half
-    that width, so the ONNX model is also checked on another sequence length (Triton takes any)."""
+def _renamed(desc: iospec.IO, on: dict[str, str]) -> iospec.IO:
+    """`desc` under the packaged file's names (`engines.names`), each public name kept as alias."""
+    return dataclasses.replace(desc, **{kind: tuple(dataclasses.replace(t, name=on[t.name], alias=t.public)
+                                                    for t in getattr(desc, kind)) for kind in ("inputs", "outputs")})
+
+
+def _check_batches(desc: iospec.IO, pre: dict[str, Any], text: dict[str, Any] | None) -> list[dict[str, np.ndarray]]:
+    """Fixed random batches in the model's input space, by input name (parity needs the same function, not
+    real data): float inputs standard normal, integer ones 0 or 1. Text: ids of random lengths padded to
+    max_len (what `pipe serve` feeds), made into every model input as the data module does
+    (`data.text_inputs`), and the same cut to half that width, so the ONNX model is also checked on another
+    sequence length (Triton takes any)."""
     rng = np.random.RandomState(_CHECK_SEED)
     if text is not None:
+        from pipeline import data as data_mod
+
         width, pad = text["max_len"], text["pad_id"]
         ids = rng.randint(min(2, text["vocab_size"] - 1), text["vocab_size"], size=(_CHECK_BATCH, width))
         lengths = rng.randint(1, width + 1, size=_CHECK_BATCH)
         ids[np.arange(width)[None, :] >= lengths[:, None]] = pad
         ids = ids.astype(np.int64)
-        return [ids] + ([np.ascontiguousarray(ids[:, :(width + 1) // 2])] if width > 1 else [])
-    shape = (_CHECK_BATCH, *inp["shape"][1:])
-    if inp["dtype"] == "float32":
-        return [rng.standard_normal(shape).astype(np.float32)]
-    return [rng.randint(0, 2, size=shape).astype(inp["dtype"])]
+        widths = [ids] + ([np.ascontiguousarray(ids[:, :(width + 1) // 2])] if width > 1 else [])
+        return [{desc.input(k).name: v for k, v in data_mod.text_inputs(w, pre).items()} for w in widths]
+    feeds = {}
+    for t in desc.inputs:
+        shape = (_CHECK_BATCH, *t.shape[1:])
+        feeds[t.name] = (rng.standard_normal(shape).astype(np.float32) if t.dtype == "float32"
+                         else rng.randint(0, 2, size=shape).astype(t.dtype))
+    return [feeds]
 
 
 def _load(engine: str, files: list[Path], threads: int, precision: str) -> Any:
@@ -394,12 +403,15 @@ def _load(engine: str, files: list[Path], threads: int, precision: str) -> Any:
         raise InputError(f"{files[0]}: {engine} cannot load it ({str(e)[-200:]})") from None
 
 
-def _logits(eng: Any, desc: iospec.IO, where: Path) -> Callable[[np.ndarray], np.ndarray]:
-    """x -> the logits on `eng`, fed and fetched by name (a package's model takes one input: `_io_spec`)."""
+def _runner(eng: Any, desc: iospec.IO, where: Path) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """feeds -> every output on `eng`, both by `desc`'s names, mapped onto the engine's (`engines.names`)."""
     on = engines.names(eng, desc, str(where))
-    (feed,) = (on[t.name] for t in desc.inputs)
-    fetch = on[desc.logits().name]
-    return lambda x: eng.run({feed: x})[fetch]
+
+    def run_(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        got = eng.run({on[k]: v for k, v in feeds.items()})
+        return {t.name: got[on[t.name]] for t in desc.outputs}
+
+    return run_
 
 
 def _packaged_engine(source: _Source, fp32: Any, threads: int) -> Any | None:
@@ -412,24 +424,28 @@ def _packaged_engine(source: _Source, fp32: Any, threads: int) -> Any | None:
 
 
 def _reference(src: artifacts.Artifact, source: _Source, cfg: PackageConfig, text: dict[str, Any] | None,
-               fp32: Callable[[np.ndarray], np.ndarray], packaged: tuple[Any, Callable[[np.ndarray], np.ndarray]] | None
-               ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
-    """The reference set (`pipeline/reference.py`): real inputs, the fp32 program's outputs, and the packaged
-    program's agreement with them here, through the engine `pipe serve` runs (`packaged`: the engine and its
-    x -> logits; None when this CPU cannot run it). Below the budget
-    (compress.min_agreement) nothing is written (exit 4): a package never ships what fails its own check."""
+               desc: iospec.IO, fp32: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
+               packaged: tuple[Any, Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]] | None
+               ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, Any]]:
+    """The reference set (`pipeline/reference.py`): real inputs, the fp32 program's outputs (every one), and
+    the packaged program's agreement with them here, through the engine `pipe serve` runs (`packaged`: the
+    engine and its feeds -> outputs; None when this CPU cannot run it). Below the budget (top-1 agreement on
+    the logits under compress.min_agreement, or another float output under compress.min_sqnr_db) nothing is
+    written (exit 4): a package never ships what fails its own check."""
     exp = src if src.stage == "export" else _lineage_export(src)
     vocab = serving_spec.check_vocab(source.vocab, text) if text is not None else None
     x = reference.draw(exp.manifest["config"], exp.manifest["interface"], vocab)
-    budget = float(((src.manifest.get("config") or {}).get("compress") or {}).get("min_agreement", 0.99))
-    y = reference.run(fp32, x, cfg.max_batch_size).astype(np.float32)
-    out: dict[str, Any] = {"samples": int(len(x)), "min_agreement": budget, "cpu": cpu.summary()}
+    ccfg = (src.manifest.get("config") or {}).get("compress") or {}
+    budget, min_db = float(ccfg.get("min_agreement", 0.99)), float(ccfg.get("min_sqnr_db", _MIN_SQNR_DB))
+    y = reference.run(fp32, x, cfg.max_batch_size, desc)
+    out: dict[str, Any] = {"samples": int(iospec.num_rows(x)), "min_agreement": budget, "min_sqnr_db": min_db,
+                           "cpu": cpu.summary()}
     if packaged is None:
         out["not_run_here"] = runtime.bf16_unsupported()
         print(f"package: reference check not run here ({out['not_run_here']}); pipe serve runs it where it serves")
         return x, y, out
-    eng, logits = packaged
-    result = reference.compare(reference.run(logits, x, cfg.max_batch_size), y)
+    eng, run_ = packaged
+    result = reference.compare(reference.run(run_, x, cfg.max_batch_size, desc), y, desc, min_db)
     out.update(result, engine=eng.describe())
     print(f"package: {reference.describe(result, budget)} on {source.engine} {source.precision} here")
     if not reference.verdict(result, budget):
@@ -450,9 +466,11 @@ def _copy_model(src: Path, dest: Path) -> None:
 # ------------------------------------------------------------------ Triton repository
 
 
-def _triton(root: Path, name: str, source: _Source, inp: dict[str, Any], outp: dict[str, Any],
-            labels: list[str], cfg: PackageConfig, xs: list[np.ndarray], y_refs: list[np.ndarray],
+def _triton(root: Path, name: str, source: _Source, desc: iospec.IO, served: iospec.IO, labels: list[str],
+            cfg: PackageConfig, checks: list[dict[str, np.ndarray]], y_refs: list[dict[str, np.ndarray]],
             threads: int) -> dict[str, Any]:
+    """The Triton repository: its ONNX with every tensor under the served name, parity-checked on every
+    output against the fp32 predictor (`y_refs`, by `desc`'s names), and config.pbtxt from the ONNX itself."""
     (root / "1").mkdir(parents=True)
     onnx_path = root / "1" / "model.onnx"
     metrics: dict[str, Any] = {}
@@ -462,39 +480,52 @@ def _triton(root: Path, name: str, source: _Source, inp: dict[str, Any], outp: d
     else:
         _paddle2onnx(source.fp32_program, source.fp32_params, onnx_path, threads)
         origin, precision = "paddle2onnx", "fp32"
-    renamed = _rename_io(onnx_path, inp["name"], outp["name"])
+    sess = _onnx_session(onnx_path, threads)
+    # the ONNX's own names, by name (ONNX made from the legacy program lists its inputs in reverse order)
+    on = engines.names(SimpleNamespace(inputs=[i.name for i in sess.get_inputs()],
+                                       outputs=[o.name for o in sess.get_outputs()]), desc, str(onnx_path))
+    pairs = list(zip((*desc.inputs, *desc.outputs), (*served.inputs, *served.outputs)))
+    renamed = _rename_io(onnx_path, {on[t.name]: s.name for t, s in pairs})
     if renamed:
         metrics["onnx_io_renamed"] = renamed
-    ort_in, ort_out, y_onnx = _run_onnx(onnx_path, xs, inp, outp, threads)
-    diff = max(float(np.abs(y.astype(np.float64) - ref).max()) for y, ref in zip(y_onnx, y_refs))
-    peak = max(float(np.abs(ref).max()) for ref in y_refs)
-    metrics.update({"onnx_max_abs_diff": diff, "onnx_max_abs_logit": peak, "onnx_source": origin,
-                    "onnx_precision": precision})
+        sess = _onnx_session(onnx_path, threads)
+    ort_in, ort_out, y_onnx = _run_onnx(sess, onnx_path, checks, desc, served)
+    per: dict[str, dict[str, float]] = {}
+    for t in desc.outputs:
+        per[t.public] = {"max_abs_diff": max(float(np.abs(y[t.name].astype(np.float64) - ref[t.name]).max())
+                                             for y, ref in zip(y_onnx, y_refs)),
+                         "max_abs": max(float(np.abs(ref[t.name]).max()) for ref in y_refs)}
+    logits = per[desc.logits().public]
+    metrics.update({"onnx_max_abs_diff": logits["max_abs_diff"], "onnx_max_abs_logit": logits["max_abs"],
+                    "onnx_outputs": per, "onnx_source": origin, "onnx_precision": precision})
     if precision == "fp32":  # an int8 ONNX is measured against fp32 by compress, not held to parity
-        bound = cfg.onnx_parity_tol * peak
-        if not diff <= bound:  # `not <=` also catches NaN
-            raise ParityError(f"onnx parity: onnxruntime ({origin}) vs Paddle fp32 predictor max|diff| {diff:.3g} > "
-                            f"onnx_parity_tol {cfg.onnx_parity_tol:g} x max|logit| {peak:.3g} = {bound:.3g} "
-                            f"on {sum(len(x) for x in xs)} check samples; nothing written (or pass --no-triton)")
+        for out_name, p in per.items():
+            bound = cfg.onnx_parity_tol * p["max_abs"]
+            if not p["max_abs_diff"] <= bound:  # `not <=` also catches NaN
+                raise ParityError(f"onnx parity: onnxruntime ({origin}) vs Paddle fp32 predictor on output "
+                                  f"{out_name!r} max|diff| {p['max_abs_diff']:.3g} > onnx_parity_tol "
+                                  f"{cfg.onnx_parity_tol:g} x max|value| {p['max_abs']:.3g} = {bound:.3g} on "
+                                  f"{sum(iospec.num_rows(f) for f in checks)} check samples; nothing written "
+                                  "(or pass --no-triton)")
         metrics["onnx_parity_tol"] = cfg.onnx_parity_tol
     (root / "labels.txt").write_text("".join(f"{lab}\n" for lab in labels), encoding="utf-8")
-    (root / "config.pbtxt").write_text(_triton_config(name, ort_in, ort_out, cfg), encoding="utf-8")
+    (root / "config.pbtxt").write_text(_triton_config(name, ort_in, ort_out, served.logits().name, cfg),
+                                       encoding="utf-8")
     return {"model": name, "onnx_source": origin, "onnx_precision": precision, "repository": "triton",
             "metrics": metrics}
 
 
-def _rename_io(path: Path, inp: str, out: str) -> dict[str, str]:
-    """Give the Triton copy of the ONNX the served model's input and output names (a legacy program's output
-    is e.g. `linear_0.tmp_1`, paddle2onnx's `fetch_name_0`), so one v2 request, names included, works on
-    `pipe serve` and on Triton alike. Returns {old: new} for what changed."""
+def _rename_io(path: Path, names: dict[str, str]) -> dict[str, str]:
+    """Give the Triton copy of the ONNX the served model's input and output names (`names`: the ONNX's ->
+    the served; a legacy program's output is e.g. `linear_0.tmp_1`, paddle2onnx's `fetch_name_0`), so one v2
+    request, names included, works on `pipe serve` and on Triton alike. Returns {old: new} for what changed."""
+    want = {old: new for old, new in names.items() if old != new}
+    if not want:
+        return {}
     import onnx
 
     model = onnx.load(str(path))
     g = model.graph
-    want = {g.input[0].name: inp, g.output[0].name: out} if len(g.input) == 1 and len(g.output) == 1 else {}
-    want = {old: new for old, new in want.items() if old != new}
-    if not want:
-        return {}
     taken = ({n for node in g.node for n in (*node.input, *node.output)} | {i.name for i in g.initializer}) - set(want)
     clash = {new: f"{new}__pipe_internal" for new in want.values() if new in taken}  # an inner tensor of that name
     mapping = {**clash, **want}
@@ -537,37 +568,44 @@ def _paddle2onnx(program: Path, params: Path, dest: Path, threads: int) -> None:
                         "(or pass --no-triton)")
 
 
-def _run_onnx(path: Path, xs: list[np.ndarray], inp: dict[str, Any], outp: dict[str, Any],
-              threads: int) -> tuple[Any, Any, list[np.ndarray]]:
-    """The Triton copy on plain onnxruntime (as Triton's backend runs it), fed and fetched by the served names
-    (`_rename_io` gave it them)."""
+def _onnx_session(path: Path, threads: int) -> Any:
+    """The Triton copy on plain onnxruntime, as Triton's backend runs it."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.log_severity_level = 3  # unused-initializer warnings from paddle2onnx graphs
     so.intra_op_num_threads = threads
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def _run_onnx(sess: Any, path: Path, checks: list[dict[str, np.ndarray]], desc: iospec.IO, served: iospec.IO
+              ) -> tuple[list[Any], list[Any], list[dict[str, np.ndarray]]]:
+    """The check batches on the Triton copy, fed and fetched by the served names (`_rename_io` gave it them):
+    (its inputs and outputs in the served order, every output by `desc`'s names per batch). Each input's dims
+    behind the batch must be the model's."""
     ins, outs = {i.name: i for i in sess.get_inputs()}, {o.name: o for o in sess.get_outputs()}
-    if len(ins) != 1 or len(outs) != 1:
-        raise InputError(f"{path}: ONNX model has {len(ins)} inputs and {len(outs)} outputs, expected 1 and 1")
-    if inp["name"] not in ins or outp["name"] not in outs:
+    if {t.name for t in served.inputs} != set(ins) or any(t.name not in outs for t in served.outputs):
         raise InputError(f"{path}: ONNX io names {list(ins)} -> {list(outs)} are not the served "
-                         f"{inp['name']} -> {outp['name']}")
-    ort_in, ort_out = ins[inp["name"]], outs[outp["name"]]
-    want = [*inp["shape"][1:]]
-    got = [d if isinstance(d, int) else -1 for d in ort_in.shape[1:]]
-    if got != want:
-        raise InputError(f"{path}: ONNX input shape [N, {', '.join(map(str, got))}] does not match the "
-                         f"model's [N, {', '.join(map(str, want))}]")
-    ys = [sess.run([ort_out.name], {ort_in.name: x})[0] for x in xs]
-    return ort_in, ort_out, ys
+                         f"{[t.name for t in served.inputs]} -> {[t.name for t in served.outputs]}")
+    for t in served.inputs:
+        want = [*t.shape[1:]]
+        got = [d if isinstance(d, int) else -1 for d in ins[t.name].shape[1:]]
+        if got != want:
+            raise InputError(f"{path}: ONNX input {t.name!r} shape [N, {', '.join(map(str, got))}] does not match "
+                             f"the model's [N, {', '.join(map(str, want))}]")
+    fetch = [t.name for t in served.outputs]
+    ys = [dict(zip((t.name for t in desc.outputs),
+                   sess.run(fetch, {s.name: feeds[t.name] for t, s in zip(desc.inputs, served.inputs)})))
+          for feeds in checks]
+    return [ins[t.name] for t in served.inputs], [outs[t.name] for t in served.outputs], ys
 
 
 _ONNX_TYPES = {"tensor(float)": "TYPE_FP32", "tensor(int64)": "TYPE_INT64", "tensor(int32)": "TYPE_INT32"}
 
 
-def _triton_config(name: str, ort_in: Any, ort_out: Any, cfg: PackageConfig) -> str:
-    """config.pbtxt for Triton's onnxruntime backend; the first dim is the batch (max_batch_size)."""
+def _triton_config(name: str, ort_in: list[Any], ort_out: list[Any], logits: str, cfg: PackageConfig) -> str:
+    """config.pbtxt for Triton's onnxruntime backend: an entry per tensor, named, typed and shaped as the ONNX
+    declares it (the first dim is the batch: max_batch_size); labels.txt on the logits output."""
     def dims(shape: list[Any]) -> str:
         return ", ".join(str(d) if isinstance(d, int) and d > 0 else "-1" for d in shape[1:])
 
@@ -576,19 +614,21 @@ def _triton_config(name: str, ort_in: Any, ort_out: Any, cfg: PackageConfig) -> 
             raise InputError(f"ONNX tensor type {t} has no Triton mapping here")
         return _ONNX_TYPES[t]
 
+    def entries(kind: str, tensors: list[Any]) -> str:
+        body = ",\n".join(
+            "  {\n"
+            f'    name: "{t.name}"\n    data_type: {dtype(t.type)}\n    dims: [ {dims(t.shape)} ]\n'
+            + ('    label_filename: "labels.txt"\n' if kind == "output" and t.name == logits else "")
+            + "  }" for t in tensors)
+        return f"{kind} [\n{body}\n]\n"
+
     delay_us = int(round(cfg.max_wait_ms * 1000))
     return (
         f'name: "{name}"\n'
         'backend: "onnxruntime"\n'
         f"max_batch_size: {cfg.max_batch_size}\n"
-        "input [\n  {\n"
-        f'    name: "{ort_in.name}"\n    data_type: {dtype(ort_in.type)}\n    dims: [ {dims(ort_in.shape)} ]\n'
-        "  }\n]\n"
-        "output [\n  {\n"
-        f'    name: "{ort_out.name}"\n    data_type: {dtype(ort_out.type)}\n    dims: [ {dims(ort_out.shape)} ]\n'
-        '    label_filename: "labels.txt"\n'
-        "  }\n]\n"
-        f"dynamic_batching {{\n  max_queue_delay_microseconds: {delay_us}\n}}\n"
+        + entries("input", ort_in) + entries("output", ort_out)
+        + f"dynamic_batching {{\n  max_queue_delay_microseconds: {delay_us}\n}}\n"
         "instance_group [\n  {\n    count: 1\n    kind: KIND_CPU\n  }\n]\n"
     )
 
@@ -596,7 +636,7 @@ def _triton_config(name: str, ort_in: Any, ort_out: Any, cfg: PackageConfig) -> 
 # ------------------------------------------------------------------ documents
 
 
-def _serving_spec(name: str, source: _Source, inp: dict[str, Any], outp: dict[str, Any],
+def _serving_spec(name: str, source: _Source, served: iospec.IO,
                   iface: dict[str, Any], cfg: PackageConfig, triton: dict[str, Any] | None,
                   text: dict[str, Any] | None, ref_check: dict[str, Any]) -> dict[str, Any]:
     files = MODEL_FILES[source.format]
@@ -612,15 +652,15 @@ def _serving_spec(name: str, source: _Source, inp: dict[str, Any], outp: dict[st
                    "measured": {k: source.variant_metrics.get(k) for k in
                                 ("latency_ms_p50_bs1", "items_per_s_bs32", "speedup_bs1", "speedup_bs32")
                                 if source.variant_metrics.get(k) is not None}},
-        "input": inp,
-        "output": outp,
+        "inputs": serving_spec.entries(served.inputs),
+        "outputs": serving_spec.entries(served.outputs),
         "labels": [str(lab) for lab in iface["labels"]],
         "preprocessing": iface["preprocessing"],
         "batching": {"max_batch_size": cfg.max_batch_size, "max_wait_ms": cfg.max_wait_ms},
         "server": dict(SERVER_DEFAULTS),
         "triton": triton,
         "reference": {"file": reference.FILE, "samples": ref_check["samples"],
-                      "min_agreement": ref_check["min_agreement"],
+                      "min_agreement": ref_check["min_agreement"], "min_sqnr_db": ref_check["min_sqnr_db"],
                       "at_package": {k: ref_check.get(k) for k in ("top1_agreement", "max_abs_diff", "cpu")}},
     }
     if text is not None:
@@ -628,14 +668,15 @@ def _serving_spec(name: str, source: _Source, inp: dict[str, Any], outp: dict[st
     return doc
 
 
-def _client_conf(inp: dict[str, Any], outp: dict[str, Any]) -> str:
-    """Paddle Serving's GeneralModelConfig text format; shapes exclude the batch dim."""
-    def var(kind: str, io: dict[str, Any]) -> str:
-        dims = "\n  ".join(f"shape: {d}" for d in io["shape"][1:])
-        return (f'{kind}_var {{\n  name: "{io["name"]}"\n  alias_name: "{io["alias"]}"\n'
-                f"  is_lod_tensor: false\n  {kind}_type: {DTYPES[io['dtype']][0]}\n  {dims}\n}}\n")
+def _client_conf(served: iospec.IO) -> str:
+    """Paddle Serving's GeneralModelConfig text format: a feed_var per input, a fetch_var per output, by the
+    served names with the public ones as alias_name; shapes exclude the batch dim (-1: any length)."""
+    def var(kind: str, t: iospec.Tensor) -> str:
+        dims = "\n  ".join(f"shape: {d}" for d in t.shape[1:])
+        return (f'{kind}_var {{\n  name: "{t.name}"\n  alias_name: "{t.public}"\n'
+                f"  is_lod_tensor: false\n  {kind}_type: {DTYPES[t.dtype][0]}\n  {dims}\n}}\n")
 
-    return var("feed", inp) + var("fetch", outp)
+    return "".join(var("feed", t) for t in served.inputs) + "".join(var("fetch", t) for t in served.outputs)
 
 
 def _check_file_set(d: Path, want: set[str]) -> None:

@@ -1,11 +1,14 @@
 """The README.md `pipe package` writes into a package: how to serve it and call it (curl, Python, the
 Paddle Serving client, tritonclient on /v2, Triton), generated from the package's serving.yaml so its
-examples match the model's input. It documents `pipe serve`'s API, so it lives beside the server's code.
+examples match the model's tensors: every input and output is listed, and a model of several inputs is
+called on /v2 (one named tensor each) and through the Paddle Serving client (one feed each). It documents
+`pipe serve`'s API, so it lives beside the server's code.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +28,34 @@ def example_ids(vocab: Path | None, text: dict[str, Any] | None) -> list[int] | 
     return [int(i) for i in ids[:min(len(_EXAMPLE_TEXT), text["max_len"])]]
 
 
-def render(spec: dict[str, Any], inp: dict[str, Any], outp: dict[str, Any], ids: list[int] | None) -> str:
+def _zeros(t: dict[str, Any]) -> str:
+    """One sample of zeros of `t` as nested JSON lists."""
+    nested = "0.0" if t["dtype"] == "float32" else "0"
+    for d in reversed(t["shape"][1:]):
+        nested = "[" + ", ".join([nested] * d) + "]"
+    return nested
+
+
+def _np_zeros(t: dict[str, Any], var: str) -> str:
+    return f"{var} = np.zeros(({', '.join(['1'] + [str(d) for d in t['shape'][1:]])}), np.{t['dtype']})"
+
+
+def _tensor_lines(spec: dict[str, Any]) -> list[str]:
+    """Every input and output: served name, public name, dtype, shape, role."""
+    rows = ["| | name | public name | dtype | shape (first dim: batch) |", "|---|---|---|---|---|"]
+    for kind, key in (("input", "inputs"), ("output", "outputs")):
+        for t in spec[key]:
+            role = f" ({t['role']})" if t.get("role") else ""
+            rows.append(f"| {kind}{role} | `{t['name']}` | `{t['alias']}` | {t['dtype']} | {t['shape']} |")
+    return rows
+
+
+def render(spec: dict[str, Any], ids: list[int] | None) -> str:
+    ins, outs = spec["inputs"], spec["outputs"]
+    if len(ins) > 1 and spec.get("text") is None:
+        return _render_inputs(spec)
+    inp = ins[0]
+    outp = next(t for t in outs if t.get("role") == "logits")
     text = spec.get("text")
     sample = list(inp["shape"][1:])
     if text is not None:
@@ -33,28 +63,14 @@ def render(spec: dict[str, Any], inp: dict[str, Any], outp: dict[str, Any], ids:
         x_line = f"x = np.array([{ids}], np.int64)  # token ids of {_EXAMPLE_TEXT!r} (pipe serve pads them)"
         body_line = f"json={{\"text\": [\"{_EXAMPLE_TEXT}\", \"质量太差了，不推荐\"]}}"
     else:
-        zeros = "0.0" if inp["dtype"] == "float32" else "0"
-        nested = zeros
-        for d in reversed(sample):
-            nested = "[" + ", ".join([nested] * d) + "]"
-        tensor_json = json.dumps({"inputs": [json.loads(nested)]}, separators=(",", ":"))
+        tensor_json = json.dumps({"inputs": [json.loads(_zeros(inp))]}, separators=(",", ":"))
         x_line = (f"x = np.zeros(({', '.join(['1'] + [str(d) for d in sample])}), np.{inp['dtype']})  "
                   "# one sample, already preprocessed")
         body_line = "json={\"inputs\": x.tolist()}"
     if len(tensor_json) > 600:
         tensor_json = None
     image = spec["preprocessing"].get("kind") == "image"
-    b = spec["batching"]
-    lines = [
-        f"# {spec['name']}: a pipe serving package",
-        "",
-        f"Engine {spec['model'].get('engine', 'paddle_inference')}, precision {spec['precision']}, "
-        f"{spec['model']['format']} model `{spec['model']['program']}` (variant {spec['model']['variant']}). "
-        f"Input `{inp['alias']}` {inp['dtype']} {inp['shape']} (first dim: batch), output `{outp['alias']}` "
-        f"{outp['shape']}, {len(spec['labels'])} labels. Every file's sha256 is in `manifest.json`; "
-        "`pipe serve` refuses to start if one does not match.",
-        "",
-    ]
+    lines = _head(spec)
     if text is not None:
         lines += [
             f"A text model: `pipe serve` encodes text with `{text['vocab_file']}` ({text['vocab_size']} entries, "
@@ -64,22 +80,8 @@ def render(spec: dict[str, Any], inp: dict[str, Any], outp: dict[str, Any], ids:
             "way, so a text gets the same logits alone or batched with longer or shorter ones.",
             "",
         ]
+    lines += _serve(spec)
     lines += [
-        "## Serve",
-        "",
-        "```sh",
-        "pipe serve .                 # http://127.0.0.1:8000",
-        "pipe serve . --port 9000 --max-batch-size 64",
-        "```",
-        "",
-        f"Concurrent requests are batched: up to {b['max_batch_size']} samples per run, waiting at most "
-        f"{b['max_wait_ms']} ms for more. Health: `GET /livez`, `GET /readyz`; metadata `GET /v1/model`; "
-        "the Open Inference Protocol (KServe v2) under `/v2` (below); "
-        "Prometheus metrics `GET /metrics`; the OpenAPI schema `GET /openapi.json`, and interactive docs at "
-        "`GET /docs` where the `fastapi-offline` package is installed (Swagger UI served by the server "
-        "itself, no CDN; without it there is no /docs page). It listens on 127.0.0.1 only unless `--host` "
-        "is given: it has no authentication or TLS, so put it behind a proxy before exposing it.",
-        "",
         "## curl",
         "",
         "```sh",
@@ -157,6 +159,131 @@ def render(spec: dict[str, Any], inp: dict[str, Any], outp: dict[str, Any], ids:
         "```",
         "",
     ]
+    lines += _tail(spec)
+    return "\n".join(lines)
+
+
+def _head(spec: dict[str, Any]) -> list[str]:
+    n_in, n_out = len(spec["inputs"]), len(spec["outputs"])
+    return [
+        f"# {spec['name']}: a pipe serving package",
+        "",
+        f"Engine {spec['model'].get('engine', 'paddle_inference')}, precision {spec['precision']}, "
+        f"{spec['model']['format']} model `{spec['model']['program']}` (variant {spec['model']['variant']}), "
+        f"{n_in} input{'s' * (n_in > 1)} and {n_out} output{'s' * (n_out > 1)}, {len(spec['labels'])} labels. "
+        "Every file's sha256 is in `manifest.json`; `pipe serve` refuses to start if one does not match.",
+        "",
+        "## Tensors",
+        "",
+        *_tensor_lines(spec),
+        "",
+        "`name` is the served program's (Triton's config.pbtxt and the v2 protocol use it), the public name is "
+        "the model's own (the Paddle Serving client's alias_name); `pipe serve` takes either.",
+        "",
+    ]
+
+
+def _serve(spec: dict[str, Any]) -> list[str]:
+    b = spec["batching"]
+    return [
+        "## Serve",
+        "",
+        "```sh",
+        "pipe serve .                 # http://127.0.0.1:8000",
+        "pipe serve . --port 9000 --max-batch-size 64",
+        "```",
+        "",
+        f"Concurrent requests are batched: up to {b['max_batch_size']} samples per run, waiting at most "
+        f"{b['max_wait_ms']} ms for more. Health: `GET /livez`, `GET /readyz`; metadata `GET /v1/model`; "
+        "the Open Inference Protocol (KServe v2) under `/v2` (below); "
+        "Prometheus metrics `GET /metrics`; the OpenAPI schema `GET /openapi.json`, and interactive docs at "
+        "`GET /docs` where the `fastapi-offline` package is installed (Swagger UI served by the server "
+        "itself, no CDN; without it there is no /docs page). It listens on 127.0.0.1 only unless `--host` "
+        "is given: it has no authentication or TLS, so put it behind a proxy before exposing it.",
+        "",
+    ]
+
+
+def _render_inputs(spec: dict[str, Any]) -> str:
+    """A model of several (non-text) inputs: every example names each input (v2 JSON, the Paddle Serving
+    client's feed dict, tritonclient's InferInputs) and reads every output."""
+    ins, outs = spec["inputs"], spec["outputs"]
+    logits = next(t for t in outs if t.get("role") == "logits")
+    url = f"http://127.0.0.1:8000/v2/models/{spec['name']}/infer"
+    body = {"inputs": [{"name": t["name"], "shape": [1, *t["shape"][1:]], "datatype": datatype(t["dtype"]),
+                        "data": [0.0 if t["dtype"] == "float32" else 0] * math.prod(t["shape"][1:])} for t in ins]}
+    body_json = json.dumps(body, separators=(",", ":"))
+    zeros = [_np_zeros(t, f"x_{i}") + f"  # {t['alias']}: one sample, already preprocessed" for i, t in enumerate(ins)]
+    lines = _head(spec) + _serve(spec) + ["## curl", "", "```sh"]
+    if len(body_json) <= 600:
+        lines += [f"curl -s {url} -H 'Content-Type: application/json' \\", f"     -d '{body_json}'"]
+    else:
+        lines += [f"# POST {url} with one named tensor per input (see Python below)"]
+    lines += [
+        "```",
+        "",
+        "The answer lists every output by name (`outputs: [{name, datatype, shape, data}]`); a request's "
+        "`outputs` picks some. A missing or unknown input, or one of the wrong datatype or shape: 400 with a "
+        "line naming it.",
+        "",
+        "## Python",
+        "",
+        "```python",
+        "import httpx, numpy as np",
+        "",
+        *zeros,
+        "body = {\"inputs\": [",
+        *(f"    {{\"name\": \"{t['name']}\", \"shape\": list(x_{i}.shape), \"datatype\": "
+          f"\"{datatype(t['dtype'])}\", \"data\": x_{i}.ravel().tolist()}}," for i, t in enumerate(ins)),
+        "]}",
+        f"r = httpx.post(\"{url}\", json=body)",
+        "r.raise_for_status()",
+        "out = {o[\"name\"]: np.asarray(o[\"data\"]).reshape(o[\"shape\"]) for o in r.json()[\"outputs\"]}",
+        f"print(out[\"{logits['name']}\"].argmax(1))",
+        "```",
+        "",
+        "Paddle Serving clients (`paddle-serving-client` 0.9.0, Python <= 3.9) work unchanged against "
+        "`pipe serve`, in protobuf and JSON mode: one feed per input, by its alias_name:",
+        "",
+        "```python",
+        "import numpy as np",
+        "from paddle_serving_client import HttpClient",
+        "",
+        *zeros,
+        "client = HttpClient()",
+        "client.load_client_config(\"serving_client_conf.prototxt\")",
+        "client.connect([\"127.0.0.1:8000\"])          # dotted IPv4 only",
+        "out = client.predict(feed={" + ", ".join(f"\"{t['alias']}\": x_{i}" for i, t in enumerate(ins))
+        + "}, fetch=[" + ", ".join(f"\"{t['alias']}\"" for t in outs) + "], batch=True)",
+        "print(out.outputs[0].tensor[0].float_data)  # after client.set_http_proto(False): a dict",
+        "```",
+        "",
+        "The Open Inference Protocol (KServe v2) is served at `/v2` (model `" + spec["name"] + "`, version 1): "
+        "Triton's `tritonclient[http]` works unchanged, with JSON or binary tensors:",
+        "",
+        "```python",
+        "import numpy as np",
+        "import tritonclient.http as httpclient",
+        "",
+        *zeros,
+        "inputs = []",
+        *(f"inputs.append(httpclient.InferInput(\"{t['name']}\", list(x_{i}.shape), \"{datatype(t['dtype'])}\"))\n"
+          f"inputs[-1].set_data_from_numpy(x_{i})  # binary; binary_data=False sends JSON" for i, t in enumerate(ins)),
+        "client = httpclient.InferenceServerClient(\"127.0.0.1:8000\")",
+        "result = client.infer(\"" + spec["name"] + "\", inputs)",
+        f"print(result.as_numpy(\"{logits['name']}\").argmax(1))"
+        + "".join(f"\nprint(result.as_numpy(\"{t['name']}\").shape)" for t in outs if t is not logits),
+        "```",
+        "",
+    ]
+    lines += _tail(spec)
+    return "\n".join(lines)
+
+
+def _tail(spec: dict[str, Any]) -> list[str]:
+    """Why this engine; the Triton repository."""
+    text = spec.get("text")
+    lines: list[str] = []
     why = (spec.get("engine") or {}).get("why")
     if why:
         lines += ["## Why this engine", "", f"`pipe package` measured the variants on this machine and chose "
@@ -182,9 +309,12 @@ def render(spec: dict[str, Any], inp: dict[str, Any], outp: dict[str, Any], ids:
             "",
         ]
         if text is not None:
+            others = [i["name"] for i in spec["inputs"][1:]]
             lines[-1:-1] = [
                 "",
                 f"Triton has no tokenizer: send int64 token ids of `{text['vocab_file']}` (dims [-1]: any length), "
-                f"padded with {text['pad_id']} to {text['max_len']} as `pipe serve` does to get the same logits.",
+                f"padded with {text['pad_id']} to {text['max_len']} as `pipe serve` does to get the same logits"
+                + (f"; and {', '.join(f'`{n}`' for n in others)} as `pipe serve` makes them from the ids "
+                   "(`pipeline/data.py` text_inputs)." if others else "."),
             ]
-    return "\n".join(lines)
+    return lines

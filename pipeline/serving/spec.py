@@ -1,10 +1,13 @@
 """The serving package contract and its reader: what `pipe package` writes and `pipe serve` accepts.
 
 A package is an allowlist of files (`allowlist`), `serving.yaml` (schema `SERVING_SCHEMA`) and a manifest
-with the sha256 of each. `load_package` verifies all of it before anything is loaded; `settings` merges
-the package's defaults with the `pipe serve` flags. Text packages also carry the vocabulary (`vocab.json`,
-a JSON list, id = position) and a `text:` section; `TextSpec.encode` is the training encoder itself
-(`pipeline.data.encode_texts`), so served text gets exactly the ids its model was trained on.
+with the sha256 of each. `load_package` verifies all of it before anything is loaded; `settings` merges the
+package's defaults with the `pipe serve` flags. serving.yaml lists every tensor (`inputs:`, `outputs:`; each
+a name = the served program's, alias = the public name, dtype, shape with -1 for dynamic axes, and
+`role: logits` on the logits output); `Spec.io` is that description (`pipeline/iospec.py`). Packages made
+before it held one `input:` and one `output:`, read as a one-tensor list each. Text packages also carry the vocabulary
+(`vocab.json`, a JSON list, id = position) and a `text:` section; `TextSpec.encode` is the training encoder
+itself (`pipeline.data.encode_texts`), so served text gets exactly the ids its model was trained on.
 """
 
 from __future__ import annotations
@@ -117,8 +120,7 @@ class Spec:
     fmt: str
     files: tuple[Path, ...]  # the model files, in the order the engine loads them
     engine: str  # the engine the package was built and checked for (serving.yaml model.engine)
-    inp: dict[str, Any]
-    outp: dict[str, Any]
+    io: iospec.IO  # every input and output: the served program's `name`, public `alias`, dtype, shape, role
     labels: list[str]
     preprocessing: dict[str, Any]
     doc: dict[str, Any]
@@ -126,22 +128,66 @@ class Spec:
     text: TextSpec | None = None
 
     @property
-    def io(self) -> iospec.IO:
-        """Every input and output (program name, public `alias`, dtype, shape; the logits role): what the
-        server validates requests against and feeds and fetches by name."""
-        return iospec.IO.from_interface({"inputs": [self.inp], "outputs": [self.outp]}, "serving.yaml")
-
-    @property
     def dir(self) -> Path:
         return self.files[0].parent
 
+    # Transition: the server parts that still read one input and one output (until they read `io`).
+    @property
+    def inp(self) -> dict[str, Any]:
+        """The only input, as serving.yaml's old `input:` held it. InputError, one line, for several."""
+        if len(self.io.inputs) != 1:
+            raise InputError(f"{self.dir}: this part of pipe serve reads one input, the package has "
+                             f"{len(self.io.inputs)} ({', '.join(t.public for t in self.io.inputs)})")
+        return _entry(self.io.inputs[0])
+
+    @property
+    def outp(self) -> dict[str, Any]:
+        """The logits output, as serving.yaml's old `output:` held it."""
+        return _entry(self.io.logits())
+
     @property
     def sample_shape(self) -> tuple[int, ...]:
-        """The per-sample shape the predictor is fed: text inputs are always padded to max_len, as in
-        training (see `validate.canonical_ids`), so the predictor only ever sees [n, max_len]."""
+        """The per-sample shape the predictor is fed (one-input packages): text inputs are always padded to
+        max_len, as in training (see `validate.canonical_ids`), so the predictor only ever sees [n, max_len]."""
         if self.text is not None:
             return (self.text.max_len,)
         return tuple(self.inp["shape"][1:])
+
+
+def _entry(t: iospec.Tensor) -> dict[str, Any]:
+    """One tensor as serving.yaml lists it: name (the served program's), alias (public), dtype, shape, role."""
+    return {"name": t.name, "alias": t.public, "dtype": t.dtype, "shape": list(t.shape),
+            **({"role": t.role} if t.role else {})}
+
+
+def entries(tensors: tuple[iospec.Tensor, ...]) -> list[dict[str, Any]]:
+    """serving.yaml's `inputs:` or `outputs:` list."""
+    return [_entry(t) for t in tensors]
+
+
+def check_io(io_: iospec.IO, labels: list[str], text: bool, where: str) -> None:
+    """What a package serves, checked (the package stage and `load_package` alike): every tensor of a
+    servable dtype (`DTYPES`) with a dynamic batch and at least one more axis; inputs fixed behind the batch
+    (text: every input int64 ids [-1, -1]); the logits output float32 [-1, len(labels)]. One line otherwise."""
+    for kind, tensors in (("input", io_.inputs), ("output", io_.outputs)):
+        for t in tensors:
+            if t.dtype not in DTYPES:
+                raise InputError(f"{where}: {kind} {t.public!r} dtype {t.dtype} is not servable "
+                                 f"(pipe serves {', '.join(DTYPES)})")
+            if len(t.shape) < 2:
+                raise InputError(f"{where}: {kind} {t.public!r} shape {list(t.shape)}: expected a dynamic batch "
+                                 "and at least one more axis")
+    for t in io_.inputs:
+        if text and (t.dtype != "int64" or list(t.shape) != [-1, -1]):
+            raise InputError(f"{where}: a text model takes int64 ids of shape [-1, -1]; input {t.public!r} is "
+                             f"{t.dtype} {list(t.shape)}")
+        if not text and min(t.shape[1:]) < 1:
+            raise InputError(f"{where}: input {t.public!r} shape must be a dynamic batch and fixed dims, got "
+                             f"{list(t.shape)}")
+    logits = io_.logits()
+    if logits.dtype != "float32" or list(logits.shape) != [-1, len(labels)]:
+        raise InputError(f"{where}: the logits output {logits.public!r} must be float32 [-1, {len(labels)}], got "
+                         f"{logits.dtype} {list(logits.shape)}")
 
 
 @dataclass(frozen=True)
@@ -158,16 +204,6 @@ class Settings:
     drain_s: float
 
 
-def _io_ok(io_: dict[str, Any], text: bool) -> bool:
-    shape = io_["shape"]
-    if not (io_["dtype"] in DTYPES and isinstance(io_["name"], str) and isinstance(shape, list)
-            and len(shape) >= 2 and shape[0] == -1):
-        return False
-    if text:  # int64 ids of any length
-        return shape == [-1, -1] and io_["dtype"] == "int64"
-    return all(isinstance(d, int) and d >= 1 for d in shape[1:])
-
-
 def load_package(path: Path) -> Spec:
     """Verify the package (manifest, sha256 of every file, the allowlist) and read serving.yaml."""
     art = artifacts.verify(path, ("package",))
@@ -180,18 +216,22 @@ def load_package(path: Path) -> Spec:
         names = MODEL_FILES[fmt] if fmt in MODEL_FILES else ()
         engine = doc["model"].get("engine") or DEFAULT_ENGINE
         given = [doc["model"]["program"]] + ([doc["model"]["params"]] if doc["model"].get("params") else [])
-        inp, outp, labels = doc["input"], doc["output"], [str(s) for s in doc["labels"]]
+        labels = [str(s) for s in doc["labels"]]
+        # packages made before serving.yaml listed every tensor: one `input:`, one `output:` (the logits)
+        tensors = ({"inputs": doc["inputs"], "outputs": doc["outputs"]} if "inputs" in doc
+                   else {"inputs": [doc["input"]], "outputs": [doc["output"]]})
         is_text = isinstance(doc["preprocessing"], dict) and doc["preprocessing"].get("kind") == "text"
         ok = (doc["schema"] == SERVING_SCHEMA and doc["precision"] in PRECISIONS
               and tuple(given) == names and isinstance(engine, str)
-              and isinstance(doc["preprocessing"], dict) and isinstance(doc["name"], str))
-        ok = ok and _io_ok(inp, is_text) and _io_ok(outp, False)
-        ok = ok and outp["dtype"] == "float32" and outp["shape"] == [-1, len(labels)]
+              and isinstance(doc["preprocessing"], dict) and isinstance(doc["name"], str)
+              and all(isinstance(v, list) and all(isinstance(t, dict) for t in v) for v in tensors.values()))
         ok = ok and (not is_text or isinstance(doc.get("text"), dict))
     except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError):
         ok = False
     if not ok:
         raise InputError(f"{where}: not a serving spec this pipe reads (schema {SERVING_SCHEMA})")
+    io_ = iospec.IO.from_interface(tensors, str(where))
+    check_io(io_, labels, is_text, str(where))
     text = None
     if is_text:
         section = text_section(doc["text"], f"{where}: text")
@@ -202,8 +242,11 @@ def load_package(path: Path) -> Spec:
     ref = doc.get("reference")
     if ref is not None and not (isinstance(ref, dict) and ref.get("file") == REFERENCE_FILE
                                 and isinstance(ref.get("min_agreement"), (int, float))
-                                and 0 <= ref["min_agreement"] <= 1):
-        raise InputError(f"{where}: reference must name {REFERENCE_FILE} and a min_agreement in 0..1")
+                                and 0 <= ref["min_agreement"] <= 1
+                                and (ref.get("min_sqnr_db") is None or (isinstance(ref["min_sqnr_db"], (int, float))
+                                                                       and math.isfinite(ref["min_sqnr_db"])))):
+        raise InputError(f"{where}: reference must name {REFERENCE_FILE}, a min_agreement in 0..1 and, if any, a "
+                         "finite min_sqnr_db")
     allowed = allowlist(fmt, triton.get("model") if triton else None, text.section["vocab_file"] if text else None,
                         reference=ref is not None)
     found = set(art.manifest["files"]) | {artifacts.MANIFEST}
@@ -211,7 +254,7 @@ def load_package(path: Path) -> Spec:
         odd = sorted(found - allowed) or sorted(allowed - found)
         raise InputError(f"{path / artifacts.MANIFEST}: {odd[0]} is not in the package allowlist "
                          "(inference-format files only)")
-    return Spec(doc["name"], doc["precision"], fmt, tuple(path / f for f in names), engine, inp, outp, labels,
+    return Spec(doc["name"], doc["precision"], fmt, tuple(path / f for f in names), engine, io_, labels,
                 doc["preprocessing"], doc, art.manifest_sha256, text)
 
 

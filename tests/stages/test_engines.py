@@ -144,7 +144,7 @@ def test_one_package_per_engine_files_and_spec(packages, comp):
         assert held == want, (flag, held)
         # the Triton repository's io names are the served ones: one v2 request works on both servers
         pbtxt = (pkg / "triton/digits_cnn/config.pbtxt").read_text()
-        assert f'name: "{doc["input"]["name"]}"' in pbtxt and f'name: "{doc["output"]["name"]}"' in pbtxt
+        assert f'name: "{doc["inputs"][0]["name"]}"' in pbtxt and f'name: "{doc["outputs"][0]["name"]}"' in pbtxt
         check = _manifest(pkg)["metrics"]["reference"]
         assert check["engine"]["engine"] == engine and check["top1_agreement"] >= check["min_agreement"]
 

@@ -74,6 +74,7 @@ def test_reference_set_is_real_data_and_fp32_outputs(run):
 
     pkg = run / "package"
     t = load_file(str(pkg / "reference.safetensors"))
+    t = {"inputs": t.pop("input/x"), "outputs": t.pop("output/logits"), **t}  # every tensor, by public name
     assert sorted(t) == ["inputs", "outputs"] and t["inputs"].shape == (256, 1, 8, 8) and t["outputs"].shape == (256, 10)
     assert t["inputs"].dtype == np.float32 and t["outputs"].dtype == np.float32
     m = _manifest(run / "export")
@@ -131,9 +132,9 @@ def test_serving_yaml(run):
     assert doc["model"] == {"format": "pir", "program": "model.json", "params": "model.pdiparams",
                             "variant": "export-fp32", "engine": "paddle_inference"}
     assert doc["engine"]["name"] == "paddle_inference" and doc["engine"]["chosen"] == "auto"
-    assert doc["input"] == {"name": "x", "alias": "x", "dtype": "float32", "shape": [-1, 1, 8, 8]}
-    assert doc["output"] == {"name": iface["outputs"][0]["name"], "alias": "logits", "dtype": "float32",
-                             "shape": [-1, 10]}
+    assert doc["inputs"] == [{"name": "x", "alias": "x", "dtype": "float32", "shape": [-1, 1, 8, 8]}]
+    assert doc["outputs"] == [{"name": iface["outputs"][0]["name"], "alias": "logits", "dtype": "float32",
+                               "shape": [-1, 10], "role": "logits"}]
     assert doc["labels"] == iface["labels"] and doc["preprocessing"] == iface["preprocessing"]
     assert doc["batching"] == {"max_batch_size": 32, "max_wait_ms": 2.0}
     assert doc["server"] == package_mod.SERVER_DEFAULTS
@@ -311,7 +312,7 @@ def test_compress_layout_int8_and_fp32(run, tmp_path):
     doc = yaml.safe_load((int8 / "serving.yaml").read_text())
     legacy_out = _manifest(run / "export")["legacy"]["outputs"][0]
     assert doc["precision"] == "int8" and doc["model"]["variant"] == "int8-paddle"
-    assert doc["model"]["program"] == "model.pdmodel" and doc["output"]["name"] == legacy_out
+    assert doc["model"]["program"] == "model.pdmodel" and doc["outputs"][0]["name"] == legacy_out
     assert doc["triton"]["onnx_source"] == "compress:onnx-fp32" and doc["triton"]["onnx_precision"] == "fp32"
     assert _manifest(int8)["metrics"]["variant_accuracy"] == 0.98
     fp32 = tmp_path / "pkg-fp32"

@@ -7,7 +7,9 @@ classification strings ("value:index:label") are what `pipe serve` writes from t
 that serves on onnxruntime (the same model.onnx as its Triton repository) gets byte-identical strings
 from both servers, binary and JSON, for counts 1, 3, the class count and past it. A repository whose
 config.pbtxt disagrees with its ONNX (an input's name, dims or datatype, an output's dims, no batch dim)
-never becomes ready, and the server says why.
+never becomes ready, and the server says why. A package of two named inputs and two outputs
+(examples/two_inputs.yaml) loads unchanged too, beside one whose ONNX was made from the legacy program
+(inputs in reversed order), and answers every output, by name, as onnxruntime does here.
 
 tritonserver 2.51 comes from the nvidia-pytriton 0.7.0 wheel, which the Makefile installs beside the venv
 (it pins protobuf<7, pipe pins 7.x, so it is never imported, only its files used):
@@ -45,6 +47,7 @@ from pipeline.cli import main
 from pipeline.serving import v2
 from tests.conftest import tree_hash
 from tests.serving_helpers import REPO, packaged_run, packaged_text_run, start_server
+from tests.multi_io_helpers import examples_importable, stand_in_compress, two_inputs_run
 
 PYTRITON = Path(sys.prefix) / "pytriton"  # the venv's; the Makefile's $(STAMP) recipe installs it there
 INSTALL = "pip install --no-deps --target .venv/pytriton nvidia-pytriton==0.7.0"
@@ -402,6 +405,74 @@ def test_text_repository_takes_token_ids_and_answers_as_pipe_serve(text_served):
     # dims [-1]: other lengths run too (5 ids unpadded, 40 past max_len), as in the ONNX.
     for batch in (ids[:, :5].copy(), np.tile(ids[:, :5], (1, 8))):
         np.testing.assert_array_equal(_infer(s.client, s.name, batch, "INT64"), s.onnx(batch))
+
+
+# ------------------------------------------------------------------ two named inputs, two outputs
+
+
+@pytest.fixture(scope="module")
+def two_inputs_triton(tritonserver, tmp_path_factory):
+    """One tritonserver on two repositories, both as `pipe package` wrote them: the two-input example's
+    package (its ONNX from `pipe export --onnx`) and an int8 stand-in package of it whose Triton ONNX compress
+    made from the legacy program (model `two_legacy`; outputs renamed to the legacy program's names). Yields
+    (client, {model: its repository directory}); the packages are unchanged afterwards."""
+    run = two_inputs_run(tmp_path_factory.mktemp("triton-multi-io"))
+    comp = stand_in_compress(run, run.parent / "compress")
+    legacy = run.parent / "package-legacy"
+    with examples_importable():
+        assert main(["package", str(comp), "--precision", "int8", "--name", "two_legacy", "--out", str(legacy)]) == 0
+    name = yaml.safe_load((run / "package/serving.yaml").read_text(encoding="utf-8"))["triton"]["model"]
+    repos = {name: run / "package/triton", "two_legacy": legacy / "triton"}
+    before = {k: tree_hash(v) for k, v in repos.items()}
+    triton = start_triton(tritonserver, repos[name], run.parent / "triton.log",
+                          f"--model-repository={repos['two_legacy']}")
+    client = tritonclient_http.InferenceServerClient(triton.url)
+    try:
+        yield client, {k: v / k for k, v in repos.items()}
+    finally:
+        client.close()
+        code = triton.stop()
+    assert code == 0, triton.tail()
+    assert {k: tree_hash(v) for k, v in repos.items()} == before, "tritonserver changed a package"
+
+
+def test_two_input_repositories_load_unchanged_and_answer_every_output_by_name(two_inputs_triton):
+    """Both models READY; their metadata lists both inputs and both outputs under config.pbtxt's names;
+    inputs sent in reversed order, every output equals onnxruntime's on the repository's model.onnx fed
+    and fetched by name (exactly), a request for one output gets that one, and labels come with the
+    logits output only."""
+    import onnxruntime as ort
+
+    client, models = two_inputs_triton
+    rng = np.random.RandomState(0)
+    feeds = {"img": rng.standard_normal((5, 1, 8, 8)).astype(np.float32),
+             "feat": rng.standard_normal((5, 4)).astype(np.float32)}
+    labels = ["top-left", "top-right", "bottom-left", "bottom-right"]
+    for name, root in models.items():
+        assert client.is_model_ready(name), name
+        served = yaml.safe_load((root.parent.parent / "serving.yaml").read_text(encoding="utf-8"))["outputs"]
+        outs = [o["name"] for o in served]
+        logits = next(o["name"] for o in served if o.get("role") == "logits")
+        meta = client.get_model_metadata(name)
+        assert {i["name"]: i["shape"] for i in meta["inputs"]} == {"img": [-1, 1, 8, 8], "feat": [-1, 4]}
+        assert [(o["name"], o["shape"]) for o in meta["outputs"]] == list(zip(outs, [[-1, 16], [-1, 4]]))
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        sess = ort.InferenceSession(str(root / "1/model.onnx"), so, providers=["CPUExecutionProvider"])
+        want = dict(zip(outs, sess.run(outs, feeds)))
+        inputs = []
+        for key in ("feat", "img"):  # not the config's order
+            inputs.append(tritonclient_http.InferInput(key, list(feeds[key].shape), "FP32"))
+            inputs[-1].set_data_from_numpy(feeds[key])
+        result = client.infer(name, inputs)
+        for out in outs:
+            np.testing.assert_array_equal(result.as_numpy(out), want[out])
+        one = client.infer(name, inputs, outputs=[tritonclient_http.InferRequestedOutput(logits)])
+        assert [o["name"] for o in one.get_response()["outputs"]] == [logits]
+        np.testing.assert_array_equal(one.as_numpy(logits), want[logits])
+        top = client.infer(name, inputs, outputs=[tritonclient_http.InferRequestedOutput(logits, class_count=1)])
+        assert [_classes(top.as_numpy(logits))[i][0][1:] for i in range(5)] == [
+            (int(k), labels[k]) for k in want[logits].argmax(1)]
 
 
 # ------------------------------------------------------------------ edited copies: the backend's own checks
