@@ -60,6 +60,7 @@ import numpy as np
 import yaml
 
 from pipeline import artifacts, choose, cpu, engines, iospec, reference, runtime
+from pipeline.config import CompressConfig
 from pipeline.engines import openvino as ov_engine, paddle as paddle_engine
 from pipeline.errors import GateError, InputError, ParityError, PipeError
 from pipeline.serving import readme, spec as serving_spec
@@ -71,7 +72,6 @@ SERVER_DEFAULTS = serving_spec.SERVER_DEFAULTS
 allowlist = serving_spec.allowlist
 _CHECK_BATCH = 8
 _CHECK_SEED = 0
-_MIN_SQNR_DB = 20.0  # compress.min_sqnr_db's default (pipeline/config.py), for configs recorded before it
 _P2O_TIMEOUT = 600
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # The Triton ONNX of a Paddle package, by precision, in order of preference (compress variant names).
@@ -436,7 +436,9 @@ def _reference(src: artifacts.Artifact, source: _Source, cfg: PackageConfig, tex
     vocab = serving_spec.check_vocab(source.vocab, text) if text is not None else None
     x = reference.draw(exp.manifest["config"], exp.manifest["interface"], vocab)
     ccfg = (src.manifest.get("config") or {}).get("compress") or {}
-    budget, min_db = float(ccfg.get("min_agreement", 0.99)), float(ccfg.get("min_sqnr_db", _MIN_SQNR_DB))
+    # configs recorded before compress.min_sqnr_db existed get its default
+    budget = float(ccfg.get("min_agreement", 0.99))
+    min_db = float(ccfg.get("min_sqnr_db", CompressConfig().min_sqnr_db))
     y = reference.run(fp32, x, cfg.max_batch_size, desc)
     out: dict[str, Any] = {"samples": int(iospec.num_rows(x)), "min_agreement": budget, "min_sqnr_db": min_db,
                            "cpu": cpu.summary()}

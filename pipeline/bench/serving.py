@@ -126,7 +126,7 @@ def _image_rows(quick: bool, name: str, build: Callable[[Path, bool], dict[str, 
         for key, package in build(tmp, quick).items():
             servers.append(_start_server(key, package, tmp / f"serve-{key}.log"))
         fp32, auto = sorted(servers, key=lambda s: s.key != "fp32")
-        x = np.random.RandomState(0).standard_normal((64, *auto.spec["input"]["shape"][1:])).astype(np.float32)
+        x = np.random.RandomState(0).standard_normal((64, *auto.spec["inputs"][0]["shape"][1:])).astype(np.float32)
         tensors = [json.dumps({"inputs": x[i:i + 1].tolist()}).encode() for i in range(len(x))]
         bodies = [json.dumps({"images": [b64]}).encode() for b64 in _pngs(x.shape[1:], len(x))] if png else tensors
         rss_ready = _usage(auto.proc.pid)[0]
@@ -214,7 +214,7 @@ def v2_request(x: np.ndarray, name: str) -> tuple[bytes, dict[str, str]]:
 def _protocols(s: _Server, x: np.ndarray, tensors: list[bytes], total: int, rounds: int) -> dict[str, list[float]]:
     """Requests/s at `_CLIENTS` clients on one package: /v1/predict with JSON tensors, /v2 infer with the
     same tensors binary, interleaved over `rounds`; a run with errors raises (its rate would mean nothing)."""
-    v2 = [v2_request(x[i:i + 1], s.spec["input"]["name"]) for i in range(len(x))]
+    v2 = [v2_request(x[i:i + 1], s.spec["inputs"][0]["name"]) for i in range(len(x))]
     headers = v2[0][1]  # every body has the same shape, so the same JSON header length
     if any(h != headers for _, h in v2):
         raise PipeError("bench: the /v2 bodies' JSON headers differ in length")
@@ -247,7 +247,7 @@ def _engine(s: _Server) -> Callable[[np.ndarray], np.ndarray]:
 
     for b in buckets:  # oneDNN builds kernels per shape once, as the predictor's warm-up
         for _ in range(3):
-            run(np.zeros((b, *spec.sample_shape), s.spec["input"]["dtype"]))
+            run(np.zeros((b, *spec.sample_shape), s.spec["inputs"][0]["dtype"]))
     return run
 
 
