@@ -10,26 +10,35 @@ another that reads the package's files) runs in its own child process (`pipeline
 one thread per predictor forms batches from a bounded queue (`pipeline/serving/batcher.py`). Binds
 127.0.0.1 unless `--host` says otherwise (then it warns: no authentication, no TLS). Endpoints:
 
-    POST /v1/predict                    {"inputs": [[...]]} (model-input tensors; text: int64 token ids),
-                                        {"images": [base64 PNG/JPEG]} (image packages) or
-                                        {"text": ["...", ...]} (text packages)  -> {"labels", "scores", "logits"}
+    POST /v1/predict                    {"inputs": {"img": [...], "feat": [...]}} (every input by name; text:
+                                        int64 token ids), an image input also as {"images": {"img": [base64
+                                        PNG/JPEG]}}, or {"text": ["...", ...]} (text packages: fills every
+                                        input) -> {"labels", "scores", "logits"} from the logits output, and
+                                        "outputs": {name: [...]} with every other output. A package of one
+                                        input also takes the bare value: {"inputs": [[...]]}, {"images": [...]}
     POST /GeneralModelService/inference Paddle Serving's HttpClient: protobuf (application/proto) or JSON
-                                        (`pipeline/serving/wire.py`); text packages take int64_data
+                                        (`pipeline/serving/wire.py`): one feed per input, the fetched outputs
     POST /v2/models/NAME/infer          the Open Inference Protocol (KServe v2, tritonclient.http): JSON or
-                                        binary tensors, text packages also BYTES (`pipeline/serving/v2.py`);
+                                        binary tensors, every input, every output or those asked for; text
+                                        packages also BYTES (`pipeline/serving/v2.py`);
                                         GET /v2, /v2/health/live|ready, /v2/models/NAME[/ready] (NAME = spec.name)
     GET  /v1/model  /livez  /readyz  /metrics  /openapi.json  /docs (offline Swagger UI, if fastapi-offline
                                         is installed; see `pipeline/serving/openapi.py`)
 
-Text packages tokenize in the server with the package's vocab.json and the training encoder
-(`pipeline.data.encode_texts`); text and token ids are truncated to max_len and padded to max_len, as in
-training, so a sample gets the same logits alone or batched with texts of other lengths.
+Every tensor comes from the package's io description (`spec.io`: program name, public alias, dtype,
+shape, the logits role); requests are checked per input and reach the batcher as a dict of named arrays
+(`pipeline/serving/validate.py`). Text packages tokenize in the server with the package's vocab.json and
+the training encoder (`pipeline.data.encode_texts`), and make every model input from the ids by the rule
+the package's preprocessing records (`pipeline.data.text_inputs`); text and token ids are truncated to
+max_len and padded to max_len, as in training, so a sample gets the same logits alone or batched with
+texts of other lengths.
 
 Limits (defaults in the package's serving.yaml, flags override; `pipeline/serving/validate.py`): body cap
 -> 413 (Content-Length, then while reading; a client still sending reads it: `pipeline/serving/lingering.py`);
 content type -> 415; JSON depth, NaN/Infinity, invalid UTF-8
--> 400; dtype, rank, shape, token ids against the package's input spec, empty text, text on an image
-model or images on a text model -> 422 (the message names what was expected and never echoes input);
+-> 400; a missing, unknown or repeated input, one input's dtype, rank, shape or token ids against the
+package's tensors, inputs of different batch sizes, empty text, text on an image model or images on a
+text model -> 422 (one line naming the input and what was expected; never echoing input);
 queue full -> 503 + Retry-After; per-request timeout -> 504 (408 while still reading the body). Errors
 always have the schema {"error": {"code", "type", "message"}} (on /v2 the protocol's {"error": "..."}, a 422
 answered 400). Before it listens, every predictor runs the package's
@@ -102,6 +111,7 @@ class ServeConfig:
 def run(cfg: ServeConfig, package_dir: Path) -> None:
     """Verify the package, load the predictors, serve until SIGTERM/SIGINT, drain, return (exit 0)."""
     spec = spec_mod.load_package(Path(package_dir))
+    validate.check_text_rule(spec)  # text fills every input (exit 2 before anything starts)
     settings = spec_mod.settings(cfg, spec)
     engine = engine_for(spec, cfg.engine)  # exit 2 before anything starts: unknown, missing, cannot run these files
     runtime.device_index(cfg.device, "--device")
@@ -239,11 +249,17 @@ class _State:
         return self.batcher.ready.is_set() and self.drain_started is None
 
     def model_info(self) -> dict[str, Any]:
+        """GET /v1/model. `inputs` and `outputs` list every tensor (program name, public alias, dtype, shape;
+        the logits output's role); `output` is the logits output and, for a package of one input, `input`
+        that input (the fields of packages before names)."""
         sp, s = self.spec, self.s
+        io_ = sp.io
+        one = {"input": _tensor_info(io_.inputs[0])} if len(io_.inputs) == 1 else {}
         return {
-            "name": sp.name, "precision": sp.precision, "format": sp.fmt,
-            "input": {k: sp.inp[k] for k in ("name", "alias", "dtype", "shape")},
-            "output": {k: sp.outp[k] for k in ("name", "alias", "dtype", "shape")},
+            "name": sp.name, "precision": sp.precision, "format": sp.fmt, **one,
+            "output": _tensor_info(io_.logits()),
+            "inputs": [_tensor_info(t) for t in io_.inputs],
+            "outputs": [{**_tensor_info(t), **({"role": t.role} if t.role else {})} for t in io_.outputs],
             "labels": sp.labels, "preprocessing": sp.preprocessing,
             "accepts_images": validate.takes_images(sp),
             "accepts_text": sp.text is not None,
@@ -258,14 +274,18 @@ class _State:
         }
 
 
+def _tensor_info(t: Any) -> dict[str, Any]:
+    return {"name": t.name, "alias": t.public, "dtype": t.dtype, "shape": list(t.shape)}
+
+
 def _text_info(sp: Spec) -> dict[str, Any] | None:
     """How a text package reads its input (no vocabulary contents: that is the package's vocab.json)."""
     if sp.text is None:
         return None
     return {**sp.text.section, "padding": f"right, with pad_id to max_len ({sp.text.max_len})",
             "truncation": f"to max_len ({sp.text.max_len}) characters or ids",
-            "fields": {"text": "list of 1..max_batch_size non-blank strings",
-                       "inputs": "int64 token ids [N, L], L >= 1"}}
+            "fields": {"text": "list of 1..max_batch_size non-blank strings (filling every input)",
+                       "inputs": "int64 token ids [N, L], L >= 1, by input name (one input: also bare)"}}
 
 
 def _build_app(state: _State) -> Any:
@@ -279,6 +299,7 @@ def _build_app(state: _State) -> Any:
     from starlette.requests import ClientDisconnect
 
     spec, s = state.spec, state.s
+    public = {t.name: t.public for t in spec.io.outputs}
 
     @asynccontextmanager
     async def lifespan(app: Any):
@@ -333,29 +354,30 @@ def _build_app(state: _State) -> Any:
             state.inflight -= 1
             state.handled += 1
 
-    async def infer(x: np.ndarray, deadline: float) -> np.ndarray:
+    async def infer(feeds: dict[str, np.ndarray], deadline: float) -> dict[str, np.ndarray]:
+        """Checked feeds (every input by program name, one batch size) -> every output by program name."""
         loop = asyncio.get_running_loop()
-        job = Job(x, loop.create_future(), loop)
+        job = Job(feeds, len(next(iter(feeds.values()))), loop.create_future(), loop)
         try:
             state.batcher.submit(job)
         except queue.Full:
             raise ApiError(503, "overloaded", f"{s.queue_size} requests are already waiting; retry later",
                             {"Retry-After": "1"}) from None
         try:
-            y = await asyncio.wait_for(job.future, max(0.0, deadline - time.monotonic()))
+            ys = await asyncio.wait_for(job.future, max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
             raise ApiError(504, "timeout", f"no result within the {s.timeout_s:g} s request timeout") from None
-        if not np.isfinite(y).all():
-            raise ApiError(422, "non_finite_output", "the model's output is not finite for these inputs "
-                                                      "(values far outside the training range?)")
-        return y
+        bad = next((name for name, y in ys.items() if y.dtype.kind == "f" and not np.isfinite(y).all()), None)
+        if bad is not None:
+            raise ApiError(422, "non_finite_output", f"the model's output {public[bad]!r} is not finite for these "
+                                                      "inputs (values far outside the training range?)")
+        return ys
 
     async def predict_v1(request: Request, deadline: float) -> JSONResponse:
         body = await validate.read_body(request, ("application/json",), s, deadline)
         doc = validate.parse_json(body, s.max_json_depth)
-        x = await validate.v1_inputs(doc, spec, s)
-        y = await infer(x, deadline)
-        return JSONResponse(validate.v1_answer(y, spec.labels))
+        feeds = await validate.v1_inputs(doc, spec, s)
+        return JSONResponse(validate.v1_answer(await infer(feeds, deadline), spec))
 
     async def predict_serving(request: Request, deadline: float) -> Response:
         body = await validate.read_body(request, ("application/json", "application/proto"), s, deadline)
@@ -364,9 +386,8 @@ def _build_app(state: _State) -> Any:
             req = wire.parse_proto(body, state.messages["Request"])
         else:
             req = wire.check_json(validate.parse_json(body, s.max_json_depth))
-        x, fetch, log_id = wire.feed(req, spec, s, proto)
-        y = await infer(x, deadline)
-        return wire.answer(y, spec, fetch, log_id, proto, state.messages)
+        feeds, fetch, log_id = wire.feed(req, spec, s, proto)
+        return wire.answer(await infer(feeds, deadline), fetch, log_id, proto, state.messages)
 
     def ready() -> None:
         """/readyz's and /v2's readiness: 503 before warm-up and while draining."""
@@ -378,9 +399,8 @@ def _build_app(state: _State) -> Any:
     async def predict_v2(request: Request, deadline: float) -> Response:
         body = await validate.read_body(request, v2.ACCEPTED, s, deadline)
         doc, binary = v2.split(body, request.headers.get(v2.HEADER_LENGTH), s.max_json_depth)
-        inp, outputs = v2.request(doc, binary, spec, s)
-        y = await infer(await v2.tensor(inp, spec, s), deadline)
-        return v2.answer(y, doc, outputs, spec)
+        inputs, outputs = v2.request(doc, binary, spec, s)
+        return v2.answer(await infer(await v2.tensors(inputs, spec, s), deadline), doc, outputs, spec)
 
     what = "text or token ids" if spec.text is not None else "model-input tensors or PNG/JPEG images"
 

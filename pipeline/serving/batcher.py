@@ -2,10 +2,11 @@
 
 A thread takes the first waiting request, then whatever else is queued (waiting up to max_wait while
 admitted requests are still on their way) until max_batch_size samples, and runs them as one batch over
-its predictor's pipe (the GIL is released while it waits). Every sample of a batch has the package's
-per-sample shape (text: ids padded to max_len, see `validate.canonical_ids`), so requests of different
-text lengths batch together and get the outputs they would get alone. A predictor process that dies
-fails its batch (500) and is restarted.
+its predictor's pipe (the GIL is released while it waits). A request is a dict of named arrays (every
+input of the package, one batch size); a batch concatenates each input along axis 0 and splits every
+output back by rows. Every sample of a batch has the package's per-sample shapes (text: ids padded to
+max_len, see `validate.canonical_ids`), so requests of different text lengths batch together and get the
+outputs they would get alone. A predictor process that dies fails its batch (500) and is restarted.
 
 Test hook: while the file named by PIPE_FAULT_HOLD_PREDICTOR exists, each predictor thread waits before
 its warm-up and, holding the request it just took, before forming a batch: tests can keep the server
@@ -35,7 +36,8 @@ log = logging.getLogger("pipe.serve")
 
 @dataclass
 class Job:
-    x: np.ndarray
+    feeds: dict[str, np.ndarray]  # the package's inputs by program name, checked: one batch size, `n`
+    n: int
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
 
@@ -109,7 +111,7 @@ class Batcher:
             if job is None:
                 break
             self._wait_hold()  # test hook: the job is taken, the queue fills behind it
-            batch, rows = [job], len(job.x)
+            batch, rows = [job], job.n
             self._take(1)
             deadline = time.monotonic() + self.s.max_wait_ms / 1000
             while rows < self.s.max_batch_size:
@@ -130,12 +132,12 @@ class Batcher:
                     break
                 if nxt.future.done():
                     continue
-                if rows + len(nxt.x) > self.s.max_batch_size:
+                if rows + nxt.n > self.s.max_batch_size:
                     carry = nxt
                     break
                 self._take(1)
                 batch.append(nxt)
-                rows += len(nxt.x)
+                rows += nxt.n
             try:
                 self._run_batch(pred, [j for j in batch if not j.future.done()])
             finally:
@@ -159,10 +161,14 @@ class Batcher:
     def _run_batch(self, pred: PredictorProcess, batch: list[Job]) -> None:
         if not batch:
             return
-        x = batch[0].x if len(batch) == 1 else np.concatenate([j.x for j in batch])
+        if len(batch) == 1:
+            feeds, rows = batch[0].feeds, batch[0].n
+        else:  # every input along axis 0, in the jobs' order
+            feeds = {k: np.concatenate([j.feeds[k] for j in batch]) for k in batch[0].feeds}
+            rows = sum(j.n for j in batch)
         t0 = time.perf_counter()
         try:
-            y = pred.run(x)
+            ys = pred.run(feeds)
         except (RuntimeError, EOFError, OSError, ValueError) as e:  # a 500 for this batch; the thread goes on
             log.error("pipe serve: predictor run failed: %s: %s", e.__class__.__name__, e)
             for j in batch:
@@ -170,9 +176,11 @@ class Batcher:
             if pred.proc.poll() is not None:
                 self._restart(pred)
             return
-        self.metrics.observe_batch(len(x), len(batch), time.perf_counter() - t0)
+        self.metrics.observe_batch(rows, len(batch), time.perf_counter() - t0)
+        if len(batch) == 1:
+            batch[0].loop.call_soon_threadsafe(settle, batch[0].future, ys, None)
+            return
         at = 0
-        for j in batch:
-            n = len(j.x)
-            j.loop.call_soon_threadsafe(settle, j.future, y[at:at + n], None)
-            at += n
+        for j in batch:  # every output split back, each request its own rows
+            j.loop.call_soon_threadsafe(settle, j.future, {k: y[at:at + j.n] for k, y in ys.items()}, None)
+            at += j.n

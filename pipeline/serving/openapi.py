@@ -1,16 +1,18 @@
 """The OpenAPI schemas of the bodies `pipe serve` reads by hand, and the offline Swagger UI page.
 
 The request and response schemas of `POST /v1/predict` and `POST /GeneralModelService/inference` are
-generated from the package's spec and the server's settings, to say what the server accepts: the input's
-dtype (number within float32 or integer within its range; token ids within the vocabulary), shape (fixed
-dims as minItems = maxItems, the batch as 1..max_batch_size), base64 images, non-blank text, and every
-error status with its fixed body and the `type`s it carries. A request valid against the schema is
-accepted (tests/stages/test_serve_openapi.py generates them from it), except for what JSON Schema cannot
-state: that a base64 string decodes to a PNG/JPEG of at most max_image_pixels, the body cap, that a text
+generated from the package's tensors (`spec.io`) and the server's settings, to say what the server
+accepts: every input by name (a package of one input: its tensor as the field's value, as before names),
+each input's dtype (number within float32 or integer within its range; token ids within the
+vocabulary), shape (fixed dims as minItems = maxItems, the batch as 1..max_batch_size), base64 images of
+an image input, non-blank text, every output of the answer, and every error status with its fixed body
+and the `type`s it carries. A request valid against the schema is accepted (tests/stages/test_serve_openapi.py
+generates them from it), except for what JSON Schema cannot state: that a base64 string decodes to a
+PNG/JPEG of at most max_image_pixels, the body cap, that several inputs have one batch size, that a text
 package's Paddle Serving tensor holds prod(shape) ids (an image package's schema states it), and a model
 output that is not finite (422 non_finite_output). Each is in the schema's descriptions. The /v2
 operations (the Open Inference Protocol, `v2.py`) get a simpler schema: the request's and answer's
-structure, the input's name, datatypes and the {"error": "..."} body of each status.
+structure, every input's and output's names and datatypes and the {"error": "..."} body of each status.
 
 FastAPI's own /docs page loads Swagger UI's JavaScript and CSS from a CDN: blank on a machine without
 internet. `pipe serve` instead serves the copies vendored by the pinned `fastapi-offline` package
@@ -21,6 +23,7 @@ internet. `pipe serve` instead serves the copies vendored by the pinned `fastapi
 from __future__ import annotations
 
 import importlib.util
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +31,7 @@ import numpy as np
 
 from pipeline.serving import v2 as v2_mod
 from pipeline.serving.spec import DTYPES, Settings, Spec
-from pipeline.serving.validate import takes_images
+from pipeline.serving.validate import image_inputs, names, sample_shape, takes_images
 from pipeline.serving.wire import ENGINE_NAME, PACKAGE
 
 DOCS_ASSETS = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css", "favicon.png": "image/png"}
@@ -60,8 +63,10 @@ ERRORS: dict[int, dict[str, str]] = {
     408: {"request_timeout": "the body did not arrive within the request timeout"},
     413: {"body_too_large": "the body, or the body after gzip decompression, exceeds max_body_bytes"},
     415: {"unsupported_media_type": "a Content-Type or Content-Encoding this endpoint does not take"},
-    422: {"invalid_request": "the body is not an object of the request schema's fields",
-          "invalid_tensor": "a tensor of another dtype, rank or shape, or values outside the dtype's range",
+    422: {"invalid_request": "the body is not an object of the request schema's fields: an unknown or missing "
+                             "input, or one given twice",
+          "invalid_tensor": "a tensor of another dtype, rank or shape, values outside the dtype's range, or "
+                            "inputs of different batch sizes",
           "invalid_image": "not strict base64, or not a PNG/JPEG decodable to at most max_image_pixels pixels",
           "empty_text": "a text that is empty or only whitespace",
           "non_finite_output": "the model's output for these inputs is not finite (inputs far outside the "
@@ -96,58 +101,113 @@ def install(app: Any, spec: Spec, s: Settings) -> None:
 
 
 def predict(spec: Spec, s: Settings) -> dict[str, Any]:
-    """POST /v1/predict: the request body, the answer and the errors."""
-    n = s.max_batch_size
+    """POST /v1/predict: the request body, the answer and the errors. A package of one input takes its
+    tensor (or images) as the field's value; several inputs take an object of input name -> value, each
+    input once, in `inputs` or (an image input) `images`."""
+    n, io_ = s.max_batch_size, spec.io
+    ins, imgs = io_.inputs, image_inputs(spec)
+    one = len(ins) == 1
+    props: dict[str, Any] = {}
     if spec.text is not None:
         t = spec.text
-        props = {"text": {"type": "array", "minItems": 1, "maxItems": n, "example": ["这个手机很好用"],
-                          "description": f"Encoded with the package's {t.vocab_size}-entry character vocabulary, "
-                                         f"truncated to {t.max_len} characters",
-                          "items": {"type": "string", "pattern": NON_BLANK}},
-                 "inputs": _tensor(spec, s)}
-    else:
-        props = {"inputs": _tensor(spec, s)}
-        if takes_images(spec):
-            props["images"] = {
-                "type": "array", "minItems": 1, "maxItems": n,
-                "description": f"PNG or JPEG of at most {s.max_image_pixels} pixels, converted to "
-                               f"{'grayscale' if spec.sample_shape[0] == 1 else 'RGB'}, resized and normalised "
-                               "as at training time",
-                "items": {"type": "string", "format": "byte", "contentEncoding": "base64", "pattern": BASE64,
-                          "anyOf": [{"contentMediaType": "image/png"}, {"contentMediaType": "image/jpeg"}]}}
-    fields = " or ".join(f"`{k}`" for k in props)
-    request = {"type": "object", "properties": props, "additionalProperties": False, "minProperties": 1,
-               "maxProperties": 1, "description": f"Exactly one of {fields}; a body of at most {s.max_body_bytes} "
-                                                 "bytes (413), nested at most max_json_depth deep (400)"}
+        props["text"] = {"type": "array", "minItems": 1, "maxItems": n, "example": ["这个手机很好用"],
+                         "description": f"Encoded with the package's {t.vocab_size}-entry character vocabulary, "
+                                        f"truncated to {t.max_len} characters" + (
+                                            "" if one else f", filling every input ({names(ins)})"),
+                         "items": {"type": "string", "pattern": NON_BLANK}}
+    choose = not one and spec.text is None and bool(imgs)  # each input in `inputs` or, an image input, `images`
+    props["inputs"] = (_tensor(spec, s, ins[0]) if one
+                       else _by_name({t.public: _tensor(spec, s, t) for t in ins}, required=not choose))
+    if imgs:
+        props["images"] = (_images(spec, s, imgs[0]) if one
+                           else _by_name({t.public: _images(spec, s, t) for t in imgs}, required=False))
+    keys = " or ".join(f"`{k}`" for k in props)
+    limits = f"a body of at most {s.max_body_bytes} bytes (413), nested at most max_json_depth deep (400)"
+    request: dict[str, Any] = {"type": "object", "properties": props, "additionalProperties": False,
+                               "minProperties": 1, "maxProperties": 1}
+    if one:
+        request["description"] = (f"Exactly one of {keys}; `inputs` may also be an object naming the input "
+                                  f"({{{ins[0].public!r}: ...}}); {limits}")
+    elif not choose:
+        request["description"] = f"Exactly one of {keys}, naming every input ({names(ins)}); {limits}"
+    else:  # each input once, in inputs or in images: one alternative per choice of the images sent
+        request.pop("maxProperties")
+        request["anyOf"] = [_choice([t for t in ins if t not in sent], sent)
+                            for k in range(len(imgs) + 1) for sent in itertools.combinations(imgs, k)]
+        request["description"] = (f"Every input once ({names(ins)}): in `inputs` as a tensor, or an image input "
+                                  f"({names(imgs)}) in `images` as base64 PNG/JPEG; all of one batch size; {limits}")
     labels = {"type": "array", "minItems": 1, "maxItems": n, "items": {"enum": spec.labels}}
-    answer = {"type": "object", "required": ["labels", "scores", "logits"], "additionalProperties": False,
-              "properties": {
-                  "labels": labels,
-                  "scores": {**labels, "items": {"type": "number", "minimum": 0, "maximum": 1},
-                             "description": "softmax probability of each sample's label"},
-                  "logits": {**labels, "items": {"type": "array", "minItems": len(spec.labels),
-                                                 "maxItems": len(spec.labels), "items": {"type": "number"}}}}}
+    answer: dict[str, Any] = {
+        "type": "object", "required": ["labels", "scores", "logits"], "additionalProperties": False,
+        "properties": {
+            "labels": labels,
+            "scores": {**labels, "items": {"type": "number", "minimum": 0, "maximum": 1},
+                       "description": "softmax probability of each sample's label"},
+            "logits": {**labels, "items": {"type": "array", "minItems": len(spec.labels),
+                                           "maxItems": len(spec.labels), "items": {"type": "number"}}}}}
+    logits = io_.logits()
+    others = {t.public: _output(t, n) for t in io_.outputs if t.name != logits.name}
+    if others:
+        answer["required"].append("outputs")
+        answer["properties"]["outputs"] = {**_by_name(others), "description": "every output but the logits "
+                                                                             f"('{logits.public}'), by name"}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
             "responses": {"200": {"description": "One entry per sample", "content": {
                 "application/json": {"schema": answer}}}, **errors(spec, "v1")}}
 
 
-def _tensor(spec: Spec, s: Settings) -> dict[str, Any]:
-    """The `inputs` field: nested arrays [N, *sample] (text: N rows of token ids, each of any length)."""
+def _by_name(props: dict[str, Any], required: bool = True) -> dict[str, Any]:
+    """An object of `props` (each of them, or those an alternative requires: `_choice`)."""
+    return {"type": "object", "properties": props, **({"required": list(props)} if required else {}),
+            "additionalProperties": False}
+
+
+def _choice(tensors: list[Any], images: tuple[Any, ...]) -> dict[str, Any]:
+    """/v1's body sending `images` as images and `tensors` as tensors, each once."""
+    required = (["inputs"] if tensors else []) + (["images"] if images else [])
+    props = {}
+    if tensors:
+        props["inputs"] = {"required": [t.public for t in tensors], "maxProperties": len(tensors)}
+    if images:
+        props["images"] = {"required": [t.public for t in images], "maxProperties": len(images)}
+    return {"required": required, "maxProperties": len(required), "properties": props}
+
+
+def _images(spec: Spec, s: Settings, t: Any) -> dict[str, Any]:
+    """Base64 PNG/JPEG files for image input `t`."""
+    return {"type": "array", "minItems": 1, "maxItems": s.max_batch_size,
+            "description": f"PNG or JPEG of at most {s.max_image_pixels} pixels, converted to "
+                           f"{'grayscale' if t.shape[1] == 1 else 'RGB'}, resized and normalised as at training time",
+            "items": {"type": "string", "format": "byte", "contentEncoding": "base64", "pattern": BASE64,
+                      "anyOf": [{"contentMediaType": "image/png"}, {"contentMediaType": "image/jpeg"}]}}
+
+
+def _tensor(spec: Spec, s: Settings, t: Any) -> dict[str, Any]:
+    """Input `t` in `inputs`: nested arrays [N, *sample] (text: N rows of token ids, each of any length)."""
     n = s.max_batch_size
     if spec.text is not None:
-        t = spec.text
-        ids = {"type": "integer", "minimum": 0, "maximum": t.vocab_size - 1}
+        text = spec.text
+        ids = {"type": "integer", "minimum": 0, "maximum": text.vocab_size - 1}
         return {"type": "array", "minItems": 1, "maxItems": n,
-                "description": f"int64 token ids, one row per text, each padded with {t.pad_id} or truncated to "
-                               f"max_len {t.max_len}",
+                "description": f"int64 token ids, one row per text, each padded with {text.pad_id} or truncated to "
+                               f"max_len {text.max_len}",
                 "items": {"type": "array", "minItems": 1, "items": ids}}
-    schema = _element(spec.inp["dtype"])
-    for d in reversed(spec.sample_shape):
+    sample = sample_shape(spec, t)
+    schema = _element(t.dtype)
+    for d in reversed(sample):
         schema = {"type": "array", "minItems": d, "maxItems": d, "items": schema}
-    dims = ", ".join(str(d) for d in spec.sample_shape)
+    dims = ", ".join(str(d) for d in sample)
     return {"type": "array", "minItems": 1, "maxItems": n, "items": schema,
-            "description": f"{spec.inp['dtype']} [N, {dims}], preprocessed as at training time"}
+            "description": f"{t.dtype} [N, {dims}], preprocessed as at training time"}
+
+
+def _output(t: Any, n: int) -> dict[str, Any]:
+    """Output `t` as nested arrays [N, ...] (a dynamic dim: any length)."""
+    schema: dict[str, Any] = {"type": "number"} if t.dtype.startswith("float") else {"type": "integer"}
+    for d in reversed(t.shape[1:]):
+        schema = {"type": "array", **({"minItems": d, "maxItems": d} if d > 0 else {}), "items": schema}
+    return {"type": "array", "minItems": 1, "maxItems": n, "items": schema,
+            "description": f"{t.dtype} {list(t.shape)}"}
 
 
 def _element(dtype: str) -> dict[str, Any]:
@@ -158,55 +218,30 @@ def _element(dtype: str) -> dict[str, Any]:
 
 
 def serving(spec: Spec, s: Settings) -> dict[str, Any]:
-    """POST /GeneralModelService/inference (Paddle Serving's HttpClient, `wire.py`): body, answers, errors."""
-    code, field, _ = DTYPES[spec.inp["dtype"]]
-    names = sorted({spec.inp["name"], spec.inp["alias"]})
-    outs = sorted({spec.outp["name"], spec.outp["alias"]})
-    n, sample = s.max_batch_size, spec.sample_shape
-    if spec.text is not None:
-        shape = {"type": "array", "prefixItems": [{"type": "integer", "minimum": 1, "maximum": n},
-                                                  {"type": "integer", "minimum": 1}], "minItems": 2, "maxItems": 2}
-        data = {"type": "array", "minItems": 1, "items": _tensor(spec, s)["items"]["items"],
-                "description": "shape[0] x shape[1] ids, row by row"}
-        sizes: dict[str, Any] = {}
-    else:
-        shape = {"type": "array", "prefixItems": [{"type": "integer", "minimum": 1, "maximum": n},
-                                                  *({"const": d} for d in sample)],
-                 "minItems": 1 + len(sample), "maxItems": 1 + len(sample)}
-        per = int(np.prod(sample))
-        data = {"type": "array", "minItems": per, "maxItems": n * per, "items": _element(spec.inp["dtype"]),
-                "description": "prod(shape) values, C order"}
-        # JSON Schema cannot relate two arrays' lengths; one alternative per batch size can.
-        sizes = {"anyOf": [{"properties": {"shape": {"const": [b, *sample]}, field: {"minItems": b * per,
-                                                                                      "maxItems": b * per}}}
-                           for b in range(1, n + 1)]}
-    named = [{"required": [k], "properties": {k: {"enum": names}}} for k in ("name", "alias_name")]
-    tensor = {"type": "object", "required": ["elem_type", "shape", field],
-              "properties": {"name": {"type": "string"}, "alias_name": {"type": "string"},
-                             "elem_type": {"const": code, "description": f"{code}: {spec.inp['dtype']}"},
-                             "shape": shape, field: data},
-              "allOf": [{"anyOf": named, "description": f"name or alias_name is one of {names}"},
-                        *([sizes] if sizes else [])]}
+    """POST /GeneralModelService/inference (Paddle Serving's HttpClient, `wire.py`): body, answers, errors.
+    One feed tensor per input (any order; the same batch size, which JSON Schema cannot state)."""
+    io_, n = spec.io, s.max_batch_size
+    feeds = [_feed(spec, s, t) for t in io_.inputs]
+    tensors: dict[str, Any] = {"type": "array", "minItems": len(feeds), "maxItems": len(feeds), "items": _any(feeds)}
+    if len(feeds) > 1:  # each input once (one item alone states it)
+        tensors["allOf"] = [{"contains": f} for f in feeds]
+        tensors["description"] = f"one tensor per input ({names(io_.inputs)}), in any order, of one batch size"
+    outs = sorted({k for t in io_.outputs for k in (t.name, t.public)})
     request = {"type": "object", "required": ["tensor"], "properties": {
-        "tensor": {"type": "array", "minItems": 1, "maxItems": 1, "items": tensor},
+        "tensor": tensors,
         "fetch_var_names": {"type": "array", "items": {"type": "string"},
                             "anyOf": [{"maxItems": 0}, {"contains": {"enum": outs}}],
-                            "description": f"empty, or naming one of {outs}"},
+                            "description": f"empty (every output), or naming some of {outs}"},
         "log_id": {"type": "integer", "minimum": 0, "maximum": 2 ** 64 - 1}},
         "description": f"A {PACKAGE}.Request in JSON (HttpClient after set_http_proto(False)); a body of at most "
                        f"{s.max_body_bytes} bytes (413)"}
-    o = spec.outp
-    out_tensor = {"type": "object", "required": ["float_data", "elem_type", "shape", "name", "alias_name"],
-                  "properties": {"float_data": {"type": "array", "items": {"type": "number"}},
-                                 "elem_type": {"const": 1},
-                                 "shape": {"type": "array", "prefixItems": [
-                                     {"type": "integer", "minimum": 1, "maximum": n}, {"const": len(spec.labels)}],
-                                     "minItems": 2, "maxItems": 2},
-                                 "name": {"const": o["name"]}, "alias_name": {"const": o["alias"]}}}
+    fetched = [_fetched(t, n) for t in io_.outputs]
     answer = {"type": "object", "required": ["outputs", "log_id", "err_no"], "properties": {
         "outputs": {"type": "array", "minItems": 1, "maxItems": 1, "items": {
             "type": "object", "required": ["tensor", "engine_name"], "properties": {
-                "tensor": {"type": "array", "minItems": 1, "maxItems": 1, "items": out_tensor},
+                "tensor": {"type": "array", "minItems": 1, "maxItems": len(fetched), "items": _any(fetched),
+                           "description": "the outputs fetch_var_names names (none: every one), in the model's "
+                                          "order"},
                 "engine_name": {"const": ENGINE_NAME}}}},
         "log_id": {"type": "integer", "minimum": 0, "maximum": 2 ** 64 - 1, "description": "the request's"},
         "err_no": {"const": 0}, "err_msg": {"const": ""}}}
@@ -217,6 +252,55 @@ def serving(spec: Spec, s: Settings) -> dict[str, Any]:
         "responses": {"200": {"description": "A Response in the request's format", "content": {
             "application/proto": {"schema": {**proto, "description": f"{PACKAGE}.Response"}},
             "application/json": {"schema": answer}}}, **errors(spec, "serving")}}
+
+
+def _any(schemas: list[dict[str, Any]]) -> dict[str, Any]:
+    """One of `schemas` (the schema itself when there is one)."""
+    return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+
+
+def _feed(spec: Spec, s: Settings, t: Any) -> dict[str, Any]:
+    """A feed tensor of input `t` (by name or alias_name)."""
+    code, field, _ = DTYPES[t.dtype]
+    named_as = sorted({t.name, t.public})
+    n, sample = s.max_batch_size, sample_shape(spec, t)
+    if spec.text is not None:
+        shape = {"type": "array", "prefixItems": [{"type": "integer", "minimum": 1, "maximum": n},
+                                                  {"type": "integer", "minimum": 1}], "minItems": 2, "maxItems": 2}
+        data = {"type": "array", "minItems": 1, "items": _tensor(spec, s, t)["items"]["items"],
+                "description": "shape[0] x shape[1] ids, row by row"}
+        sizes: dict[str, Any] = {}
+    else:
+        shape = {"type": "array", "prefixItems": [{"type": "integer", "minimum": 1, "maximum": n},
+                                                  *({"const": d} for d in sample)],
+                 "minItems": 1 + len(sample), "maxItems": 1 + len(sample)}
+        per = int(np.prod(sample))
+        data = {"type": "array", "minItems": per, "maxItems": n * per, "items": _element(t.dtype),
+                "description": "prod(shape) values, C order"}
+        # JSON Schema cannot relate two arrays' lengths; one alternative per batch size can.
+        sizes = {"anyOf": [{"properties": {"shape": {"const": [b, *sample]}, field: {"minItems": b * per,
+                                                                                      "maxItems": b * per}}}
+                           for b in range(1, n + 1)]}
+    named = [{"required": [k], "properties": {k: {"enum": named_as}}} for k in ("name", "alias_name")]
+    return {"type": "object", "required": ["elem_type", "shape", field],
+            "properties": {"name": {"type": "string"}, "alias_name": {"type": "string"},
+                           "elem_type": {"const": code, "description": f"{code}: {t.dtype}"},
+                           "shape": shape, field: data},
+            "allOf": [{"anyOf": named, "description": f"name or alias_name is one of {named_as}"},
+                      *([sizes] if sizes else [])]}
+
+
+def _fetched(t: Any, n: int) -> dict[str, Any]:
+    """An answered tensor of output `t`."""
+    code, field, _ = DTYPES[t.dtype]
+    dims = [{"const": d} if d > 0 else {"type": "integer", "minimum": 0} for d in t.shape[1:]]
+    return {"type": "object", "required": [field, "elem_type", "shape", "name", "alias_name"],
+            "properties": {field: {"type": "array", "items": {"type": "number" if code == 1 else "integer"}},
+                           "elem_type": {"const": code},
+                           "shape": {"type": "array", "prefixItems": [
+                               {"type": "integer", "minimum": 1, "maximum": n}, *dims],
+                               "minItems": len(t.shape), "maxItems": len(t.shape)},
+                           "name": {"const": t.name}, "alias_name": {"const": t.public}}}
 
 
 def errors(spec: Spec, endpoint: str) -> dict[str, Any]:
@@ -242,9 +326,10 @@ def errors(spec: Spec, endpoint: str) -> dict[str, Any]:
 
 # The Open Inference Protocol's statuses (`pipeline/serving/v2.py`): the body is {"error": "<message>"}.
 V2_ERRORS = {400: "a malformed request or binary framing (Inference-Header-Content-Length, binary_data_size), an "
-                  "unknown datatype, input, output or output parameter, a classification count that is not an "
-                  "integer 0..4294967295, a tensor of another datatype, shape or range, JSON that is "
-                  "not UTF-8 or nested deeper than max_json_depth, a model output that is not finite",
+                  "unknown datatype, input, output or output parameter, a missing input or one given twice, inputs "
+                  "of different batch sizes, classification of an output that is not the logits, a classification "
+                  "count that is not an integer 0..4294967295, a tensor of another datatype, shape or range, JSON "
+                  "that is not UTF-8 or nested deeper than max_json_depth, a model output that is not finite",
              404: "no such model or version", 408: "the body did not arrive within the request timeout",
              413: "the body exceeds max_body_bytes", 415: "a Content-Type other than application/json, "
                   "application/octet-stream or none, or a Content-Encoding other than gzip",
@@ -265,51 +350,70 @@ def v2(spec: Spec, s: Settings) -> dict[tuple[str, str], dict[str, Any]]:
     """The /v2 operations' bodies and answers (a correct, simple schema: framing and values are checked
     by the server as described)."""
     model, version = "/v2/models/{model_name}", "/v2/models/{model_name}/versions/{model_version}"
-    meta = v2_mod.model_metadata(spec)
-    dts = [meta["inputs"][0]["datatype"]] + (["BYTES"] if spec.text is not None else [])
-    names = sorted({spec.inp["name"], spec.inp["alias"]})
-    outs = sorted({spec.outp["name"], spec.outp["alias"]})
-    tensor = {"type": "object", "required": ["name", "shape", "datatype"], "properties": {
-        "name": {"enum": names},
-        "shape": {"type": "array", "maxItems": 16, "items": {"type": "integer", "minimum": 0}},
-        "datatype": {"enum": dts, "description": "BYTES: UTF-8 texts of shape [N] or [N, 1], encoded with the "
-                                                 "package's vocabulary" if spec.text is not None else dts[0]},
-        "data": {"type": "array", "description": "prod(shape) values in row-major order (BYTES: strings)"},
-        "parameters": {"type": "object", "properties": {"binary_data_size": {
-            "type": "integer", "minimum": 0,
-            "description": "instead of data: this many bytes after the JSON header (little-endian; BYTES: a "
-                           "4-byte length before each element), = prod(shape) x the datatype's size"}}}}}
+    io_ = spec.io
+    text = spec.text is not None
+
+    def given(t: Any) -> dict[str, Any]:  # a request's tensor for input t
+        dts = [v2_mod.datatype(t.dtype)] + (["BYTES"] if text else [])
+        return {"type": "object", "required": ["name", "shape", "datatype"], "properties": {
+            "name": {"enum": sorted({t.name, t.public})},
+            "shape": {"type": "array", "maxItems": 16, "items": {"type": "integer", "minimum": 0}},
+            "datatype": {"enum": dts, "description": "BYTES: UTF-8 texts of shape [N] or [N, 1], encoded with the "
+                                                     "package's vocabulary (alone: they fill every input)"
+                         if text else dts[0]},
+            "data": {"type": "array", "description": "prod(shape) values in row-major order (BYTES: strings)"},
+            "parameters": {"type": "object", "properties": {"binary_data_size": {
+                "type": "integer", "minimum": 0,
+                "description": "instead of data: this many bytes after the JSON header, after those of the inputs "
+                               "before it (little-endian; BYTES: a 4-byte length before each element), = prod(shape) "
+                               "x the datatype's size"}}}}}
+
+    ins = [given(t) for t in io_.inputs]
+    inputs: dict[str, Any] = {"type": "array", "minItems": 1, "maxItems": len(ins), "items": _any(ins)}
+    if len(ins) > 1:
+        inputs["description"] = (f"every input once ({names(io_.inputs)}), in any order, of one batch size"
+                                 + ("; or BYTES texts alone" if text else ""))
+    outs = sorted({k for t in io_.outputs for k in (t.name, t.public)})
+    logits = io_.logits()
     request = {"type": "object", "required": ["inputs"], "properties": {
         "id": {"type": "string"},
-        "inputs": {"type": "array", "minItems": 1, "maxItems": 1, "items": tensor},
+        "inputs": inputs,
         "outputs": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {
             "name": {"enum": outs},
             "parameters": {"type": "object", "additionalProperties": False, "properties": {
                 "binary_data": {"type": "boolean"},
                 "classification": {"type": "integer", "minimum": 0, "maximum": v2_mod.MAX_CLASSIFICATION,
-                                   "description": "Triton's classification extension: answer each sample's top N "
-                                                  "classes as BYTES \"<value>:<index>:<label>\" (0: the output)"}}}}}},
+                                   "description": "Triton's classification extension, on the logits output "
+                                                  f"('{logits.name}') only: answer each sample's top N classes as "
+                                                  "BYTES \"<value>:<index>:<label>\" (0: the output)"}}}}},
+            "description": "the outputs to answer (none: every output)"},
         "parameters": {"type": "object", "properties": {"binary_data_output": {
             "type": "boolean", "description": "the default of outputs[].parameters.binary_data (false)"}}}},
         "description": f"A JSON header, then (binary tensor data extension) the inputs' bytes; a body of at most "
                        f"{s.max_body_bytes} bytes (413)"}
     batch = {"type": "integer", "minimum": 1, "maximum": s.max_batch_size}
     binary_size = {"type": "object", "properties": {"binary_data_size": {"type": "integer", "minimum": 0}}}
-    output = {"type": "object", "required": ["name", "datatype", "shape"], "properties": {
-        "name": {"enum": outs}, "datatype": {"const": "FP32"},
-        "shape": {"type": "array", "prefixItems": [batch, {"const": len(spec.labels)}], "minItems": 2, "maxItems": 2},
-        "data": {"type": "array", "items": {"type": "number"}}, "parameters": binary_size}}
+
+    def answered(t: Any) -> dict[str, Any]:  # output t, as itself
+        dims = [{"const": d} if d > 0 else {"type": "integer", "minimum": 0} for d in t.shape[1:]]
+        return {"type": "object", "required": ["name", "datatype", "shape"], "properties": {
+            "name": {"enum": sorted({t.name, t.public})}, "datatype": {"const": v2_mod.datatype(t.dtype)},
+            "shape": {"type": "array", "prefixItems": [batch, *dims], "minItems": len(t.shape),
+                      "maxItems": len(t.shape)},
+            "data": {"type": "array", "items": {"type": "number"}}, "parameters": binary_size}}
+
     classified = {"type": "object", "required": ["name", "datatype", "shape"], "properties": {
-        "name": {"enum": outs}, "datatype": {"const": "BYTES"},
+        "name": {"enum": sorted({logits.name, logits.public})}, "datatype": {"const": "BYTES"},
         "shape": {"type": "array", "prefixItems": [batch, {"type": "integer", "minimum": 1,
                                                            "maximum": len(spec.labels)}], "minItems": 2, "maxItems": 2},
         "data": {"type": "array", "items": {"type": "string"},
                  "description": "\"<value>:<index>:<label>\", value as C's %f, each sample's highest first"},
         "parameters": binary_size},
-        "description": "an output asked for with parameters.classification N: min(N, classes) per sample"}
+        "description": "the logits asked for with parameters.classification N: min(N, classes) per sample"}
     answer = {"type": "object", "required": ["model_name", "model_version", "outputs"], "properties": {
         "model_name": {"const": spec.name}, "model_version": {"const": v2_mod.VERSION}, "id": {"type": "string"},
-        "outputs": {"type": "array", "minItems": 1, "items": {"oneOf": [output, classified]}}}}
+        "outputs": {"type": "array", "minItems": 1, "maxItems": len(outs),  # each output by name and by alias
+                    "items": {"oneOf": [*map(answered, io_.outputs), classified]}}}}
     binary = {"type": "string", "format": "binary", "description": "the JSON header, then the binary tensors"}
     header = {"name": "Inference-Header-Content-Length", "in": "header", "required": False,
               "schema": {"type": "integer", "minimum": 0},

@@ -5,16 +5,19 @@ OpenVINO; serving.yaml's `model.engine`, or `pipe serve --engine`) and runs the 
 Paddle Inference's Python `run()` holds the GIL for the whole inference on CPU (its binding releases it
 only for custom devices): predictors on threads would stall the HTTP event loop and each other. In a
 child process the predictor runs while the server waits on a pipe with the GIL released; the other
-engines run the same way, so the server has one model of a predictor. Frames on the
-child's stdin/stdout: 4-byte header length, JSON header, 8-byte payload length, raw C-order bytes (no
-pickle). The child ignores SIGINT/SIGTERM: the server drains first, then closes its stdin.
+engines run the same way, so the server has one model of a predictor. A batch is a dict of named
+arrays (the package's inputs by program name, `spec.io`, one batch size), answered with every output by
+program name. Frames on the child's stdin/stdout: 4-byte header length, JSON header (each tensor's
+[name, dtype, shape]), 8-byte payload length, the tensors' raw C-order bytes one after the other (`pack`:
+no pickle, no copy of a contiguous array). The child ignores SIGINT/SIGTERM: the server drains first,
+then closes its stdin.
 
 Batch shapes: dynamic batching makes batches of every size, and Paddle Inference's oneDNN kernels are
 built per input shape; with its default cache a change of batch size rebuilt them (mobilenet_v3_small
 3x64x64, 1 thread: 1.7-2.0 ms per sample at random batch sizes 1-16 against 0.9 at a fixed 8). So a
-batch runs at the next of a few bucket sizes (powers of two up to max_batch, and max_batch), padded with
-copies of its first sample whose outputs are dropped, and the predictor caches one set of kernels per
-bucket (0.84-1.05 ms per sample at random sizes). A cache of every size instead cost 180 MB (mobilenet)
+batch runs at the next of a few bucket sizes (powers of two up to max_batch, and max_batch), every input
+padded with copies of its first sample whose outputs are dropped, and the predictor caches one set of
+kernels per bucket (0.84-1.05 ms per sample at random sizes). A cache of every size instead cost 180 MB (mobilenet)
 to 750 MB (resnet18) at max_batch 32. Samples are independent in inference, so padding changes no
 real sample's output (measured: 0.0 on the image models, <= 4e-7 on the text models).
 """
@@ -22,6 +25,7 @@ real sample's output (measured: 0.0 on the image models, <= 4e-7 on the text mod
 from __future__ import annotations
 
 import json
+import math
 import os
 import select
 import signal
@@ -41,13 +45,14 @@ START_S = 600.0  # a big program on a busy machine can take minutes to load
 
 
 class PredictorProcess:
-    """One predictor child: `start`, `hello` (it loaded), `run(x)`, `warm_up`, `close`."""
+    """One predictor child: `start`, `hello` (it loaded), `run(feeds)`, `warm_up`, `close`."""
 
     def __init__(self, spec: Spec, threads: int, max_batch: int, engine: str = "", device: str = "cpu"):
+        from pipeline.serving.validate import sample_shape
+
+        warm = [[t.name, t.dtype, list(sample_shape(spec, t))] for t in spec.io.inputs]
         self.doc = {"package": str(spec.dir), "engine": engine_for(spec, engine), "device": device,
-                    "precision": spec.precision,
-                    "threads": threads, "input": spec.inp["name"], "output": spec.outp["name"],
-                    "dtype": spec.inp["dtype"], "sample_shape": list(spec.sample_shape), "buckets": buckets(max_batch)}
+                    "precision": spec.precision, "threads": threads, "warm": warm, "buckets": buckets(max_batch)}
         self.proc: subprocess.Popen | None = None
         self.engine: dict[str, Any] = {}  # the child's engine, as it describes itself (after `hello`)
 
@@ -78,10 +83,11 @@ class PredictorProcess:
             raise RuntimeError(reply.get("error", "predictor failed"))
         return reply, data
 
-    def run(self, x: np.ndarray) -> np.ndarray:
-        x = np.ascontiguousarray(x)
-        reply, data = self.call({"op": "run", "shape": list(x.shape), "dtype": str(x.dtype)}, x.tobytes())
-        return np.frombuffer(data, reply["dtype"]).reshape(reply["shape"])
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """A batch of named inputs (program names; one batch size) -> every output by program name."""
+        head, payload = pack("run", feeds)
+        reply, data = self.call(head, payload)
+        return unpack(reply["tensors"], data)
 
     def warm_up(self) -> None:
         self.call({"op": "warm"})
@@ -117,10 +123,37 @@ def start_predictors(spec: Spec, n: int, threads: int, max_batch: int, engine: s
     return preds
 
 
-def write_frame(f: Any, head: dict[str, Any], payload: bytes = b"") -> None:
+def pack(op: str, arrays: dict[str, np.ndarray]) -> tuple[dict[str, Any], list[Any]]:
+    """A frame's header and payload for named arrays: [name, dtype, shape] each, then their raw C-order
+    bytes one after the other (written as they are: no copy of a contiguous array, no pickle)."""
+    tensors, payload = [], []
+    for name, a in arrays.items():
+        a = np.ascontiguousarray(a)
+        tensors.append([name, a.dtype.str, list(a.shape)])
+        if a.nbytes:
+            payload.append(a.reshape(-1).view(np.uint8).data)
+    return {"op": op, "tensors": tensors}, payload
+
+
+def unpack(tensors: list[Any], data: bytes) -> dict[str, np.ndarray]:
+    """`pack`'s arrays back from a frame (views of its payload, no copy)."""
+    out, at = {}, 0
+    for name, dtype, shape in tensors:
+        dt = np.dtype(dtype)
+        n = math.prod(shape)
+        out[name] = np.frombuffer(data, dt, n, at).reshape(shape)
+        at += n * dt.itemsize
+    if at != len(data):
+        raise ValueError(f"a frame of {len(data)} bytes carries tensors of {at}")
+    return out
+
+
+def write_frame(f: Any, head: dict[str, Any], payload: bytes | list[Any] = b"") -> None:
+    parts = [payload] if isinstance(payload, (bytes, bytearray, memoryview)) else payload
     raw = json.dumps(head).encode()
-    f.write(struct.pack("<I", len(raw)) + raw + struct.pack("<Q", len(payload)))
-    f.write(payload)
+    f.write(struct.pack("<I", len(raw)) + raw + struct.pack("<Q", sum(memoryview(p).nbytes for p in parts)))
+    for p in parts:
+        f.write(p)
     f.flush()
 
 
@@ -164,7 +197,8 @@ def engine_for(spec: Spec, override: str = "") -> str:
 
 def load_engine(spec: Spec, engine: str, threads: int, cache_capacity: int = 0, device: str = "cpu") -> Any:
     """The package's model on `engine` (`pipeline/engines/`) on `device`, its io names checked against
-    serving.yaml. A GPU device is the same code path; no machine of ours has run it."""
+    serving.yaml (`engines.names`: every input and output found). A GPU device is the same code path; no
+    machine of ours has run it."""
     if spec.precision == "bf16" and runtime.bf16_unsupported():
         raise InputError(f"{spec.dir}: a bf16 package, but {runtime.bf16_unsupported()}; package the "
                          "model with --precision fp32")
@@ -176,18 +210,17 @@ def load_engine(spec: Spec, engine: str, threads: int, cache_capacity: int = 0, 
         raise
     except PipeError as e:  # the engine's C++ error: one line, naming the file
         raise PipeError(f"{spec.files[0]}: {engine} cannot load it ({str(e)[-200:]})") from None
-    if eng.inputs != [spec.inp["name"]] or eng.outputs != [spec.outp["name"]]:
-        raise InputError(f"{spec.files[0]}: io names {eng.inputs} -> {eng.outputs} on {engine} do not "
-                         f"match serving.yaml ({spec.inp['name']} -> {spec.outp['name']})")
+    engines.names(eng, spec.io, str(spec.files[0]))  # every tensor of serving.yaml, or one line naming it
     return eng
 
 
-def _create_predictor(doc: dict[str, Any]) -> Any:
+def _create_predictor(doc: dict[str, Any]) -> tuple[Any, Spec]:
     """The package's model on the doc's engine, one oneDNN kernel set per bucket (module docstring)."""
     from pipeline.serving.spec import load_package
 
     spec = load_package(Path(doc["package"]))
-    return load_engine(spec, doc["engine"], doc["threads"], cache_capacity=len(doc["buckets"]), device=doc["device"])
+    eng = load_engine(spec, doc["engine"], doc["threads"], cache_capacity=len(doc["buckets"]), device=doc["device"])
+    return eng, spec
 
 
 def _predictor_main(doc: dict[str, Any]) -> int:
@@ -200,19 +233,21 @@ def _predictor_main(doc: dict[str, Any]) -> int:
     try:
         if doc["engine"] == "paddle_inference":
             runtime.import_paddle(doc["threads"])
-        eng = _create_predictor(doc)
+        eng, spec = _create_predictor(doc)
+        io_ = spec.io
+        on = engines.names(eng, io_, str(spec.files[0]))  # program name -> the engine's, inputs and outputs
     except PipeError as e:
         write_frame(channel, {"ok": False, "error": str(e), "input_error": isinstance(e, InputError)})
         return 2
+    fetch = [(t.name, on[t.name]) for t in io_.outputs]
 
-    feed, fetch = doc["input"], doc["output"]  # serving.yaml's names, checked against the engine's at load
-
-    def infer(x: np.ndarray) -> np.ndarray:
-        n = len(x)
+    def infer(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        n = len(next(iter(feeds.values())))
         size = next((b for b in doc["buckets"] if b >= n), n)
         if size > n:  # padded with copies of a real sample (a valid input for any model), outputs dropped
-            x = np.concatenate([x, np.repeat(x[:1], size - n, axis=0)])
-        return eng.run({feed: x})[fetch][:n]
+            feeds = {k: np.concatenate([x, np.repeat(x[:1], size - n, axis=0)]) for k, x in feeds.items()}
+        ys = eng.run({on[k]: x for k, x in feeds.items()})
+        return {name: ys[real][:n] for name, real in fetch}
 
     write_frame(channel, {"ok": True, "engine": eng.describe()})
     while True:
@@ -224,12 +259,11 @@ def _predictor_main(doc: dict[str, Any]) -> int:
             if head["op"] == "warm":
                 # oneDNN builds its kernels per input shape on first sight: pay it before /readyz.
                 for n in doc["buckets"]:
-                    infer(np.zeros((n, *doc["sample_shape"]), doc["dtype"]))
+                    infer({name: np.zeros((n, *shape), dtype) for name, dtype, shape in doc["warm"]})
                 write_frame(channel, {"ok": True})
             else:
-                x = np.frombuffer(payload, head["dtype"]).reshape(head["shape"])
-                y = np.ascontiguousarray(infer(x))
-                write_frame(channel, {"ok": True, "shape": list(y.shape), "dtype": str(y.dtype)}, y.tobytes())
+                head, data = pack("ok", infer(unpack(head["tensors"], payload)))
+                write_frame(channel, {**head, "ok": True}, data)
         except Exception as e:  # reported to the parent as this batch's failure; the child keeps serving
             write_frame(channel, {"ok": False, "error": f"{e.__class__.__name__}: {str(e)[:300]}"})
 

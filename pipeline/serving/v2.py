@@ -8,15 +8,18 @@ Outputs come as JSON `data`, or as binary after the JSON header (the answer's ow
 `Inference-Header-Content-Length`, each output's `parameters.binary_data_size`) when the request asks:
 `parameters.binary_data` on a requested output, else the request's `parameters.binary_data_output`.
 
-Triton's classification extension: `parameters.classification` N on a requested output answers, instead
+Triton's classification extension: `parameters.classification` N on the logits output answers, instead
 of the output, a BYTES tensor [batch, min(N, classes)] of "<value>:<index>:<label>" strings, each sample's
 top N by value (`classify`); N = 0 is the output itself, as on Triton.
 
-The one input is the package's (its name or alias), with the model's datatype (FP32, INT64 or INT32);
-a text package also takes it as BYTES, UTF-8 strings of shape [N] or [N, 1], encoded as /v1 encodes
-{"text": [...]} (`validate.v1_inputs`). Tensors are checked by `validate.check_tensor`, as on /v1 and
-Paddle Serving's endpoint. Errors are raised as the server's other endpoints raise them (the 422 kinds
-of `openapi.ERRORS`); on /v2 they are answered `{"error": "<message>"}`, 422 as 400 (`error_status`).
+Every input of the package (`spec.io`), each once by its name or alias, with its datatype (FP32, INT64
+or INT32), all of one batch size; a text package also takes BYTES, UTF-8 strings of shape [N] or [N, 1],
+alone under any of its inputs' names, encoded as /v1 encodes {"text": [...]} and filling every input
+(`validate.v1_inputs`). Tensors are checked by `validate.check_tensor`, as on /v1 and Paddle Serving's
+endpoint, and the batch sizes by `validate.feeds` (iospec's messages). Every output is answered unless
+the request's `outputs` names some; the model metadata lists every tensor by program name. Errors are
+raised as the server's other endpoints raise them (the 422 kinds of `openapi.ERRORS`); on /v2 they are
+answered `{"error": "<message>"}`, 422 as 400 (`error_status`).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import __version__
+from pipeline import __version__, iospec
 from pipeline.serving import validate
 from pipeline.serving.spec import DTYPES, Settings, Spec
 from pipeline.serving.validate import ApiError
@@ -72,14 +75,14 @@ def check_model(spec: Spec, name: str, version: str | None = None) -> None:
 
 
 def model_metadata(spec: Spec) -> dict[str, Any]:
-    inp, outp = spec.inp, spec.outp
+    """Every input and output, by program name, in the model's order."""
+    io_ = spec.io
     return {"name": spec.name, "versions": [VERSION], "platform": "paddle_inference",
-            "inputs": [{"name": inp["name"], "datatype": datatype(inp["dtype"]), "shape": list(inp["shape"])}],
-            "outputs": [{"name": outp["name"], "datatype": datatype(outp["dtype"]), "shape": list(outp["shape"])}]}
+            "inputs": [_meta(t) for t in io_.inputs], "outputs": [_meta(t) for t in io_.outputs]}
 
 
-def _named(t: dict[str, Any], names: set[str]) -> bool:
-    return isinstance(t.get("name"), str) and t["name"] in names
+def _meta(t: iospec.Tensor) -> dict[str, Any]:
+    return {"name": t.name, "datatype": datatype(t.dtype), "shape": list(t.shape)}
 
 
 def _bad(message: str) -> ApiError:
@@ -98,11 +101,11 @@ def split(body: bytes, header: str | None, max_depth: int) -> tuple[Any, bytes]:
     return validate.parse_json(body[:n], max_depth), body[n:]
 
 
-def _expected_input(spec: Spec, s: Settings) -> str:
+def _expected_input(spec: Spec, s: Settings, t: iospec.Tensor) -> str:
     if spec.text is not None:
-        return (f"INT64 {validate.expected(spec, s)}; or BYTES, UTF-8 texts of shape [N] or [N, 1] with "
+        return (f"INT64 {validate.expected(spec, s, t)}; or BYTES, UTF-8 texts of shape [N] or [N, 1] with "
                 f"1 <= N <= {s.max_batch_size}")
-    return f"{datatype(spec.inp['dtype'])}: {validate.expected(spec, s)}"
+    return f"{datatype(t.dtype)}: {validate.expected(spec, s, t)}"
 
 
 def _shape(t: dict[str, Any], where: str) -> list[int]:
@@ -125,11 +128,13 @@ def _binary_size(t: dict[str, Any], where: str) -> int | None:
     return size
 
 
-def _outputs(doc: dict[str, Any], spec: Spec) -> list[tuple[str, bool, int]]:
-    """(name, binary, classification count) per requested output; none requested: the model's output.
-    The count is Triton's (`classification`: an integer >= 0, 0 meaning the output itself); Triton
-    answers a count that is not such an integer (negative, 3.0, "3", true) with a 500
-    ("Unable to set 'classification'"), this server with a 400: it is the request's fault."""
+def _outputs(doc: dict[str, Any], spec: Spec) -> list[tuple[str, iospec.Tensor, bool, int]]:
+    """(name as asked, output, binary, classification count) per requested output; none requested: every
+    output, by program name. The count is Triton's (`classification`: an integer >= 0, 0 meaning the
+    output itself), on the logits output only; Triton answers a count that is not such an integer
+    (negative, 3.0, "3", true) with a 500 ("Unable to set 'classification'"), this server with a 400: it is
+    the request's fault."""
+    io_ = spec.io
     params = doc.get("parameters", {})
     if not isinstance(params, dict):
         raise _bad("parameters must be an object")
@@ -138,14 +143,15 @@ def _outputs(doc: dict[str, Any], spec: Spec) -> list[tuple[str, bool, int]]:
         raise _bad("parameters.binary_data_output must be true or false")
     requested = doc.get("outputs")
     if requested is None or requested == []:
-        return [(spec.outp["name"], default, 0)]
-    names = {spec.outp["name"], spec.outp["alias"]}
+        return [(t.name, t, default, 0) for t in io_.outputs]
     if not isinstance(requested, list) or not all(isinstance(o, dict) for o in requested):
         raise _bad("outputs must be a list of objects")
+    logits = io_.logits()
     out = []
     for i, o in enumerate(requested):
-        if not _named(o, names):
-            raise _bad(f"outputs[{i}]: unknown output; this model outputs '{spec.outp['name']}'")
+        t = validate.find(io_.outputs, o.get("name"))
+        if t is None:
+            raise _bad(f"outputs[{i}]: unknown output; this model outputs {_names(io_.outputs)}")
         p = o.get("parameters", {})
         if not isinstance(p, dict) or not set(p) <= {"binary_data", "classification"}:
             raise _bad(f"outputs[{i}]: parameters may hold binary_data and classification only")
@@ -155,82 +161,110 @@ def _outputs(doc: dict[str, Any], spec: Spec) -> list[tuple[str, bool, int]]:
         if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_CLASSIFICATION:
             raise _bad(f"outputs[{i}]: parameters.classification must be an integer 0..{MAX_CLASSIFICATION} "
                        "(the number of top classes; 0: the output itself)")
-        out.append((o["name"], binary, count))
-    if len({n for n, _, _ in out}) != len(out):
+        if count and t.name != logits.name:
+            raise _bad(f"outputs[{i}]: classification applies to the logits output '{logits.name}' only")
+        out.append((o["name"], t, binary, count))
+    if len({n for n, _, _, _ in out}) != len(out):
         raise _bad("outputs: each output at most once")
     return out
 
 
-def request(doc: Any, binary: bytes, spec: Spec, s: Settings) -> tuple[dict[str, Any], list[tuple[str, bool, int]]]:
-    """The checked request: its one input (name, datatype, shape and the data: a list, or its bytes), and
-    the outputs to answer with. Framing first (binary sizes against the body and against shape x
-    datatype), then `tensor` checks the values."""
+def _names(tensors: tuple[iospec.Tensor, ...]) -> str:
+    """The protocol's names (the program's), as the metadata lists them."""
+    return ", ".join(f"'{t.name}'" for t in tensors)
+
+
+Outputs = list[tuple[str, iospec.Tensor, bool, int]]
+
+
+def request(doc: Any, binary: bytes, spec: Spec, s: Settings) -> tuple[list[dict[str, Any]], Outputs]:
+    """The checked request: one entry per input it holds (the model's input, datatype, shape and data: a
+    list, or a view of its bytes), and the outputs to answer with. Framing first (each binary input's size
+    against shape x datatype, and all of them, in input order, against the bytes after the JSON header),
+    every input present (or BYTES texts alone), then `tensors` checks the values."""
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list) \
             or not all(isinstance(t, dict) for t in doc["inputs"]):
         raise _bad("expected an inference request: an object with inputs (a list of tensor objects)")
     if "id" in doc and not isinstance(doc["id"], str):
         raise _bad("id must be a string")
-    names = {spec.inp["name"], spec.inp["alias"]}
-    inputs = doc["inputs"]
-    if not any(_named(t, names) for t in inputs):
-        raise _bad(f"missing input '{spec.inp['name']}'")
-    if len(inputs) != 1:
-        raise _bad(f"this model takes one input, '{spec.inp['name']}'")
-    t, where = inputs[0], f"input '{spec.inp['name']}'"
-    dt = t.get("datatype")
-    if not isinstance(dt, str) or dt not in DATATYPES:
-        raise _bad(f"{where}: unknown datatype; expected {_expected_input(spec, s)}")
-    if dt != datatype(spec.inp["dtype"]) and not (dt == "BYTES" and spec.text is not None):
-        raise _bad(f"{where}: datatype {dt}, expected {_expected_input(spec, s)}")
-    shape, size = _shape(t, where), _binary_size(t, where)
-    if size is None:
-        if binary:
-            raise _bad(f"{len(binary)} bytes follow the JSON header but no input has parameters.binary_data_size")
-        if not isinstance(t.get("data"), list):
-            raise _bad(f"{where}: data (a list) or parameters.binary_data_size is required")
-        data: Any = t["data"]
-    else:
-        if "data" in t:
-            raise _bad(f"{where}: both data and parameters.binary_data_size")
-        if size != len(binary):
-            raise _bad(f"{where}: parameters.binary_data_size is {size}, but {len(binary)} bytes follow the JSON "
-                       "header")
-        if dt != "BYTES" and size != math.prod(shape) * DATATYPES[dt]:
-            raise _bad(f"{where}: parameters.binary_data_size is {size}, but shape x {dt} is "
-                       f"{math.prod(shape) * DATATYPES[dt]} bytes")
-        data = binary
-    return {"datatype": dt, "shape": shape, "data": data, "where": where}, _outputs(doc, spec)
+    io_ = spec.io
+    found: list[dict[str, Any]] = []
+    at = 0
+    for i, t in enumerate(doc["inputs"]):
+        inp = validate.find(io_.inputs, t.get("name"))
+        if inp is None:
+            raise _bad(f"inputs[{i}]: unknown input; this model takes {_names(io_.inputs)}")
+        if any(f["input"] == inp for f in found):
+            raise _bad(f"inputs[{i}]: input '{inp.name}' given twice")
+        where = f"input '{inp.name}'"
+        dt = t.get("datatype")
+        if not isinstance(dt, str) or dt not in DATATYPES:
+            raise _bad(f"{where}: unknown datatype; expected {_expected_input(spec, s, inp)}")
+        if dt != datatype(inp.dtype) and not (dt == "BYTES" and spec.text is not None):
+            raise _bad(f"{where}: datatype {dt}, expected {_expected_input(spec, s, inp)}")
+        shape, size = _shape(t, where), _binary_size(t, where)
+        if size is None:
+            if not isinstance(t.get("data"), list):
+                raise _bad(f"{where}: data (a list) or parameters.binary_data_size is required")
+            data: Any = t["data"]
+        else:
+            if "data" in t:
+                raise _bad(f"{where}: both data and parameters.binary_data_size")
+            if dt != "BYTES" and size != math.prod(shape) * DATATYPES[dt]:
+                raise _bad(f"{where}: parameters.binary_data_size is {size}, but shape x {dt} is "
+                           f"{math.prod(shape) * DATATYPES[dt]} bytes")
+            if at + size > len(binary):
+                raise _bad(f"{where}: parameters.binary_data_size is {size}, but {len(binary) - at} bytes follow "
+                           "the JSON header" + (" after the inputs before it" if at else ""))
+            data, at = memoryview(binary)[at:at + size], at + size
+        found.append({"input": inp, "datatype": dt, "shape": shape, "data": data, "where": where})
+    if at != len(binary):
+        raise _bad(f"{len(binary)} bytes follow the JSON header but the inputs' parameters.binary_data_size "
+                   f"add up to {at}")
+    texts = [f for f in found if f["datatype"] == "BYTES"]
+    if texts and len(found) > 1:
+        raise _bad(f"{texts[0]['where']}: BYTES texts fill every input of this model; send them alone")
+    missing = [t for t in io_.inputs if not any(f["input"] == t for f in found)]
+    if missing and not texts:
+        raise _bad(f"missing input '{missing[0].name}'; this model takes {_names(io_.inputs)}")
+    return found, _outputs(doc, spec)
 
 
-async def tensor(inp: dict[str, Any], spec: Spec, s: Settings) -> np.ndarray:
-    """The checked input as the model's input: numbers through `validate.check_tensor`, texts through
-    `validate.v1_inputs` (the encoder /v1 uses)."""
-    dt, shape, data, where = inp["datatype"], inp["shape"], inp["data"], inp["where"]
-    if dt == "BYTES":
-        if len(shape) not in (1, 2) or shape[1:] not in ([], [1]) or not 1 <= shape[0] <= s.max_batch_size:
-            raise ApiError(422, "invalid_tensor", f"{where}: shape {shape}, expected {_expected_input(spec, s)}")
-        return await validate.v1_inputs({"text": _texts(data, shape[0], where)}, spec, s)
-    n = math.prod(shape)
-    if isinstance(data, bytes):
-        arr = np.frombuffer(data, _NUMPY[dt])
-    else:
-        try:
-            arr = np.asarray(data)
-        except (ValueError, TypeError, OverflowError):
-            arr = None
-        if arr is None or (arr.size and arr.dtype.kind not in "iuf"):
-            raise ApiError(422, "invalid_tensor", f"{where}: data must be a list of numbers")
-    if arr.size != n:
-        raise ApiError(422, "invalid_tensor", f"{where}: data holds {arr.size} values, shape {shape} needs {n}")
-    return validate.check_tensor(arr.reshape(shape), spec, s, where)
+async def tensors(found: list[dict[str, Any]], spec: Spec, s: Settings) -> dict[str, np.ndarray]:
+    """The checked inputs as the predictor's feeds: numbers through `validate.check_tensor`, then one batch
+    size (`validate.feeds`); BYTES texts through `validate.v1_inputs` (the encoder /v1 uses, filling every
+    input)."""
+    arrays = {}
+    for f in found:
+        inp, dt, shape, data, where = f["input"], f["datatype"], f["shape"], f["data"], f["where"]
+        if dt == "BYTES":
+            if len(shape) not in (1, 2) or shape[1:] not in ([], [1]) or not 1 <= shape[0] <= s.max_batch_size:
+                raise ApiError(422, "invalid_tensor", f"{where}: shape {shape}, expected "
+                                                      f"{_expected_input(spec, s, inp)}")
+            return await validate.v1_inputs({"text": _texts(data, shape[0], where)}, spec, s)
+        n = math.prod(shape)
+        if isinstance(data, memoryview):
+            arr = np.frombuffer(data, _NUMPY[dt])
+        else:
+            try:
+                arr = np.asarray(data)
+            except (ValueError, TypeError, OverflowError):
+                arr = None
+            if arr is None or (arr.size and arr.dtype.kind not in "iuf"):
+                raise ApiError(422, "invalid_tensor", f"{where}: data must be a list of numbers")
+        if arr.size != n:
+            raise ApiError(422, "invalid_tensor", f"{where}: data holds {arr.size} values, shape {shape} needs {n}")
+        arrays[inp.name] = validate.check_tensor(arr.reshape(shape), spec, s, inp, where)
+    return validate.feeds(arrays, spec)
 
 
 def _texts(data: Any, n: int, where: str) -> list[str]:
     """BYTES elements: a JSON list of strings, or binary (4-byte little-endian length, then the bytes)."""
-    if not isinstance(data, bytes):
+    if not isinstance(data, memoryview):
         if not isinstance(data, list) or len(data) != n or not all(isinstance(v, str) for v in data):
             raise ApiError(422, "invalid_tensor", f"{where}: data must be a list of {n} strings (the shape)")
         return data
+    data = bytes(data)
     out, at = [], 0
     for _ in range(n):
         if at + 4 > len(data):
@@ -265,20 +299,21 @@ def classify(y: np.ndarray, count: int, labels: list[str]) -> list[bytes]:
     return out
 
 
-def answer(y: np.ndarray, doc: dict[str, Any], outputs: list[tuple[str, bool, int]], spec: Spec) -> Any:
-    """The inference response: JSON, or the JSON header and the binary outputs after it. A classified
-    output is BYTES [batch, min(count, classes)]; binary, each element is a 4-byte little-endian length
-    and the UTF-8 string, as Triton serializes it."""
+def answer(outs: dict[str, np.ndarray], doc: dict[str, Any], outputs: Outputs, spec: Spec) -> Any:
+    """The inference response: each requested output (`outs`: every output by program name) under the name
+    it was asked by, as JSON, or the JSON header and the binary outputs after it. A classified output is
+    BYTES [batch, min(count, classes)]; binary, each element is a 4-byte little-endian length and the
+    UTF-8 string, as Triton serializes it."""
     import orjson
     from fastapi.responses import Response
 
     resp: dict[str, Any] = {"model_name": spec.name, "model_version": VERSION}
     if "id" in doc:
         resp["id"] = doc["id"]
-    y = np.ascontiguousarray(y, "<f4")
     tensors, blobs = [], []
-    for name, binary, count in outputs:
-        t: dict[str, Any] = {"name": name, "datatype": "FP32", "shape": list(y.shape)}
+    for name, out, binary, count in outputs:
+        y = np.ascontiguousarray(outs[out.name], _NUMPY[datatype(out.dtype)])
+        t: dict[str, Any] = {"name": name, "datatype": datatype(out.dtype), "shape": list(y.shape)}
         classes = classify(y, count, spec.labels) if count else []
         if count:
             t.update(datatype="BYTES", shape=[len(y), min(count, math.prod(y.shape[1:]))])

@@ -1,10 +1,12 @@
 """Request bodies -> model input, refusing anything else with a fixed-schema error that never echoes input.
 
 Content type (415), body cap on Content-Length and while reading, also after gzip (413), JSON nesting
-depth before parsing, strict UTF-8 and RFC 8259 numbers (400); then the package's input spec (422):
-dtype, rank and fixed dims of tensors; base64 PNG/JPEG images decoded, resized and normalised as at
-training time; text encoded by the training encoder with the package's vocabulary. Text packages feed
-every sample at max_len (`canonical_ids`).
+depth before parsing, strict UTF-8 and RFC 8259 numbers (400); then the package's tensors (`spec.io`,
+422): each input by name, its dtype, rank and fixed dims, every input present and one batch size
+(`feeds`: iospec's one-line messages naming the input); base64 PNG/JPEG images of an image input decoded,
+resized and normalised as at training time; text encoded by the training encoder with the package's
+vocabulary and filling every input (`text_feeds`). Text packages feed every sample at max_len
+(`canonical_ids`). What reaches the predictor is a dict of arrays by program name.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import data as data_mod
+from pipeline import data as data_mod, iospec
+from pipeline.errors import InputError
 from pipeline.serving.spec import Settings, Spec, TextSpec
 
 _NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"')  # deleted before the depth scan
@@ -128,39 +131,48 @@ def parse_json(body: bytes, max_depth: int) -> Any:
                                              "numbers)") from None
 
 
-def expected(spec: Spec, s: Settings) -> str:
+def sample_shape(spec: Spec, t: iospec.Tensor) -> tuple[int, ...]:
+    """The per-sample shape input `t` is fed at: a text package's inputs always at max_len (`canonical_ids`)."""
+    return (spec.text.max_len,) if spec.text is not None else tuple(t.shape[1:])
+
+
+def expected(spec: Spec, s: Settings, t: iospec.Tensor) -> str:
+    """What input `t` takes, in words (every message about a tensor ends with it)."""
     if spec.text is not None:
-        t = spec.text
+        text = spec.text
         return (f"int64 token ids: 1..{s.max_batch_size} rows of >= 1 ids each (each padded or truncated to "
-                f"max_len {t.max_len}), ids 0..{t.vocab_size - 1}")
-    dims = ", ".join(str(d) for d in spec.sample_shape)
-    return f"{spec.inp['dtype']} [N, {dims}] with 1 <= N <= {s.max_batch_size}"
+                f"max_len {text.max_len}), ids 0..{text.vocab_size - 1}")
+    dims = ", ".join(str(d) for d in sample_shape(spec, t))
+    return f"{t.dtype} [N, {dims}] with 1 <= N <= {s.max_batch_size}"
 
 
-def as_tensor(obj: Any, spec: Spec, s: Settings, where: str) -> np.ndarray:
-    """A JSON array (nested lists) -> the model's dtype and shape, or 422 naming what was expected."""
-    want = expected(spec, s)
+def as_tensor(obj: Any, spec: Spec, s: Settings, t: iospec.Tensor, where: str) -> np.ndarray:
+    """A JSON array (nested lists) -> input `t`'s dtype and shape, or 422 naming what was expected."""
+    want = expected(spec, s, t)
     if spec.text is not None and _ragged(obj):
-        return _ragged_ids(obj, spec, s, where)
+        return _ragged_ids(obj, spec, s, t, where)
     try:
         arr = np.asarray(obj)
     except (ValueError, TypeError, OverflowError):
         raise ApiError(422, "invalid_tensor", f"{where}: not a rectangular array; expected {want}") from None
     if arr.dtype.kind not in "iuf":
         raise ApiError(422, "invalid_tensor", f"{where}: must hold numbers only; expected {want}")
-    return check_tensor(arr, spec, s, where)
+    return check_tensor(arr, spec, s, t, where)
 
 
-def check_tensor(arr: np.ndarray, spec: Spec, s: Settings, where: str) -> np.ndarray:
+def check_tensor(arr: np.ndarray, spec: Spec, s: Settings, t: iospec.Tensor, where: str) -> np.ndarray:
+    """An array given for input `t` -> what the predictor is fed: its rank, fixed dims and batch size
+    (1..max_batch_size), finite float32 or integers within the dtype (text: ids within the vocabulary, at
+    max_len), or 422 naming what was expected."""
     if spec.text is not None:
-        return _check_ids(arr, spec, s, where)
-    want, sample = expected(spec, s), spec.sample_shape
+        return _check_ids(arr, spec, s, t, where)
+    want, sample = expected(spec, s, t), sample_shape(spec, t)
     if arr.ndim != len(sample) + 1:
         raise ApiError(422, "invalid_tensor", f"{where}: rank {arr.ndim}, expected {want}")
     if tuple(arr.shape[1:]) != sample or not 1 <= arr.shape[0] <= s.max_batch_size:
         got = ", ".join(str(d) for d in arr.shape)
         raise ApiError(422, "invalid_tensor", f"{where}: shape [{got}], expected {want}")
-    dtype = spec.inp["dtype"]
+    dtype = t.dtype
     if dtype == "float32":
         with np.errstate(over="ignore", invalid="ignore"):
             out = arr.astype(np.float32)
@@ -186,15 +198,15 @@ def _integers(arr: np.ndarray, where: str, want: str) -> np.ndarray:
     return arr.astype(np.int64)
 
 
-def _check_ids(arr: np.ndarray, spec: Spec, s: Settings, where: str) -> np.ndarray:
+def _check_ids(arr: np.ndarray, spec: Spec, s: Settings, t: iospec.Tensor, where: str) -> np.ndarray:
     """Token ids [N, L]: integers within the vocabulary (an id past the embedding table would read out of
     bounds in the predictor), then `canonical_ids`."""
-    want, t = expected(spec, s), spec.text
+    want, text = expected(spec, s, t), spec.text
     if arr.ndim != 2:
         raise ApiError(422, "invalid_tensor", f"{where}: rank {arr.ndim}, expected {want}")
     if not 1 <= arr.shape[0] <= s.max_batch_size or arr.shape[1] < 1:
         raise ApiError(422, "invalid_tensor", f"{where}: shape [{arr.shape[0]}, {arr.shape[1]}], expected {want}")
-    return canonical_ids(_vocabulary_ids(arr, t, where, want), t)
+    return canonical_ids(_vocabulary_ids(arr, text, where, want), text)
 
 
 def _vocabulary_ids(arr: np.ndarray, t: TextSpec, where: str, want: str) -> np.ndarray:
@@ -208,13 +220,13 @@ def _ragged(obj: Any) -> bool:
     return isinstance(obj, list) and all(isinstance(row, list) for row in obj) and len({len(r) for r in obj}) > 1
 
 
-def _ragged_ids(rows: list[list[Any]], spec: Spec, s: Settings, where: str) -> np.ndarray:
+def _ragged_ids(rows: list[list[Any]], spec: Spec, s: Settings, t: iospec.Tensor, where: str) -> np.ndarray:
     """Token id rows of different lengths (texts are): each row checked, then truncated or padded to
     max_len on its own, as `canonical_ids` does to a rectangular [N, L]."""
-    want, t = expected(spec, s), spec.text
+    want, text = expected(spec, s, t), spec.text
     if len(rows) > s.max_batch_size:
         raise ApiError(422, "invalid_tensor", f"{where}: {len(rows)} rows, expected {want}")
-    out = np.full((len(rows), t.max_len), t.pad_id, np.int64)
+    out = np.full((len(rows), text.max_len), text.pad_id, np.int64)
     for i, row in enumerate(rows):
         try:
             arr = np.asarray(row)
@@ -222,8 +234,8 @@ def _ragged_ids(rows: list[list[Any]], spec: Spec, s: Settings, where: str) -> n
             raise ApiError(422, "invalid_tensor", f"{where}[{i}]: not a list of ids; expected {want}") from None
         if arr.ndim != 1 or not arr.size:
             raise ApiError(422, "invalid_tensor", f"{where}[{i}]: not a list of >= 1 ids; expected {want}")
-        ids = _vocabulary_ids(arr, t, f"{where}[{i}]", want)
-        out[i, :min(ids.size, t.max_len)] = ids[:t.max_len]
+        ids = _vocabulary_ids(arr, text, f"{where}[{i}]", want)
+        out[i, :min(ids.size, text.max_len)] = ids[:text.max_len]
     return out
 
 
@@ -241,10 +253,82 @@ def canonical_ids(ids: np.ndarray, text: TextSpec) -> np.ndarray:
     return out
 
 
+# ------------------------------------------------------------------ the package's tensors, by name
+
+def names(tensors: tuple[iospec.Tensor, ...] | list[iospec.Tensor]) -> str:
+    """'img', 'feat': the public names, as messages list what a model takes."""
+    return ", ".join(repr(t.public) for t in tensors)
+
+
+def find(tensors: tuple[iospec.Tensor, ...], name: Any) -> iospec.Tensor | None:
+    """The tensor a request names, by its program or public name; None for anything else."""
+    if isinstance(name, str):
+        for t in tensors:
+            if name == t.name or name == t.alias:
+                return t
+    return None
+
+
+def feeds(arrays: dict[str, np.ndarray], spec: Spec, where: str = "request") -> dict[str, np.ndarray]:
+    """Arrays by program name, each checked (`check_tensor`) -> the predictor's feeds: every input present,
+    one batch size; else 422 with `iospec.IO.feeds`' one-line message naming the input and what it expected."""
+    ins = spec.io.inputs
+    if len(arrays) == len(ins) and len({len(a) for a in arrays.values()}) == 1:
+        return arrays  # the keys are distinct inputs' names: all of them are there
+    try:
+        return spec.io.feeds(arrays, where)
+    except InputError as e:
+        kind = "invalid_request" if len(arrays) < len(ins) else "invalid_tensor"
+        raise ApiError(422, kind, str(e)) from None
+
+
+def _where(t: iospec.Tensor) -> str:
+    return f"input {t.public!r}"
+
+
+def text_feeds(ids: np.ndarray, spec: Spec) -> dict[str, np.ndarray]:
+    """Encoded texts [N, max_len] -> every model input, by program name, made by the rule the package's
+    preprocessing records (`data.text_inputs`, as training and export made them: one input `x` of the ids,
+    or ERNIE's input_ids and a zero token_type_ids). 422 naming both sides if the rule makes other inputs
+    than the model takes (`check_text_rule` refuses such a package at start)."""
+    ins = spec.io.inputs
+    try:
+        made = data_mod.text_inputs(ids, spec.preprocessing)
+    except InputError as e:
+        raise ApiError(422, "invalid_request", str(e)) from None
+    got = {t.name: made[k] for k in made if (t := find(ins, k)) is not None}
+    if len(got) != len(ins) or len(made) != len(ins):
+        raise ApiError(422, "invalid_request", f"the package's text rule makes inputs {', '.join(map(repr, made))}, "
+                                               f"the model takes {names(ins)}; send 'inputs'")
+    return got
+
+
+def check_text_rule(spec: Spec) -> None:
+    """InputError (one line) unless text fills every input of this text package (`text_feeds`)."""
+    if spec.text is not None:
+        try:
+            text_feeds(np.zeros((1, spec.text.max_len), np.int64), spec)
+        except ApiError as e:
+            raise InputError(f"{spec.dir}: {e.message}") from None
+
+
+def image_inputs(spec: Spec) -> list[iospec.Tensor]:
+    """The inputs a base64 PNG/JPEG can fill: float32 NCHW images of 1 or 3 channels, normalised by their
+    own preprocessing (`data.input_preprocessing`: per input, by public name)."""
+    if spec.text is not None:
+        return []
+    ins = spec.io.inputs
+    try:
+        per = data_mod.input_preprocessing(spec.preprocessing, [t.public for t in ins])
+    except InputError:
+        return []
+    return [t for t in ins if per[t.public].get("kind") == "image" and per[t.public].get("layout") == "NCHW"
+            and t.dtype == "float32" and len(t.shape) == 4 and t.shape[1] in (1, 3)
+            and all(d >= 1 for d in t.shape[1:])]
+
+
 def takes_images(spec: Spec) -> bool:
-    pre = spec.preprocessing
-    return (pre.get("kind") == "image" and pre.get("layout") == "NCHW" and spec.inp["dtype"] == "float32"
-            and len(spec.sample_shape) == 3 and spec.sample_shape[0] in (1, 3))
+    return bool(image_inputs(spec))
 
 
 _FIELDS = {"inputs", "images", "text"}
@@ -252,33 +336,87 @@ INLINE_DECODE_BYTES = 48 << 10  # bytes of all images in a request (64 KiB of ba
 INLINE_DECODE_PIXELS = 256 * 256  # pixels of all images in a request, by their headers
 
 
-async def v1_inputs(doc: Any, spec: Spec, s: Settings) -> np.ndarray:
-    kinds = ("'inputs' (token ids) or 'text' (strings)" if spec.text is not None
-             else "'inputs' (tensors) or 'images' (base64 PNG/JPEG)")
-    if not isinstance(doc, dict) or len(doc) != 1 or not (_FIELDS & set(doc)):
-        raise ApiError(422, "invalid_request", f"the body must be an object with exactly one field, {kinds}")
-    if "inputs" in doc:
-        return as_tensor(doc["inputs"], spec, s, "inputs")
+def fields(spec: Spec) -> str:
+    """The /v1 body's fields for this package, in words (each refusal of a body's shape says it)."""
+    ins = spec.io.inputs
+    if spec.text is not None:
+        tensors = "token ids" if len(ins) == 1 else f"{{name: token ids}} for {names(ins)}"
+        return f"'inputs' ({tensors}) or 'text' (strings)"
+    if len(ins) == 1:
+        return "'inputs' (tensors) or 'images' (base64 PNG/JPEG)"
+    imgs = image_inputs(spec)
+    return (f"'inputs' ({{name: tensor}} for {names(ins)})"
+            + (f" and 'images' ({{name: [base64 PNG/JPEG]}} for {names(imgs)}), each input once" if imgs else ""))
+
+
+def _by_name(field: str, value: Any, spec: Spec) -> dict[iospec.Tensor, Any]:
+    """A field's value -> {input: its value}: an object of input name -> value, or (a package of one input)
+    the value itself, as before names existed. Unknown names are refused without being echoed."""
+    ins = spec.io.inputs
+    if not isinstance(value, dict):
+        if len(ins) == 1:
+            return {ins[0]: value}
+        raise ApiError(422, "invalid_request", f"{field}: an object of input name -> value; this model takes "
+                                               f"{names(ins)}")
+    out: dict[iospec.Tensor, Any] = {}
+    for i, (key, v) in enumerate(value.items()):
+        t = find(ins, key)
+        if t is None:
+            raise ApiError(422, "invalid_request", f"{field}: key {i + 1} is no input of this model; it takes "
+                                                   f"{names(ins)}")
+        if t in out:
+            raise ApiError(422, "invalid_request", f"{field}: input {t.public!r} given twice")
+        out[t] = v
+    return out
+
+
+async def v1_inputs(doc: Any, spec: Spec, s: Settings) -> dict[str, np.ndarray]:
+    """A /v1/predict body -> the predictor's feeds by program name. `inputs` (tensors) and `images` (base64
+    PNG/JPEG of an image input) by input name, or, for a package of one input, as the bare value; `text`
+    alone fills every input (`text_feeds`). Each input exactly once."""
+    kinds = fields(spec)
+    if not isinstance(doc, dict) or not doc or not set(doc) <= _FIELDS or ("text" in doc and len(doc) > 1):
+        raise ApiError(422, "invalid_request", f"the body must be an object of {kinds}")
     if "text" in doc:
         if spec.text is None:
             raise ApiError(422, "invalid_request", f"this model does not take text; send {kinds}")
-        return _encode_text(doc["text"], spec.text, s)
-    images = doc["images"]
-    if not takes_images(spec):
-        raise ApiError(422, "invalid_request", f"this model does not take images; send {kinds}"
-                       if spec.text is not None else "this model takes tensors only ('inputs')")
-    if not isinstance(images, list) or not 1 <= len(images) <= s.max_batch_size \
-            or not all(isinstance(im, str) for im in images):
-        raise ApiError(422, "invalid_request", f"images: a list of 1..{s.max_batch_size} base64 strings")
-    raws = [_unbase64(b64, i) for i, b64 in enumerate(images)]
+        return text_feeds(_encode_text(doc["text"], spec.text, s), spec)
+    tensors = _by_name("inputs", doc["inputs"], spec) if "inputs" in doc else {}
+    images = _by_name("images", doc["images"], spec) if "images" in doc else {}
+    both = next((t for t in images if t in tensors), None)
+    if both is not None:
+        raise ApiError(422, "invalid_request", f"input {both.public!r} is in both 'inputs' and 'images'; "
+                                               f"send {kinds}")
+    out = {t.name: as_tensor(v, spec, s, t, _where(t)) for t, v in tensors.items()}
+    if images:
+        out.update(await _images(images, spec, s, kinds))
+    return feeds(out, spec)
+
+
+async def _images(images: dict[iospec.Tensor, Any], spec: Spec, s: Settings, kinds: str) -> dict[str, np.ndarray]:
+    takes = image_inputs(spec)
+    for t, value in images.items():
+        if t not in takes:
+            if spec.text is not None:
+                raise ApiError(422, "invalid_request", f"this model does not take images; send {kinds}")
+            raise ApiError(422, "invalid_request", "this model takes tensors only ('inputs')" if not takes else
+                           f"{_where(t)} is no image input (images fill {names(takes)}); send it in 'inputs'")
+        if not isinstance(value, list) or not 1 <= len(value) <= s.max_batch_size \
+                or not all(isinstance(im, str) for im in value):
+            raise ApiError(422, "invalid_request", f"images: a list of 1..{s.max_batch_size} base64 strings")
+    raws = {t: [_unbase64(b64, i) for i, b64 in enumerate(v)] for t, v in images.items()}
     # Decoding is CPU work. Small images decode on the event loop: a thread hand-off costs more than
     # decoding a 64x64 PNG and its GIL ping-pong slowed every batch (mobilenet at 3x64x64 under 16 clients:
     # 392 requests/s inline vs 322-352 with a thread, separate runs). Anything bigger, in bytes or in the
     # pixels its headers declare (a 16 kB PNG can hold 16 Mpx of zeros), goes to a thread so the loop
     # keeps answering.
-    if inline_decode(raws):
-        return _decode_images(raws, spec, s)
-    return await asyncio.to_thread(_decode_images, raws, spec, s)
+    if inline_decode([r for rs in raws.values() for r in rs]):
+        return _decode_all(raws, spec, s)
+    return await asyncio.to_thread(_decode_all, raws, spec, s)
+
+
+def _decode_all(raws: dict[iospec.Tensor, list[bytes]], spec: Spec, s: Settings) -> dict[str, np.ndarray]:
+    return {t.name: _decode_images(rs, spec, s, t) for t, rs in raws.items()}
 
 
 def _unbase64(b64: str, i: int) -> bytes:
@@ -333,10 +471,12 @@ def _encode_text(texts: Any, text: TextSpec, s: Settings) -> np.ndarray:
     return text.encode(texts)
 
 
-def _decode_images(raws: list[bytes], spec: Spec, s: Settings) -> np.ndarray:
+def _decode_images(raws: list[bytes], spec: Spec, s: Settings, t: iospec.Tensor) -> np.ndarray:
+    """PNG/JPEG files -> image input `t`: converted to its channels, resized to its size, prepared with its
+    preprocessing, as at training time."""
     from PIL import Image
 
-    c, h, w = spec.sample_shape
+    c, h, w = t.shape[1:]
     out = np.empty((len(raws), c, h, w), np.uint8)
     for i, raw in enumerate(raws):
         try:
@@ -357,14 +497,26 @@ def _decode_images(raws: list[bytes], spec: Spec, s: Settings) -> np.ndarray:
         except Exception:  # an untrusted file: any decoder failure is the sender's, never a 500
             raise ApiError(422, "invalid_image", f"images[{i}]: not a decodable PNG/JPEG") from None
         out[i] = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
-    return data_mod.prepare(out, spec.preprocessing)
+    pre = data_mod.input_preprocessing(spec.preprocessing, [u.public for u in spec.io.inputs])[t.public]
+    return data_mod.prepare(out, pre)
 
 
-def v1_answer(y: np.ndarray, labels: list[str]) -> dict[str, Any]:
+def v1_answer(outs: dict[str, np.ndarray], spec: Spec) -> dict[str, Any]:
+    """The predictor's outputs (by program name) -> /v1's answer: each sample's label, its softmax score and
+    the logits, from the logits output; a model of several outputs also gets every other one, by public
+    name, under `outputs`."""
+    io_ = spec.io
+    logits = io_.logits()
+    y = outs[logits.name]
     z = y.astype(np.float64)
     z -= z.max(axis=1, keepdims=True)
     p = np.exp(z)
     p /= p.sum(axis=1, keepdims=True)
     top = p.argmax(axis=1)
-    return {"labels": [labels[i] for i in top], "scores": [float(p[r, i]) for r, i in enumerate(top)],
-            "logits": y.tolist()}
+    labels = spec.labels
+    answer = {"labels": [labels[i] for i in top], "scores": [float(p[r, i]) for r, i in enumerate(top)],
+              "logits": y.tolist()}
+    others = {t.public: outs[t.name].tolist() for t in io_.outputs if t.name != logits.name}
+    if others:
+        answer["outputs"] = others
+    return answer

@@ -2,9 +2,11 @@
 
 Protobuf (`Content-Type: application/proto`, the client's default) with the messages of Serving's
 general_model_service.proto, built here from a FileDescriptorProto (no generated code from Serving), or
-JSON after the client's `set_http_proto(False)`; the answer comes in the request's format. The feed is
-checked like any other tensor (`validate.check_tensor`): float32 in `float_data` (elem_type 1), int64
-token ids in `int64_data` (elem_type 0, shape [N, L]) for text packages.
+JSON after the client's `set_http_proto(False)`; the answer comes in the request's format. One feed tensor
+per model input (by `name` or `alias_name`, any order), each checked like any other tensor
+(`validate.check_tensor`): float32 in `float_data` (elem_type 1), int64 in `int64_data` (elem_type 0;
+token ids of shape [N, L] for text packages), int32 in `int_data`; all of one batch size. The answer
+holds every output `fetch_var_names` names (none: every output), in the model's order.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from pipeline import iospec
 from pipeline.serving.spec import DTYPES, Settings, Spec
-from pipeline.serving.validate import ApiError, check_tensor, expected
+from pipeline.serving.validate import ApiError, check_tensor, expected, find, names
+from pipeline.serving.validate import feeds as validate_feeds
 
 PACKAGE = "baidu.paddle_serving.predictor.general_model"
 ENGINE_NAME = "general_infer_0"
@@ -93,57 +97,83 @@ def _json_int(v: Any) -> bool:
     return not isinstance(v, bool) and (isinstance(v, int) or (isinstance(v, float) and v.is_integer()))
 
 
-def feed(req: Any, spec: Spec, s: Settings, proto: bool) -> tuple[np.ndarray, list[str], int]:
-    """The feed tensor of a Request (protobuf message or checked JSON dict) as the model's input."""
+def feed(req: Any, spec: Spec, s: Settings, proto: bool) -> tuple[dict[str, np.ndarray], list[iospec.Tensor], int]:
+    """A Request (protobuf message or checked JSON dict) -> the predictor's feeds (one tensor per model input,
+    by `name` or `alias_name`, each checked as any tensor is, `validate.check_tensor`), the outputs to
+    answer (those `fetch_var_names` names, in the model's order; none named: every output; names the
+    model lacks are dropped, as Paddle Serving drops them) and the log id."""
     get = (lambda t, k: getattr(t, k)) if proto else (lambda t, k: t.get(k))
     tensors = list(req.tensor) if proto else req["tensor"]
     fetch = list(req.fetch_var_names) if proto else req["fetch_var_names"]
     log_id = int(req.log_id) if proto else req["log_id"]
-    names = {spec.inp["name"], spec.inp["alias"]}
-    code, field_name, _ = DTYPES[spec.inp["dtype"]]
-    if len(tensors) != 1 or not ({get(tensors[0], "name"), get(tensors[0], "alias_name")} & names):
-        raise ApiError(422, "invalid_request", f"expected one feed tensor named '{spec.inp['alias']}'")
-    t = tensors[0]
+    io_ = spec.io
+    if not tensors:
+        raise ApiError(422, "invalid_request", f"expected one feed tensor per input, named {names(io_.inputs)}")
+    arrays: dict[str, np.ndarray] = {}
+    for i, t in enumerate(tensors):
+        inp = find(io_.inputs, get(t, "name")) or find(io_.inputs, get(t, "alias_name"))
+        if inp is None:
+            raise ApiError(422, "invalid_request", f"tensor[{i}]: no feed of this model; expected one feed tensor "
+                                                   f"per input, named {names(io_.inputs)}")
+        if inp.name in arrays:
+            raise ApiError(422, "invalid_request", f"tensor[{i}]: feed {inp.public!r} given twice")
+        arrays[inp.name] = _tensor(t, get, inp, spec, s, proto)
+    feeds_ = validate_feeds(arrays, spec)
+    outs = [o for o in io_.outputs if o.name in fetch or o.alias in fetch] if fetch else list(io_.outputs)
+    if not outs:
+        raise ApiError(422, "invalid_request", f"fetch_var_names: this model outputs {names(io_.outputs)}")
+    return feeds_, outs, log_id
+
+
+def _tensor(t: Any, get: Any, inp: iospec.Tensor, spec: Spec, s: Settings, proto: bool) -> np.ndarray:
+    """One feed tensor's data as input `inp`: elem_type, shape against the data's length, then the values."""
+    where = f"feed {inp.public!r}"
+    code, field_name, _ = DTYPES[inp.dtype]
     elem_type = get(t, "elem_type")
     if (not proto and not _json_int(elem_type)) or elem_type != code:
-        raise ApiError(422, "invalid_tensor", f"elem_type must be {code} ({spec.inp['dtype']}, in {field_name})")
+        raise ApiError(422, "invalid_tensor", f"{where}: elem_type must be {code} ({inp.dtype}, in {field_name})")
     shape, data = get(t, "shape"), get(t, field_name)
     if not proto and (not isinstance(shape, list) or not isinstance(data, list)
                       or not all(_json_int(d) for d in shape)):
-        raise ApiError(422, "invalid_tensor", f"shape (list of integers) and {field_name} (flat list) are required")
+        raise ApiError(422, "invalid_tensor", f"{where}: shape (list of integers) and {field_name} (flat list) are "
+                                              "required")
     shape = [int(d) for d in shape]
     if len(shape) > 16 or any(d < 0 for d in shape) or math.prod(shape) != len(data):
-        raise ApiError(422, "invalid_tensor", f"{field_name} must hold prod(shape) values; expected "
-                                               f"{expected(spec, s)}")
-    flat = np.asarray(data, np.float32 if code == 1 else spec.inp["dtype"]) if proto else None
+        raise ApiError(422, "invalid_tensor", f"{where}: {field_name} must hold prod(shape) values; expected "
+                                              f"{expected(spec, s, inp)}")
+    flat = np.asarray(data, np.float32 if code == 1 else inp.dtype) if proto else None
     if flat is None:
         try:
             flat = np.asarray(data)
         except (ValueError, TypeError, OverflowError):
-            raise ApiError(422, "invalid_tensor", f"{field_name} must be a flat list of numbers") from None
+            raise ApiError(422, "invalid_tensor", f"{where}: {field_name} must be a flat list of numbers") from None
         if flat.ndim != 1 or (flat.size and flat.dtype.kind not in "iuf"):
-            raise ApiError(422, "invalid_tensor", f"{field_name} must be a flat list of numbers")
-    arr = check_tensor(flat.reshape(shape), spec, s, "tensor")
-    outs = {spec.outp["name"], spec.outp["alias"]}
-    if fetch and not set(fetch) & outs:
-        raise ApiError(422, "invalid_request", f"fetch_var_names: this model outputs '{spec.outp['alias']}'")
-    return arr, fetch, log_id
+            raise ApiError(422, "invalid_tensor", f"{where}: {field_name} must be a flat list of numbers")
+    return check_tensor(flat.reshape(shape), spec, s, inp, where)
 
 
-def answer(y: np.ndarray, spec: Spec, fetch: list[str], log_id: int, proto: bool,
+def answer(outs: dict[str, np.ndarray], fetch: list[iospec.Tensor], log_id: int, proto: bool,
            messages: dict[str, Any]) -> Any:
+    """The Response: one tensor per fetched output (`name` the program's, `alias_name` the public one), in
+    the request's format."""
     from fastapi.responses import JSONResponse, Response
 
-    o = spec.outp
     if proto:
         resp = messages["Response"](log_id=log_id, err_no=0, err_msg="")
         out = resp.outputs.add(engine_name=ENGINE_NAME)
-        t = out.tensor.add(elem_type=1, name=o["name"], alias_name=o["alias"])
-        t.shape.extend(int(d) for d in y.shape)
-        t.float_data.extend(y.ravel().tolist())
+        for o in fetch:
+            y = outs[o.name]
+            code, field_name, _ = DTYPES[o.dtype]
+            t = out.tensor.add(elem_type=code, name=o.name, alias_name=o.public)
+            t.shape.extend(int(d) for d in y.shape)
+            getattr(t, field_name).extend(y.ravel().tolist())
         # The client parses protobuf only if Content-Type is exactly this (no charset).
         return Response(resp.SerializeToString(), media_type="application/proto")
-    tensor = {"float_data": y.ravel().tolist(), "elem_type": 1, "shape": list(y.shape), "name": o["name"],
-              "alias_name": o["alias"], "lod": []}
-    return JSONResponse({"outputs": [{"tensor": [tensor], "engine_name": ENGINE_NAME}], "profile_time": [],
+    tensors = []
+    for o in fetch:
+        y = outs[o.name]
+        code, field_name, _ = DTYPES[o.dtype]
+        tensors.append({field_name: y.ravel().tolist(), "elem_type": code, "shape": list(y.shape), "name": o.name,
+                        "alias_name": o.public, "lod": []})
+    return JSONResponse({"outputs": [{"tensor": tensors, "engine_name": ENGINE_NAME}], "profile_time": [],
                          "profile_server": False, "log_id": log_id, "err_no": 0, "err_msg": ""})
