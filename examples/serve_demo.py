@@ -67,12 +67,14 @@ def _url(proc: subprocess.Popen) -> str:
 def _v2(url: str, spec: dict, x: np.ndarray) -> np.ndarray:
     import tritonclient.http as httpclient
 
-    datatype = {"float32": "FP32", "int64": "INT64"}[spec["input"]["dtype"]]
-    inp = httpclient.InferInput(spec["input"]["name"], list(x.shape), datatype)
+    (first,) = spec["inputs"]  # the digits example: one input; serving.yaml lists every tensor
+    logits = next(o for o in spec["outputs"] if o.get("role") == "logits")
+    datatype = {"float32": "FP32", "int64": "INT64"}[first["dtype"]]
+    inp = httpclient.InferInput(first["name"], list(x.shape), datatype)
     inp.set_data_from_numpy(x)
     client = httpclient.InferenceServerClient(url.removeprefix("http://"))
     try:
-        return client.infer(spec["name"], [inp]).as_numpy(spec["output"]["name"])
+        return client.infer(spec["name"], [inp]).as_numpy(logits["name"])
     finally:
         client.close()
 

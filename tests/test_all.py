@@ -116,7 +116,7 @@ def test_gate_parity_exit_5(first_run, tmp_path, cli):
     before = tree_hash(run / "export")
     code, _, err = cli("all", *FAST, "--run", run, "--set", f"export.parity_tol={rel / 10!r}")
     assert code == 5, err
-    assert err.startswith("pipe all: parity gate: predictor vs trained model max|diff|") and err.count("\n") == 1
+    assert err.startswith("pipe all: parity gate: predictor vs trained model on output 'logits': max|diff|") and err.count("\n") == 1
     assert tree_hash(run / "export") == before  # the failed export wrote nothing
 
 
