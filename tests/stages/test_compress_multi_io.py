@@ -250,3 +250,27 @@ def test_distill_a_two_input_teacher_into_a_factory_student(exported, tmp_path, 
     desc = iospec.IO.from_interface(m["interface"])
     assert [t.public for t in desc.inputs] == ["img", "feat"] and [t.public for t in desc.outputs] == ["embedding", "logits"]
     assert set(m["metrics"]["variants"]["int8-onnx"]["fidelity"]) == {"embedding", "logits"}
+
+
+def test_the_other_cpu_class_branch_forced_on_two_inputs(exported, tmp_path):
+    """The two-input model compressed as on a CPU without VNNI (PIPE_INT8_CAPABILITY=saturating, and oneDNN
+    really on its AVX2 kernels): Paddle int8 leaves fc/matmul in fp32, every variant still gets its
+    per-output fidelity by name, and bf16 is refused with the reason (AVX2 has no bf16 kernels)."""
+    run = tmp_path / "run"
+    shutil.copytree(exported, run)
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "compress", str(run / "export"), "--int8",
+                           "--backend", "both", *FAST], capture_output=True, text=True, cwd=REPO, timeout=900,
+                          env=dict(_env(), COLUMNS="200", PIPE_INT8_CAPABILITY="saturating", ONEDNN_MAX_CPU_ISA="AVX2"))
+    assert proc.returncode in (0, 4), proc.stderr
+    assert "forced by PIPE_INT8_CAPABILITY=saturating" in proc.stdout
+    if proc.returncode == 4:  # no int8 variant within budget on this class: the gate says so, nothing written
+        assert "no int8 variant within budget on this CPU" in proc.stderr and not (run / "compress").exists()
+        return
+    m = _manifest(run / "compress")["metrics"]
+    assert m["cpu"]["forced"] == "saturating" and m["cpu"]["onednn_max_cpu_isa"] == "AVX2"
+    ops = set(m["variants"]["int8-paddle"]["engine_info"]["onednn_int8_ops"])
+    assert ops and not ops & {"fc", "matmul", "matmul_v2", "mul"}
+    for name in ("int8-onnx", "openvino-int8", "int8-paddle"):
+        v = m["variants"][name]
+        assert set(v["fidelity"]) >= {"embedding"} and 0.0 <= v["top1_agreement"] <= 1.0, name
+    assert m["variants"]["bf16"]["status"].startswith("unsupported")
