@@ -6,9 +6,9 @@
 
 Reads: a dataset (`data.source`), no input artifact. Writes, beside `train/`:
 `checkpoints/step-NNNNNN/` (model, optimizer, scheduler, scaler, RNG and sampler state; `last` and
-`best` pointers), `vdl/` (VisualDL scalars, pipeline/vdl.py) and `logs/train/` (the launcher's logs,
-which hold a dump of the environment). `.lock` is held while the job runs (pipeline/job.py: one writer,
-stopping on SIGTERM/SIGINT, ranks that die with their parent).
+`best` pointers; pipeline/checkpoint.py), `vdl/` (VisualDL scalars, pipeline/vdl.py) and `logs/train/`
+(the launcher's logs, which hold a dump of the environment). `.lock` is held while the job runs
+(pipeline/job.py: one writer, stopping on SIGTERM/SIGINT, ranks that die with their parent).
 World size 1 runs in this process; more ranks run through `python -m paddle.distributed.launch`,
 which also does multi-node (`--nnodes K --master HOST:PORT`).
 """
@@ -16,7 +16,6 @@ which also does multi-node (`--nnodes K --master HOST:PORT`).
 from __future__ import annotations
 
 import contextlib
-import csv
 import hashlib
 import json
 import math
@@ -37,12 +36,12 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from pipeline import artifacts, config as config_mod, data as data_mod, iospec, job, models, runtime, weights
+from pipeline import (artifacts, batches, checkpoint, config as config_mod, data as data_mod, distillation, iospec, job,
+                      models, runtime, trainlog, weights)
 from pipeline.config import RunConfig
 from pipeline.errors import DivergedError, InputError, PipeError
 from pipeline.progress import Emit, Tail, View, file_emitter
 
-CHECKPOINT_STAGE = "checkpoint"
 # Keys that may change between a checkpoint and its resumption; any other change alters the model,
 # the data or their order and is refused.
 _RESUME_SAFE = {
@@ -55,7 +54,6 @@ _FINISHED_SAFE = _RESUME_SAFE - {"train.epochs", "train.patience"}
 _TRAINING_SECTIONS = ("data", "model", "train", "amp", "dist", "distill")  # later stages' keys don't matter
 # Why a key other than the model's and the data's is refused on resume.
 _RESUME_REFUSED_WHY = {"train.monitor": "it chose the best checkpoint and counted patience so far"}
-_STEP_FIELDS = ["step", "epoch", "loss", "lr"]
 # train.deterministic: flag -> (value, GPU-only). Each is set where this build accepts it, else recorded.
 _DETERMINISTIC_FLAGS = {
     "FLAGS_cudnn_deterministic": (True, True),  # cuDNN picks deterministic convolution algorithms
@@ -63,8 +61,6 @@ _DETERMINISTIC_FLAGS = {
     "FLAGS_cpu_deterministic": (True, False),  # CPU reductions in a fixed order (Paddle 2.x builds)
     "FLAGS_sort_sum_gradient": (True, False),  # dygraph: a tensor's gradients summed in a fixed order
 }
-_EPOCH_FIELDS = ["epoch", "step", "train_loss", "val_loss", "val_acc", "lr", "img_per_s", "loss_scale",
-                 "skipped_steps"]
 
 
 # ------------------------------------------------------------------ parent side
@@ -118,7 +114,7 @@ def run(cfg: RunConfig, out_dir: Path, resume: str | None = None, view: Emit | N
             else:
                 _launch(cfg, out_dir, ckpt_dir, resume_from, run_dir, view, local, lock_fd)
         except job.Stopped as e:
-            last = _read_pointer(ckpt_dir, "last")
+            last = checkpoint.read_pointer(ckpt_dir, "last")
             raise job.Stopped(e.signum, f"stopped by {signal.Signals(e.signum).name}: every rank has exited; "
                                         f"last checkpoint {last or 'none'} (continue with --resume auto)") from None
     return out_dir
@@ -179,18 +175,18 @@ def _port_busy(host: str, port: int) -> bool:
 
 def _resolve_resume(resume: str | None, ckpt_dir: Path, cfg: RunConfig) -> Path | None:
     if resume is None:
-        if _checkpoints(ckpt_dir):
+        if checkpoint.step_dirs(ckpt_dir):
             raise InputError(f"{ckpt_dir}: holds checkpoints of an earlier run; "
                              "pass --resume auto to continue it, or use another --run")
         return None
     if resume == "auto":
-        found = _newest_verified(ckpt_dir)
+        found = checkpoint.newest_verified(ckpt_dir)
         if found is None:
             return None
         path = found
     else:
         path = Path(resume)
-    art = artifacts.verify(path, (CHECKPOINT_STAGE,))
+    art = artifacts.verify(path, (checkpoint.STAGE,))
     state = json.loads(art.file("state.json").read_text())
     _check_resume_config(state["config"], cfg, path)
     done = state["batch"] == 0 and cfg.train.epochs <= state["epoch"]
@@ -231,28 +227,6 @@ def _finished(out_dir: Path, cfg: RunConfig) -> bool:
     except InputError:
         return False  # damaged: the checkpoints rewrite it
     return next(_config_changes(art.manifest["config"], cfg, _FINISHED_SAFE), None) is None
-
-
-def _checkpoints(ckpt_dir: Path) -> list[Path]:
-    if not ckpt_dir.is_dir():
-        return []
-    return sorted(p for p in ckpt_dir.iterdir() if p.is_dir() and p.name.startswith("step-") and ".tmp-" not in p.name)
-
-
-def _newest_verified(ckpt_dir: Path) -> Path | None:
-    """`last` if it verifies, else the newest checkpoint that does (a crash may have left junk)."""
-    pointer = ckpt_dir / "last"
-    candidates = []
-    if pointer.is_file():
-        candidates.append(ckpt_dir / pointer.read_text().strip())
-    candidates += list(reversed(_checkpoints(ckpt_dir)))
-    for c in candidates:
-        try:
-            artifacts.verify(c, (CHECKPOINT_STAGE,))
-            return c
-        except InputError:
-            continue
-    return None
 
 
 def _launch(cfg: RunConfig, out_dir: Path, ckpt_dir: Path, resume_from: Path | None,
@@ -448,12 +422,12 @@ class _Trainer:
         paddle.seed(t.seed * 1000 + ctx.rank)  # dropout masks differ per rank
         self.net = net
         self.per_rank = t.batch_size // ctx.world
-        self.sampler = _GlobalBatchSampler(len(self.data.train), t.batch_size, ctx.rank, ctx.world, t.seed)
+        self.sampler = batches.GlobalBatchSampler(len(self.data.train), t.batch_size, ctx.rank, ctx.world, t.seed)
         if len(self.sampler) == 0:
             raise InputError(f"train.batch_size {t.batch_size}: larger than the training split "
                              f"({len(self.data.train)} samples)")
         self.spe = len(self.sampler)
-        dataset = _FeedDataset(self.data.train, self.data.preprocessing)
+        dataset = batches.FeedDataset(self.data.train, self.data.preprocessing)
         self.loader = paddle.io.DataLoader(
             dataset, batch_sampler=self.sampler, collate_fn=dataset.collate,
             num_workers=cfg.data.num_workers, persistent_workers=cfg.data.persistent_workers and cfg.data.num_workers > 0,
@@ -482,7 +456,9 @@ class _Trainer:
         self.model = paddle.DataParallel(self.net) if ctx.world > 1 else self.net
         self.param_names = [p.name for p in params if not p.stop_gradient]
         self.teacher = self._teacher() if cfg.distill.teacher else None
-        self.distill = self._distiller() if self.teacher is not None and cfg.distill.engine == "paddleslim" else None
+        self.distill = (distillation.distiller(self.model, self.net, self.teacher, self.num_classes, cfg.distill)
+                        if self.teacher is not None and cfg.distill.engine == "paddleslim" else None)
+        self._distill_checked = False
 
     def _model(self, name: str) -> Any:
         shapes = self.data.input_shapes
@@ -525,63 +501,9 @@ class _Trainer:
         call = models.calling(teacher, self.data.input_names, where)
         outs, _ = self._probe(teacher, call, model_cfg.get("logits_output", ""), where)
         self.teacher_acc = src.manifest["metrics"].get("test_acc")
-        wrapped = _teacher_logits(self.p, teacher, self.call, call, outs)
+        wrapped = distillation.teacher_logits(self.p, teacher, self.call, call, outs)
         wrapped.eval()
         return wrapped
-
-    def _distiller(self) -> Any:
-        """PaddleSlim's `Distill` over the student (as trained: DataParallel-wrapped on N ranks) and the
-        frozen teacher: KL at temperature T (weight alpha * T^2) between their logit layers, plus an L2
-        term per `distill.pairs` feature pair. `convert_fn=False`: the default monkey-patches
-        paddle.nn.functional process-wide (see the facts note)."""
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Setuptools is replacing distutils")
-            from paddleslim.dygraph.dist import Distill
-
-        d = self.cfg.distill
-        layers = [{"layers_name": [_logit_layer(self.model, self.num_classes, "student"),
-                                   _logit_layer(self.teacher, self.num_classes, "teacher")],
-                   "loss_function": "KLLoss", "reduction": "batchmean", "temperature": d.temperature,
-                   "weight": d.alpha * d.temperature ** 2, "io": ["output", "output"], "idx": [None, None]}]
-        prefix = "_layers." if self.model is not self.net else ""
-        student_names = {n for n, _ in self.net.named_sublayers()}
-        teacher_names = {n for n, _ in self.teacher.net.named_sublayers()}
-        for pair in filter(None, (p.strip() for p in d.pairs.split(","))):
-            s_name, eq, t_name = pair.partition("=")
-            s_name, t_name = s_name.strip(), t_name.strip()
-            if not eq or s_name not in student_names or t_name not in teacher_names:
-                raise InputError(f"distill.pairs {pair!r}: expected student_layer=teacher_layer naming sublayers "
-                                 f"of each model (student has e.g. {', '.join(sorted(student_names)[:6])})")
-            layers.append({"layers_name": [prefix + s_name, "net." + t_name], "loss_function": "DistanceLoss",
-                           "mode": "l2",
-                           "weight": d.feature_weight, "io": ["output", "output"], "idx": [None, None]})
-        distill = Distill([{"model_name_pairs": [["student_0", "teacher_0"]], "layers": layers}],
-                          self.model, self.teacher, convert_fn=False, return_model_outputs=True)
-        # Skip its first-call "useless forward": with convert_fn=False every hook is already in place, and
-        # that extra training-mode forward would update BatchNorm statistics and draw dropout masks once
-        # more on every (re)start, breaking bit-exact resume. `_check_outputs` does its check instead.
-        distill._check_hook_output = True
-        self._distill_checked = False
-        return distill
-
-    def _check_outputs(self, logits: Any | None) -> None:
-        """First step: every hooked output is one tensor, pairs match in shape, and the student's logit
-        layer really produced its output (a model whose last Linear is not its head would distil the
-        wrong tensor)."""
-        outs = self.distill._output_tensor_dict
-        for cfg in self.distill._loss_config_list:
-            s_name, t_name = cfg["layers_name"]
-            s_out, t_out = outs["student_0"].get(s_name), outs["teacher_0"].get(t_name)
-            names = f"{s_name.split('#')[0].removeprefix('_layers.')}={t_name.split('#')[0].removeprefix('net.')}"
-            if not isinstance(s_out, self.p.Tensor) or not isinstance(t_out, self.p.Tensor):
-                raise InputError(f"distill.pairs {names}: a layer returned no single tensor")
-            if s_out.shape != t_out.shape:
-                raise InputError(f"distill.pairs {names}: output shapes differ ({list(s_out.shape)} vs {list(t_out.shape)})")
-        head = outs["student_0"][self.distill._loss_config_list[0]["layers_name"][0]]
-        if logits is not None and not np.array_equal(head.numpy(), logits.numpy()):
-            raise InputError(f"distill: the student's last Linear layer is not its output; use "
-                             f"--set distill.engine=plain for model {self.cfg.model.name}")
-        self._distill_checked = True
 
     def _scheduler(self) -> Any:
         lr_mod, t = self.p.optimizer.lr, self.cfg.train
@@ -640,13 +562,14 @@ class _Trainer:
                         kd, out, _ = self.distill(*args, **kwargs)
                     except ValueError:
                         if not self._distill_checked:
-                            self._check_outputs(None)
+                            distillation.check_outputs(paddle, self.distill, None, self.cfg.model.name)
                         raise
                 else:
                     out = self.call(self.model, feeds)
                 logits = self.outputs.logits_of(out)
             if self.distill is not None and not self._distill_checked:
-                self._check_outputs(logits)
+                distillation.check_outputs(paddle, self.distill, logits, self.cfg.model.name)
+                self._distill_checked = True
             loss = self._loss(logits.astype("float32"), feeds, y, kd)
             if st.step + 1 in fault_nan:  # test hook: behave as if this step's loss were NaN
                 loss = loss * float("nan")
@@ -707,7 +630,7 @@ class _Trainer:
         k = self.cfg.train.max_nonfinite_steps
         if st.nonfinite_run >= k:
             first = st.step - st.nonfinite_run + 1
-            last = _read_pointer(self.ckpt_dir, "last") or "none"
+            last = checkpoint.read_pointer(self.ckpt_dir, "last") or "none"
             raise DivergedError(f"loss NaN/Inf for {st.nonfinite_run} consecutive steps "
                                 f"({first}-{st.step}); last good: {last}")
 
@@ -777,7 +700,7 @@ class _Trainer:
             p0.set_value(p0 * float("nan"))
         for name, v in self.net.state_dict().items():
             if not bool(paddle.isfinite(v).all()):
-                last = _read_pointer(self.ckpt_dir, "last") or "none"
+                last = checkpoint.read_pointer(self.ckpt_dir, "last") or "none"
                 raise DivergedError(f"parameter {name} is NaN/Inf at step {st.step}; "
                                     f"no checkpoint written; last good: {last}")
         if self.ctx.rank == 0:
@@ -792,83 +715,42 @@ class _Trainer:
 
     def _commit(self, st: "_State", best: bool) -> None:
         paddle, name = self.p, f"step-{st.step:06d}"
-        with artifacts.write_stage(self.ckpt_dir / name, CHECKPOINT_STAGE, self.cfg.to_dict()) as w:
+        with artifacts.write_stage(self.ckpt_dir / name, checkpoint.STAGE, self.cfg.to_dict()) as w:
             paddle.save(self.net.state_dict(), str(w.dir / "model.safetensors"), safetensors=True)
-            paddle.save(self._opt_tensors(), str(w.dir / "optimizer.safetensors"), safetensors=True)
+            opt_tensors = checkpoint.optimizer_tensors(self.opt.state_dict(), self.param_names)
+            paddle.save(opt_tensors, str(w.dir / "optimizer.safetensors"), safetensors=True)
             (w.dir / "state.json").write_text(json.dumps(self._state_doc(st), indent=1))
-            _write_csv(w.dir / "steps.csv", _STEP_FIELDS, st.step_rows)
-            _write_csv(w.dir / "metrics.csv", _EPOCH_FIELDS, st.epoch_rows)
+            trainlog.write_csv(w.dir / "steps.csv", trainlog.STEP_FIELDS, st.step_rows)
+            trainlog.write_csv(w.dir / "metrics.csv", trainlog.EPOCH_FIELDS, st.epoch_rows)
             w.metrics = {"step": st.step, "epoch": st.epoch, "best_val_acc": st.best_acc,
                          "best_val_loss": st.best_loss}
             time.sleep(float(os.environ.get("PIPE_FAULT_SLOW_CHECKPOINT", "0")))  # test hook: widen the window
         artifacts.write_text_atomic(self.ckpt_dir / "last", name)
         if best:
             artifacts.write_text_atomic(self.ckpt_dir / "best", name)
-        self._prune()
-
-    def _prune(self) -> None:
-        keep = {_read_pointer(self.ckpt_dir, "best"), _read_pointer(self.ckpt_dir, "last")}
-        for p in _checkpoints(self.ckpt_dir)[:-self.cfg.train.keep_last]:
-            if p.name not in keep:
-                shutil.rmtree(p)
-
-    def _opt_tensors(self) -> dict[str, Any]:
-        """Optimizer state keyed by parameter position ("3:moment1_0"): Paddle's keys embed
-        auto-generated names that shift when a process creates layers in another order."""
-        out = {}
-        names = sorted(enumerate(self.param_names), key=lambda kv: -len(kv[1]))
-        for key, value in self.opt.state_dict().items():
-            if key == "LR_Scheduler":
-                continue
-            if isinstance(value, dict):  # master_weights under O2
-                for k2, v2 in value.items():
-                    out[f"{key}/{self._param_index(k2, names)}"] = v2
-            else:
-                out[self._param_index(key, names)] = value
-        return out
-
-    @staticmethod
-    def _param_index(key: str, names: list[tuple[int, str]]) -> str:
-        for i, pname in names:
-            if key == pname:
-                return f"{i}:"
-            if key.startswith(pname + "_"):
-                return f"{i}:{key[len(pname) + 1:]}"
-        raise PipeError(f"optimizer state key {key!r} matches no parameter")
+        checkpoint.prune(self.ckpt_dir, self.cfg.train.keep_last)
 
     def _state_doc(self, st: "_State") -> dict[str, Any]:
-        paddle = self.p
         return {
             "step": st.step, "epoch": st.epoch, "batch": st.batch, "skipped": st.skipped,
             "nonfinite_run": st.nonfinite_run, "best_acc": st.best_acc, "best_loss": st.best_loss,
             "bad_epochs": st.bad_epochs,
             "stopped_early": st.stopped_early, "world_size": self.ctx.world,
-            "scheduler": self.sched.state_dict(), "scaler": _jsonable(self.scaler.state_dict()),
-            "rng": {"paddle": [s.__getstate__() for s in paddle.get_rng_state()],
-                    "numpy": _jsonable(np.random.get_state()), "python": _jsonable(random.getstate())},
+            "scheduler": self.sched.state_dict(), "scaler": checkpoint.jsonable(self.scaler.state_dict()),
+            "rng": checkpoint.rng_state(self.p),
             "param_names": self.param_names, "config": self.cfg.to_dict(),
         }
 
     def _load(self, path: Path) -> "_State":
         paddle = self.p
-        art = artifacts.verify(path, (CHECKPOINT_STAGE,))
+        art = artifacts.verify(path, (checkpoint.STAGE,))
         doc = json.loads(art.file("state.json").read_text())
         if len(doc["param_names"]) != len(self.param_names):
             raise InputError(f"--resume {path}: checkpoint has {len(doc['param_names'])} parameters, "
                              f"the model has {len(self.param_names)}")
         self.net.set_state_dict(runtime.load_safetensors(paddle, art.file("model.safetensors")))
         saved = runtime.load_safetensors(paddle, art.file("optimizer.safetensors"))
-        opt_state: dict[str, Any] = {}
-        for key, value in saved.items():
-            head, _, rest = key.partition("/")
-            ref = rest if rest else head
-            i, _, suffix = ref.partition(":")
-            pname = self.param_names[int(i)]
-            full = f"{pname}_{suffix}" if suffix else pname
-            if rest:
-                opt_state.setdefault(head, {})[full] = value
-            else:
-                opt_state[full] = value
+        opt_state = checkpoint.optimizer_state(saved, self.param_names)
         opt_state["LR_Scheduler"] = doc["scheduler"]
         with warnings.catch_warnings():  # Paddle always warns "unused values in state_dict": it checks nothing
             warnings.filterwarnings("ignore", message="There are some unused values")
@@ -876,19 +758,12 @@ class _Trainer:
             self.sched.set_state_dict(doc["scheduler"])
         if doc["scaler"]:
             self.scaler.load_state_dict(doc["scaler"])
-        states = paddle.get_rng_state()
-        for s, saved_state in zip(states, doc["rng"]["paddle"]):
-            s.__setstate__(tuple(saved_state))
-        paddle.set_rng_state(states)
-        np_state = doc["rng"]["numpy"]
-        np.random.set_state((np_state[0], np.asarray(np_state[1], np.uint32), *np_state[2:]))
-        py = doc["rng"]["python"]
-        random.setstate((py[0], tuple(py[1]), py[2]))
+        checkpoint.restore_rng(paddle, doc["rng"])
         st = _State(step=doc["step"], epoch=doc["epoch"], batch=doc["batch"], skipped=doc["skipped"],
                     nonfinite_run=doc["nonfinite_run"], best_acc=doc["best_acc"], best_loss=doc.get("best_loss"),
                     bad_epochs=doc["bad_epochs"], stopped_early=doc["stopped_early"])
-        st.step_rows = _read_csv(art.file("steps.csv"))
-        st.epoch_rows = _read_csv(art.file("metrics.csv"))
+        st.step_rows = trainlog.read_csv(art.file("steps.csv"))
+        st.epoch_rows = trainlog.read_csv(art.file("metrics.csv"))
         if st.best_loss is None and st.best_acc is not None:
             # written before train.monitor: its best was the first epoch to reach best_acc
             st.best_loss = next(r["val_loss"] for r in st.epoch_rows if r["val_acc"] == st.best_acc)
@@ -914,16 +789,16 @@ class _Trainer:
         """[rank0] evaluate the best checkpoint on the test split and write train/."""
         checksums = self._rank_checksums()  # [sync] a collective: every rank takes part
         if self.ctx.rank == 0:
-            best = _read_pointer(self.ckpt_dir, "best")
-            best_dir = artifacts.verify(self.ckpt_dir / best, (CHECKPOINT_STAGE,))
+            best = checkpoint.read_pointer(self.ckpt_dir, "best")
+            best_dir = artifacts.verify(self.ckpt_dir / best, (checkpoint.STAGE,))
             self.net.set_state_dict(runtime.load_safetensors(self.p, best_dir.file("model.safetensors")))
             test_loss, test_acc = self._evaluate(self.data.test, shard=False)
             val_loss, val_acc = self._evaluate(self.data.val, shard=False)
             with artifacts.write_stage(self.out_dir, "train", self.cfg.to_dict()) as w:
                 shutil.copyfile(best_dir.file("model.safetensors"), w.dir / "model.safetensors")
-                _write_csv(w.dir / "metrics.csv", _EPOCH_FIELDS, st.epoch_rows)
-                _write_csv(w.dir / "steps.csv", _STEP_FIELDS, st.step_rows)
-                _plot(w.dir / "curves.png", st.step_rows, st.epoch_rows)
+                trainlog.write_csv(w.dir / "metrics.csv", trainlog.EPOCH_FIELDS, st.epoch_rows)
+                trainlog.write_csv(w.dir / "steps.csv", trainlog.STEP_FIELDS, st.step_rows)
+                trainlog.plot(w.dir / "curves.png", st.step_rows, st.epoch_rows)
                 if self.data.is_text:
                     (w.dir / "vocab.json").write_text(json.dumps(self.data.preprocessing["vocab"], ensure_ascii=False),
                                                       encoding="utf-8")
@@ -970,94 +845,12 @@ class _State:
     epoch_rows: list[dict[str, Any]] = field(default_factory=list)
 
 
-class _GlobalBatchSampler:
-    """Global batch k of epoch e is `perm(seed, e)[k*B:(k+1)*B]`; rank r takes its r-th slice.
-
-    The order is a pure function of (seed, epoch), whatever the world size, so a resumed or
-    re-sharded run sees the same batches, and 1 process equals N at the same global batch."""
-
-    def __init__(self, n: int, global_batch: int, rank: int, world: int, seed: int):
-        self.n, self.global_batch, self.rank, self.world, self.seed = n, global_batch, rank, world, seed
-        self.local = global_batch // world
-        self.epoch, self.start = 0, 0
-
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        self.epoch, self.start = epoch, start
-
-    def __len__(self) -> int:
-        return self.n // self.global_batch
-
-    def __iter__(self):
-        perm = np.random.RandomState([self.seed, self.epoch]).permutation(self.n)
-        for k in range(self.start, len(self)):
-            lo = k * self.global_batch + self.rank * self.local
-            yield perm[lo:lo + self.local].tolist()
-
-
-class _FeedDataset:
-    """Map-style dataset over a Split yielding sample positions; `collate` reads and prepares a whole batch
-    at once (vectorised) into the model's named inputs, exactly as export and serve prepare theirs."""
-
-    def __init__(self, split: data_mod.Split, pre: dict[str, Any]):
-        self.split, self.pre = split, pre
-
-    def __len__(self) -> int:
-        return len(self.split)
-
-    def __getitem__(self, i: int) -> int:
-        return i
-
-    def collate(self, batch: list[int]) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        pos = np.asarray(batch, np.int64)
-        return self.split.feeds(pos, self.pre), np.asarray(self.split.y[self.split.idx[pos]], np.int64)
-
-
-class _ArrayDataset(_FeedDataset):
-    """pipeline/bench's bare loop calls `net(x)` with one array per batch: the single input's. Goes when the
-    bench feeds by name."""
-
-    def collate(self, batch: list[int]) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[override]
-        feeds, y = super().collate(batch)
-        (x,) = feeds.values()
-        return x, y
-
-
-def _teacher_logits(paddle: Any, teacher: Any, student_call: models.Call, call: models.Call,
-                    outs: models.Outputs) -> Any:
-    """The teacher as a layer called the student's way (PaddleSlim's Distill passes the student's arguments
-    on to it) returning its logits alone; its own sublayers are under `net.`."""
-
-    class TeacherLogits(paddle.nn.Layer):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = teacher
-
-        def forward(self, *args: Any, **kwargs: Any) -> Any:
-            feeds = {**dict(zip(student_call.names, args)), **kwargs}  # by position or by name
-            return outs.logits_of(call(self.net, feeds))
-
-    return TeacherLogits()
-
-
 def _describe(tensors: Any) -> str:
     """Inputs of an interface in one line: `img [1, 8, 8], feat [4]`."""
     try:
         return ", ".join(f"{t['name']} {list(t['shape'][1:])}" for t in tensors)
     except (KeyError, TypeError):
         return repr(tensors)
-
-
-def _logit_layer(net: Any, num_classes: int, who: str) -> str:
-    """The name of `net`'s last Linear layer with `num_classes` outputs: its logit layer, checked
-    against the real output on the first step."""
-    import paddle
-
-    names = [n for n, m in net.named_sublayers() if isinstance(m, paddle.nn.Linear)
-             and m.weight.shape[-1] == num_classes]
-    if not names:
-        raise InputError(f"distill: the {who} has no Linear layer with {num_classes} outputs to distil from; "
-                         "use --set distill.engine=plain")
-    return names[-1]
 
 
 def _better(monitor: str, acc: float, loss: float, best_acc: float | None, best_loss: float | None) -> bool:
@@ -1073,67 +866,6 @@ def _better(monitor: str, acc: float, loss: float, best_acc: float | None, best_
 def _fault_steps(var: str) -> set[int]:
     raw = os.environ.get(var, "")
     return {int(s) for s in raw.split(",") if s.strip()}
-
-
-def _read_pointer(ckpt_dir: Path, name: str) -> str | None:
-    p = ckpt_dir / name
-    return p.read_text().strip() if p.is_file() else None
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, np.ndarray):
-        return v.tolist()
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _jsonable(x) for k, x in v.items()}
-    if hasattr(v, "numpy"):
-        return v.numpy().tolist()
-    if isinstance(v, (np.integer, np.floating)):
-        return v.item()
-    return v
-
-
-def _write_csv(path: Path, fields: list[str], rows: list[dict[str, Any]]) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (repr(v) if isinstance(v, float) else v) for k, v in r.items()})
-
-
-def _read_csv(path: Path) -> list[dict[str, Any]]:
-    def parse(v: str) -> Any:
-        if v == "":
-            return ""
-        try:
-            return int(v)
-        except ValueError:
-            return float(v)
-
-    with open(path, newline="", encoding="utf-8") as f:
-        return [{k: parse(v) for k, v in row.items()} for row in csv.DictReader(f)]
-
-
-def _plot(path: Path, steps: list[dict[str, Any]], epochs: list[dict[str, Any]]) -> None:
-    import matplotlib
-    import matplotlib.ticker
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
-    ax1.plot([r["step"] for r in steps], [r["loss"] for r in steps], lw=0.8, label="train (step)")
-    if epochs:
-        ax1.plot([r["step"] for r in epochs], [r["val_loss"] for r in epochs], "o-", label="val (epoch)")
-        ax2.plot([r["epoch"] + 1 for r in epochs], [r["val_acc"] for r in epochs], "o-", color="tab:green")
-    ax1.set(xlabel="step", ylabel="loss", title="loss")
-    ax1.legend()
-    ax2.set(xlabel="epoch", ylabel="accuracy", title="validation accuracy")
-    ax2.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, metadata={"Software": None})
-    plt.close(fig)
 
 
 def _worker_main(argv: list[str]) -> int:

@@ -100,7 +100,7 @@ def _cli_startup(repeats: int) -> list[tuple[str, str, str, str]]:
 
 
 def _train_throughput(repeats: int) -> list[tuple[str, str, str, str]]:
-    from pipeline import data as data_mod, models, runtime
+    from pipeline import batches, data as data_mod, models, runtime
 
     paddle = runtime.import_paddle()
     from stages import train as train_stage
@@ -120,30 +120,33 @@ def _train_throughput(repeats: int) -> list[tuple[str, str, str, str]]:
     def bare(loader_fed: bool) -> Callable[[], float]:
         def go() -> float:
             paddle.seed(0)
-            net = models.build(cfg.model.name, len(ds.labels), ds.input_shape)
+            shapes = ds.input_shapes
+            net = models.build(cfg.model.name, len(ds.labels), next(iter(shapes.values())), input_shapes=shapes)
+            call = models.calling(net, ds.input_names, f"--model {cfg.model.name}")
             opt = paddle.optimizer.AdamW(learning_rate=cfg.train.lr, parameters=net.parameters(),
                                          weight_decay=cfg.train.weight_decay)
             F = paddle.nn.functional
-            sampler = train_stage._GlobalBatchSampler(len(tr), batch, 0, 1, 0)
+            sampler = batches.GlobalBatchSampler(len(tr), batch, 0, 1, 0)
             if loader_fed:
-                dset = train_stage._ArrayDataset(tr, pre)
+                dset = batches.FeedDataset(tr, pre)
                 loader = paddle.io.DataLoader(dset, batch_sampler=sampler, collate_fn=dset.collate)
             else:
-                X = paddle.to_tensor(data_mod.prepare(np.asarray(tr.x[tr.idx]), pre))
+                X = {name: paddle.to_tensor(v) for name, v in tr.feeds(np.arange(len(tr)), pre).items()}
                 Y = paddle.to_tensor(np.asarray(tr.y[tr.idx]))
             per_epoch = []
             for ep in range(epochs):
                 sampler.set_epoch(ep)
                 t0, seen = time.perf_counter(), 0
                 if loader_fed:
-                    batches = iter(loader)
+                    epoch_batches = iter(loader)
                 else:
                     perm = paddle.to_tensor(np.random.RandomState([0, ep]).permutation(len(tr)))
-                    Xe, Ye = paddle.gather(X, perm), paddle.gather(Y, perm)  # one shuffle per epoch
-                    batches = ((Xe[k * batch:(k + 1) * batch], Ye[k * batch:(k + 1) * batch])
-                               for k in range(len(sampler)))
-                for x, y in batches:
-                    loss = F.cross_entropy(net(x), y)
+                    # one shuffle per epoch
+                    Xe, Ye = {name: paddle.gather(v, perm) for name, v in X.items()}, paddle.gather(Y, perm)
+                    epoch_batches = (({name: v[k * batch:(k + 1) * batch] for name, v in Xe.items()},
+                                      Ye[k * batch:(k + 1) * batch]) for k in range(len(sampler)))
+                for feeds, y in epoch_batches:
+                    loss = F.cross_entropy(call(net, feeds), y)
                     loss.backward()
                     opt.step()
                     opt.clear_grad()

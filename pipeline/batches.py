@@ -1,0 +1,55 @@
+"""How training batches are drawn and fed: the global batch order of a data-parallel run, and the dataset
+whose `collate` turns a batch's sample positions into the model's named inputs.
+
+Both go to a `paddle.io.DataLoader` (`batch_sampler=`, `collate_fn=`); nothing here imports paddle.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pipeline import data as data_mod
+
+
+class GlobalBatchSampler:
+    """Global batch k of epoch e is `perm(seed, e)[k*B:(k+1)*B]`; rank r takes its r-th slice.
+
+    The order is a pure function of (seed, epoch), whatever the world size, so a resumed or
+    re-sharded run sees the same batches, and 1 process equals N at the same global batch."""
+
+    def __init__(self, n: int, global_batch: int, rank: int, world: int, seed: int):
+        self.n, self.global_batch, self.rank, self.world, self.seed = n, global_batch, rank, world, seed
+        self.local = global_batch // world
+        self.epoch, self.start = 0, 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.epoch, self.start = epoch, start
+
+    def __len__(self) -> int:
+        return self.n // self.global_batch
+
+    def __iter__(self):
+        perm = np.random.RandomState([self.seed, self.epoch]).permutation(self.n)
+        for k in range(self.start, len(self)):
+            lo = k * self.global_batch + self.rank * self.local
+            yield perm[lo:lo + self.local].tolist()
+
+
+class FeedDataset:
+    """Map-style dataset over a Split yielding sample positions; `collate` reads and prepares a whole batch
+    at once (vectorised) into the model's named inputs, exactly as export and serve prepare theirs."""
+
+    def __init__(self, split: data_mod.Split, pre: dict[str, Any]):
+        self.split, self.pre = split, pre
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+    def collate(self, batch: list[int]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        pos = np.asarray(batch, np.int64)
+        return self.split.feeds(pos, self.pre), np.asarray(self.split.y[self.split.idx[pos]], np.int64)
