@@ -56,7 +56,7 @@ def test_speed_rows_have_every_engine_with_its_int8_tag():
     m = _metrics(**{"onnx-fp32": (2.0, 1.5), "int8-onnx": (3.0, 2.0), "openvino-fp32": (0.9, 1.0),
                     "openvino-int8": (4.0, 3.0)})
     m["agreement_samples"] = 64
-    rows = bench_compress._speed_rows("compress m", [m], {}, "samples")
+    rows = bench_compress.speed_rows("compress m", [m], {}, "samples")
     by = {r[0]: r for r in rows}
     assert by["compress m: OpenVINO int8 items/s bs32 vs Paddle fp32 [int8 exact on this CPU (VNNI)]"][1] \
         .startswith("3.00x (3000 items/s")

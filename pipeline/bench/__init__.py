@@ -9,6 +9,7 @@ machine is shared and noisy: quote the ratios, not the absolute numbers.
     compress   int8 and bf16 against fp32 on every engine, the auto pick, the int8 accuracy drop (images, text)
     serving    `pipe serve` under load (HTTP, dynamic batching, /v1 and /v2), versus the engine alone
     text       the text model against a TF-IDF + logistic regression baseline on the same split
+    ernie      ernie_tiny (two inputs) through train, export, compress on 3 engines, package, served text
     finetune   model.init from related data (digits 0-4) against from scratch, side by side
     measure    `pipe bench DIR...`: every servable model in export/compress/package artifacts, measured here
     loadgen    the serving benchmark's HTTP/1.1 load generator
@@ -41,11 +42,12 @@ def run(out_file: Path, quick: bool = False) -> None:
     rows += _train_throughput(repeats)
     rows += _data_parallel(repeats=1)
     rows += _pipe_all()
-    from pipeline.bench import compress, finetune, serving, text  # each builds its own runs in temp dirs
+    from pipeline.bench import compress, ernie, finetune, serving, text  # each builds its own runs in temp dirs
 
     rows += compress.rows(quick)
     rows += serving.rows(quick)
     rows += serving.text_rows(quick)
+    rows += ernie.rows(quick)
     rows += text.rows(1 if quick else 2)
     rows += finetune.rows()
     _write(out_file, rows, quick)

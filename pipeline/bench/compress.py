@@ -60,7 +60,7 @@ _GOAL_TEXT_DROP = 0.5  # points, issue 7
 _MARGIN = 1.05  # as in stages/compress.py: within 5% of fp32 is "no faster", below that "slower"
 _TIMEOUT = 1800  # s per stage
 QUICK_TIMING = ("compress.latency_runs=50", "compress.throughput_runs=10")
-_REPEATS = 3  # compress runs per model (same export) when not quick: runs differed by up to ~25%
+REPEATS = 3  # compress runs per model (same export) when not quick: runs differed by up to ~25%
 
 
 class StageFailed(PipeError):
@@ -69,8 +69,8 @@ class StageFailed(PipeError):
 
 def rows(quick: bool) -> list[Row]:
     """Speed rows for both models, goal rows for resnet18, accuracy rows for digits. `quick`: one
-    compress run per model with fewer timed runs per variant; else `_REPEATS` runs, medians and ranges."""
-    timing, repeats = (QUICK_TIMING, 1) if quick else ((), _REPEATS)
+    compress run per model with fewer timed runs per variant; else `REPEATS` runs, medians and ranges."""
+    timing, repeats = (QUICK_TIMING, 1) if quick else ((), REPEATS)
     tmp = Path(tempfile.mkdtemp(prefix="pipe-bench-compress-"))
     try:
         data = synthetic(tmp / "synthetic.npz")
@@ -88,7 +88,7 @@ def rows(quick: bool) -> list[Row]:
 
 def text_rows(quick: bool) -> list[Row]:
     """Speed and accuracy rows of int8 on the Chinese sentiment task, per model in `_TEXT_MODELS`."""
-    timing, repeats = (QUICK_TIMING, 1) if quick else ((), _REPEATS)
+    timing, repeats = (QUICK_TIMING, 1) if quick else ((), REPEATS)
     tmp = Path(tempfile.mkdtemp(prefix="pipe-bench-compress-text-"))
     try:
         out: list[Row] = []
@@ -96,10 +96,18 @@ def text_rows(quick: bool) -> list[Row]:
             name = f"compress chinese_sentiment {model} ({epochs} epoch{'s' if epochs > 1 else ''})"
             rows_ = _model_rows(model, name, ["--data", "chinese_sentiment", "--epochs", str(epochs)],
                                 tmp / model, timing, repeats, goals=False, samples="test texts", gated=True)
-            out += rows_[:-1] + _text_accuracy_rows(name, tmp / model) + rows_[-1:]
+            out += rows_[:-1] + text_accuracy_rows(name, tmp / model) + [_train_speed_row(name, tmp / model)] + rows_[-1:]
         return out
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _train_speed_row(name: str, run: Path) -> Row:
+    """Training samples/s from the train manifest (beside ernie_tiny's in `pipeline/bench/ernie.py`)."""
+    path = run / "train" / "manifest.json"
+    ips = json.loads(path.read_text())["metrics"]["img_per_s"] if path.is_file() else None
+    return (f"{name}: training samples/s (median over epochs, 1 process, batch {_BATCH})",
+            f"{ips:.0f}" if ips else "not measured (train failed)", "reported", "")
 
 
 def synthetic(path: Path) -> Path:
@@ -147,13 +155,13 @@ def _model_rows(model: str, name: str, train_args: list[str], run: Path, timing:
         pipe("export", str(run / "train"), cwd=run.parent)
         backend = "both"
         try:
-            runs = [_compress(run, backend, timing, 0, gated)]
+            runs = [compress_run(run, backend, timing, 0, gated)]
         except StageFailed as e:
             # The Paddle variants are still worth measuring; if this works too, the ONNX route failed.
-            backend, runs = "paddle", [_compress(run, "paddle", timing, 0, gated)]
+            backend, runs = "paddle", [compress_run(run, "paddle", timing, 0, gated)]
             lost = {"onnx-fp32": f"failed with --backend both ({e})",
                     "int8-onnx": "the ONNX route failed, see onnxruntime fp32"}
-        runs += [_compress(run, backend, timing, i, gated) for i in range(1, repeats)]
+        runs += [compress_run(run, backend, timing, i, gated) for i in range(1, repeats)]
     except StageFailed as e:
         out = [(name, f"failed: {e}", "every engine's variants measured", "**failed**")]
         if goals:
@@ -161,13 +169,13 @@ def _model_rows(model: str, name: str, train_args: list[str], run: Path, timing:
                     for what, goal in _goal_names()]
         return out
     wall = time.perf_counter() - t0
-    out = _speed_rows(name, runs, lost, samples) + [pick_row(name, runs)]
+    out = speed_rows(name, runs, lost, samples) + [pick_row(name, runs)]
     if goals:
         out += _goal_rows(name, runs)
-    return out + [(f"{name}: wall time of train + export + {len(runs)} x compress", _wall(wall), "", "")]
+    return out + [(f"{name}: wall time of train + export + {len(runs)} x compress", wall_time(wall), "", "")]
 
 
-def _compress(run: Path, backend: str, timing: tuple[str, ...], i: int, gated: bool) -> dict[str, Any]:
+def compress_run(run: Path, backend: str, timing: tuple[str, ...], i: int, gated: bool) -> dict[str, Any]:
     """The compress manifest's metrics. Not `gated` (the synthetic image models): --max-drop 100 and
     compress.min_agreement=0: a one-epoch model is near chance on the synthetic test split, where one
     sample is ~1 point and near-tied logits flip under int8; the accuracy and agreement gates must not
@@ -182,7 +190,7 @@ def _compress(run: Path, backend: str, timing: tuple[str, ...], i: int, gated: b
     return json.loads((out / "manifest.json").read_text())["metrics"]
 
 
-def _wall(seconds: float) -> str:
+def wall_time(seconds: float) -> str:
     """The machine may be shared: the load average says how much else ran meanwhile (a stage alone
     keeps all cores busy, so about the core count means nothing else ran)."""
     return f"{seconds:.0f} s (1-min load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
@@ -195,7 +203,7 @@ def _median(runs: list[dict[str, Any]], key: str, field: str) -> tuple[float, st
     return float(np.median(vals)), spread
 
 
-def _speed_rows(name: str, runs: list[dict[str, Any]], lost: dict[str, str], samples: str) -> list[Row]:
+def speed_rows(name: str, runs: list[dict[str, Any]], lost: dict[str, str], samples: str) -> list[Row]:
     v = runs[0]["variants"]  # which variants ran, and their accuracy: the same in every run
     thr = {k: _median(runs, k, "items_per_s_bs32")[0] for k, x in v.items() if x["supported"]}
     lat = {k: _median(runs, k, "latency_ms_p50_bs1")[0] for k in thr}
@@ -310,7 +318,7 @@ def _status(ok: bool) -> str:
 # ------------------------------------------------------------------ accuracy: text
 
 
-def _text_accuracy_rows(name: str, run: Path) -> list[Row]:
+def text_accuracy_rows(name: str, run: Path) -> list[Row]:
     """From the first compress run (accuracy does not depend on timing): fp32 vs each int8 variant on
     the deduplicated test split, and the best int8 drop against issue 7's goal."""
     path = run / "compress-both-0" / "manifest.json"
@@ -423,12 +431,12 @@ def _digits_rows(run: Path, timing: tuple[str, ...]) -> list[Row]:
     int8 = ", ".join(f"{k} {x['accuracy']:.2%}" for k, x in m["variants"].items()
                      if x["precision"] == "int8" and x["supported"])
     packaged = json.loads((run / "package" / "manifest.json").read_text())["metrics"]["variant"]
-    return _speed_rows(name, [m], {}, "test samples") + [
+    return speed_rows(name, [m], {}, "test samples") + [
         pick_row(name, [m], packaged),
         (f"{name}: test accuracy fp32 vs int8", f"fp32 {m['fp32_accuracy']:.2%}; {int8}; {n} test samples", "", ""),
         (f"{name} goal: accuracy drop, best int8 ({m['best_int8']}) vs fp32 (1 sample = {100 / n:.2f} points)",
          f"{drop:.2f} points", f"<= {_GOAL_DROP} point", _status(drop <= _GOAL_DROP)),
-        (f"{name}: wall time of train + export + compress + package", _wall(wall), "", ""),
+        (f"{name}: wall time of train + export + compress + package", wall_time(wall), "", ""),
     ]
 
 

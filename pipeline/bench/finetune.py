@@ -65,7 +65,8 @@ def _half_digits(path: Path) -> Path:
     xs, ys, splits = [], [], []
     for k, sp in enumerate((ds.train, ds.val, ds.test)):
         keep = sp.idx[np.asarray(sp.y[sp.idx]) < 5]
-        xs.append(np.asarray(sp.x[keep]))
+        (x,) = sp.inputs.values()  # digits: one input
+        xs.append(np.asarray(x[keep]))
         ys.append(np.asarray(sp.y[keep]))
         splits.append(np.full(len(keep), k))
     np.savez(path, x=np.concatenate(xs), y=np.concatenate(ys), split=np.concatenate(splits),

@@ -50,6 +50,8 @@ from pipeline.bench import loadgen
 from pipeline.errors import PipeError
 
 Row = tuple[str, str, str, str]
+Feeds = dict[str, np.ndarray]
+"""A model's inputs by the served program's names, every array with the same leading sample axis."""
 
 _REPO = Path(__file__).resolve().parents[2]
 _START_S = 180.0  # the server's paddle import and warm-up on a busy machine
@@ -126,9 +128,11 @@ def _image_rows(quick: bool, name: str, build: Callable[[Path, bool], dict[str, 
         for key, package in build(tmp, quick).items():
             servers.append(_start_server(key, package, tmp / f"serve-{key}.log"))
         fp32, auto = sorted(servers, key=lambda s: s.key != "fp32")
-        x = np.random.RandomState(0).standard_normal((64, *auto.spec["inputs"][0]["shape"][1:])).astype(np.float32)
-        tensors = [json.dumps({"inputs": x[i:i + 1].tolist()}).encode() for i in range(len(x))]
-        bodies = [json.dumps({"images": [b64]}).encode() for b64 in _pngs(x.shape[1:], len(x))] if png else tensors
+        inp = auto.spec["inputs"][0]  # these image models take one input
+        x = {inp["name"]: np.random.RandomState(0).standard_normal((64, *inp["shape"][1:])).astype(np.float32)}
+        img = x[inp["name"]]
+        tensors = [json.dumps({"inputs": img[i:i + 1].tolist()}).encode() for i in range(len(img))]
+        bodies = [json.dumps({"images": [b64]}).encode() for b64 in _pngs(img.shape[1:], len(img))] if png else tensors
         rss_ready = _usage(auto.proc.pid)[0]
         engines = {s.key: _engine(s) for s in servers}
         served = _served(servers, bodies, engines, x, total, rounds)
@@ -164,7 +168,7 @@ def _image_rows(quick: bool, name: str, build: Callable[[Path, bool], dict[str, 
 # ------------------------------------------------------------------ measurements
 
 
-def _served(servers: list[_Server], bodies: list[bytes], engines: dict[str, Any], x: np.ndarray, total: int,
+def _served(servers: list[_Server], bodies: list[bytes], engines: dict[str, Any], x: Feeds, total: int,
             rounds: int) -> dict[str, _Served]:
     """`rounds` x (per server, in alternating order: the engine alone one by one, then `_CLIENTS` clients x
     batch-1 requests), then the engine alone once more each: its rate before and after the served runs."""
@@ -211,10 +215,12 @@ def v2_request(x: np.ndarray, name: str) -> tuple[bytes, dict[str, str]]:
     return head.encode() + x.tobytes(), {"Inference-Header-Content-Length": str(len(head))}
 
 
-def _protocols(s: _Server, x: np.ndarray, tensors: list[bytes], total: int, rounds: int) -> dict[str, list[float]]:
-    """Requests/s at `_CLIENTS` clients on one package: /v1/predict with JSON tensors, /v2 infer with the
-    same tensors binary, interleaved over `rounds`; a run with errors raises (its rate would mean nothing)."""
-    v2 = [v2_request(x[i:i + 1], s.spec["inputs"][0]["name"]) for i in range(len(x))]
+def _protocols(s: _Server, x: Feeds, tensors: list[bytes], total: int, rounds: int) -> dict[str, list[float]]:
+    """Requests/s at `_CLIENTS` clients on one (one-input) package: /v1/predict with JSON tensors, /v2 infer
+    with the same tensors binary, interleaved over `rounds`; a run with errors raises (its rate would mean
+    nothing)."""
+    (name, img), = x.items()
+    v2 = [v2_request(img[i:i + 1], name) for i in range(len(img))]
     headers = v2[0][1]  # every body has the same shape, so the same JSON header length
     if any(h != headers for _, h in v2):
         raise PipeError("bench: the /v2 bodies' JSON headers differ in length")
@@ -230,43 +236,43 @@ def _protocols(s: _Server, x: np.ndarray, tensors: list[bytes], total: int, roun
     return out
 
 
-def _engine(s: _Server) -> Callable[[np.ndarray], np.ndarray]:
+def _engine(s: _Server) -> Callable[[Feeds], Feeds]:
     """The package's model on its server's engine, precision and threads, loaded here as its predictor
-    loads it (`pipeline.serving.predictor.load_engine`: one oneDNN kernel set per bucket), warmed up: x ->
-    logits, fed and fetched by serving.yaml's names as the predictor does."""
+    loads it (`pipeline.serving.predictor.load_engine`: one oneDNN kernel set per bucket), warmed up as the
+    predictor warms up (zeros of every input at every bucket size): feeds -> every output, by name."""
     from pipeline.serving import predictor, spec as spec_mod
+    from pipeline.serving.validate import sample_shape
 
     if s.engine == "paddle_inference":
         runtime.import_paddle(s.threads)
     buckets, spec = predictor.buckets(s.max_batch), spec_mod.load_package(s.package)
     eng = predictor.load_engine(spec, s.engine, s.threads, cache_capacity=len(buckets))
-    feed, fetch = spec.inp["name"], spec.outp["name"]
-
-    def run(x: np.ndarray) -> np.ndarray:
-        return eng.run({feed: x})[fetch]
-
-    for b in buckets:  # oneDNN builds kernels per shape once, as the predictor's warm-up
+    for b in buckets:  # oneDNN builds kernels per shape once
         for _ in range(3):
-            run(np.zeros((b, *spec.sample_shape), s.spec["inputs"][0]["dtype"]))
-    return run
+            eng.run({t.name: np.zeros((b, *sample_shape(spec, t)), t.dtype) for t in spec.io.inputs})
+    return eng.run
 
 
-def _bare_rate(eng: Callable[[np.ndarray], np.ndarray], x: np.ndarray, total: int, batch: int = 1) -> float:
+def _samples(x: Feeds) -> int:
+    return len(next(iter(x.values())))
+
+
+def _bare_rate(eng: Callable[[Feeds], Feeds], x: Feeds, total: int, batch: int = 1) -> float:
     """The engine alone answering inputs in `batch`es one run after the other (copy in, run, copy out), at
     least `total` samples and `_MIN_TIMED_S`: items/s."""
     time.sleep(_SWITCH_PAUSE_S)
-    t0, i = time.perf_counter(), 0
+    t0, i, n = time.perf_counter(), 0, _samples(x)
     while i * batch < total or time.perf_counter() - t0 < _MIN_TIMED_S:
-        j = (i * batch) % (len(x) - batch + 1)
-        eng(x[j:j + batch])
+        j = (i * batch) % (n - batch + 1)
+        eng({k: v[j:j + batch] for k, v in x.items()})
         i += 1
     return i * batch / (time.perf_counter() - t0)
 
 
-def _replay(eng: Callable[[np.ndarray], np.ndarray], x: np.ndarray, runs: dict[int, float]) -> tuple[float, float]:
+def _replay(eng: Callable[[Feeds], Feeds], x: Feeds, runs: dict[int, float]) -> tuple[float, float]:
     """The predictor's runs (bucket size -> count) on the engine alone, repeated for at least `_MIN_TIMED_S`:
     (wall s, CPU s of this process) per replay."""
-    xs = {b: np.ascontiguousarray(np.resize(x, (b, *x.shape[1:]))) for b in runs}
+    xs = {b: {k: np.ascontiguousarray(np.resize(v, (b, *v.shape[1:]))) for k, v in x.items()} for b in runs}
     time.sleep(_SWITCH_PAUSE_S)
     t0, c0, k = time.perf_counter(), time.process_time(), 0
     while k == 0 or time.perf_counter() - t0 < _MIN_TIMED_S:
@@ -298,7 +304,7 @@ def _picked_row(name: str, s: _Server) -> Row:
             f"{s.spec['model'].get('variant')} on {s.engine} {s.precision}: {why}", "", "")
 
 
-def _package_rows(name: str, s: _Server, rec: _Served, eng: Any, x: np.ndarray, request: str,
+def _package_rows(name: str, s: _Server, rec: _Served, eng: Any, x: Feeds, request: str,
                   bare_what: str) -> list[Row]:
     """One served package against its engine alone: the rows of the first serving benchmark (served
     requests/s, the engine one by one, their ratio, batch sizes, CPU seconds, cost by batch size) and the
@@ -379,7 +385,7 @@ def _protocol_row(name: str, s: _Server, rates: dict[str, list[float]], png: _Se
 _COST_BATCHES = (1, 8, 16)
 
 
-def _batch_cost_row(what: str, eng: Any, x: np.ndarray, threads: int, tag: str) -> Row:
+def _batch_cost_row(what: str, eng: Any, x: Feeds, threads: int, tag: str) -> Row:
     """The engine's cost per sample by batch size (what batching can save), then at batch 8 while
     another process keeps a core busy (what sharing the CPU with the HTTP server costs the predictor)."""
     ms = {b: 1000 / _bare_rate(eng, x, 40 * b, b) for b in _COST_BATCHES}
@@ -396,33 +402,40 @@ def _batch_cost_row(what: str, eng: Any, x: np.ndarray, threads: int, tag: str) 
 
 
 def text_rows(quick: bool) -> list[Row]:
-    """The serving rows for the text task: 16 keep-alive clients, one review per request, vs the engine
-    alone on the same reviews (encoded with the package's vocabulary, max_len) one by one."""
-    from pipeline import data as data_mod
-    from pipeline.config import DataConfig
-
-    total, rounds = (400, 1) if quick else (2000, 2)
+    """The serving rows for the text task on text_cnn (`pipeline/bench/ernie.py` does ERNIE's)."""
     tmp = Path(tempfile.mkdtemp(prefix="pipe-bench-serve-text-"))
-    server = None
     try:
-        package = _build_text_package(tmp, quick)
-        server = _start_server("package", package, tmp / "serve.log")
-        ds = data_mod.load(DataConfig(source="chinese_sentiment"))
-        texts = [ds.texts[i] for i in ds.test.idx[:256]]
-        bodies = [json.dumps({"text": [t]}, ensure_ascii=False).encode() for t in texts]
-        vocab = {t: i for i, t in enumerate(json.loads((package / "vocab.json").read_text(encoding="utf-8")))}
-        max_len = int(server.spec["text"]["max_len"])
-        x = data_mod.encode_texts(texts, vocab, max_len)
-        eng = _engine(server)
-        served = _served([server], bodies, {server.key: eng}, x, total, rounds)
-        return _package_rows(f"text_cnn text, max_len {max_len}", server, served[server.key], eng, x, "one-review",
-                             f"the same reviews as ids [1, {max_len}]")
+        return served_text_rows("text_cnn text", _build_text_package(tmp, quick), quick)
     except PipeError as e:
         return [("serve text_cnn text", f"failed: {str(e)[-300:]}", "", "**failed**")]
     finally:
-        if server is not None:
-            _stop(server.proc)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def served_text_rows(name: str, package: Path, quick: bool) -> list[Row]:
+    """A text package served: 16 keep-alive clients, one review of the test split per request as
+    `{"text": [...]}` (tokenized in the server, every model input made from it), against the engine alone
+    fed the same reviews encoded as the server encodes them (`pipeline/serving/validate.py` text_feeds),
+    one by one."""
+    from pipeline import data as data_mod
+    from pipeline.config import DataConfig
+    from pipeline.serving import spec as spec_mod, validate
+
+    total, rounds = (400, 1) if quick else (2000, 2)
+    server = _start_server("package", package, package.parent / f"serve-{package.name}.log")
+    try:
+        ds = data_mod.load(DataConfig(source="chinese_sentiment"))
+        texts = [ds.texts[i] for i in ds.test.idx[:256]]
+        bodies = [json.dumps({"text": [t]}, ensure_ascii=False).encode() for t in texts]
+        spec = spec_mod.load_package(package)
+        x = validate.text_feeds(spec.text.encode(texts), spec)
+        eng = _engine(server)
+        served = _served([server], bodies, {server.key: eng}, x, total, rounds)
+        shapes = ", ".join(f"{k} {list(v.shape[1:])}" for k, v in x.items())
+        return _package_rows(f"{name}, max_len {spec.text.max_len}", server, served[server.key], eng, x,
+                             "one-review", f"the same reviews as {shapes}")
+    finally:
+        _stop(server.proc)
 
 
 def _pngs(chw: tuple[int, ...], n: int) -> list[str]:
