@@ -44,7 +44,7 @@ from typing import Any, Iterator
 import numpy as np
 import yaml
 
-from pipeline import artifacts, config as config_mod, data as data_mod, iospec, models, runtime
+from pipeline import artifacts, config as config_mod, data as data_mod, iospec, models, runtime, task
 from pipeline.config import ExportConfig, RunConfig
 from pipeline.errors import InputError, ParityError, PipeError
 
@@ -106,9 +106,9 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path, onnx: bool = False) -> Path
         _check_file_set(w.dir, onnx, pre, legacy_error is None)
         w.metrics = {
             **parity,
-            "test_acc": float((got.argmax(1) == y).mean()),
-            "dygraph_test_acc": float((ref.argmax(1) == y).mean()),
-            "top1_agreement": float((got.argmax(1) == ref.argmax(1)).mean()),
+            "test_acc": task.accuracy(got, y),
+            "dygraph_test_acc": task.accuracy(ref, y),
+            "top1_agreement": task.agreement(got, ref),
             "test_samples": int(len(y)),
             "latency_ms_p50_bs1": latency,
             "threads": threads,
@@ -266,8 +266,8 @@ def _reduced_precision(paddle: Any, d: Path, prog: iospec.IO, test: data_mod.Spl
     got = np.concatenate([_predict(pred, prog, xb)[logits] for xb in _batches(test, pre)])
     latency = _latency_ms(pred, prog, x1)
     out = {"precision": precision, "supported": True, "device": "gpu" if gpu else "cpu",
-           "accuracy": float((got.argmax(1) == y).mean()), "fp32_accuracy": float((fp32.argmax(1) == y).mean()),
-           "top1_agreement": float((got.argmax(1) == fp32.argmax(1)).mean()),
+           "accuracy": task.accuracy(got, y), "fp32_accuracy": task.accuracy(fp32, y),
+           "top1_agreement": task.agreement(got, fp32),
            "max_abs_diff": float(np.abs(got - fp32).max()), "latency_ms_p50_bs1": latency,
            "fp32_latency_ms_p50_bs1": fp32_latency, "speedup_bs1": fp32_latency / latency}
     print(f"{precision}: accuracy {out['accuracy']:.2%} (fp32 {out['fp32_accuracy']:.2%}), top-1 agreement "

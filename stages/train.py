@@ -37,7 +37,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from pipeline import (artifacts, batches, checkpoint, config as config_mod, data as data_mod, distillation, iospec, job,
-                      models, runtime, trainlog, weights)
+                      models, runtime, task, trainlog, weights)
 from pipeline.config import RunConfig
 from pipeline.errors import DivergedError, InputError, PipeError
 from pipeline.progress import Emit, Tail, View, file_emitter
@@ -604,7 +604,7 @@ class _Trainer:
 
     def _loss(self, logits: Any, feeds: dict[str, Any], y: Any, kd: Any = None) -> Any:
         F, t = self.p.nn.functional, self.cfg.train
-        ce = F.cross_entropy(logits, y, label_smoothing=t.label_smoothing)
+        ce = task.loss(F, logits, y, t.label_smoothing)
         if self.teacher is None:
             return ce
         d = self.cfg.distill
@@ -639,7 +639,7 @@ class _Trainer:
         val_loss, val_acc = self._evaluate(self.data.val, shard=True)
         t = self.cfg.train
         # every rank decides alike: _evaluate all-reduced the totals
-        improved = _better(t.monitor, val_acc, val_loss, st.best_acc, st.best_loss)
+        improved = task.better(t.monitor, val_acc, val_loss, st.best_acc, st.best_loss)
         if improved:
             st.best_acc, st.best_loss, st.bad_epochs = val_acc, val_loss, 0
         else:
@@ -679,8 +679,8 @@ class _Trainer:
                 feeds = {k: paddle.to_tensor(v) for k, v in split.feeds(p, self.data.preprocessing).items()}
                 y = paddle.to_tensor(np.asarray(split.y[split.idx[p]]))
                 logits = self.outputs.logits_of(self.call(self.net, feeds)).astype("float32")
-                loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
-                correct += float((logits.argmax(axis=1) == y).astype("float32").sum())
+                batch_loss, batch_correct = task.eval_sums(F, logits, y)
+                loss_sum, correct = loss_sum + batch_loss, correct + batch_correct
         totals = np.array([loss_sum, correct, len(pos)], np.float64)
         if shard and self.ctx.world > 1:
             import paddle.distributed as dist
@@ -851,16 +851,6 @@ def _describe(tensors: Any) -> str:
         return ", ".join(f"{t['name']} {list(t['shape'][1:])}" for t in tensors)
     except (KeyError, TypeError):
         return repr(tensors)
-
-
-def _better(monitor: str, acc: float, loss: float, best_acc: float | None, best_loss: float | None) -> bool:
-    """Whether an epoch's (val_acc, val_loss) beats the best so far: by `monitor`, a tie going to the
-    other one. The best checkpoint and patience both use it."""
-    if best_acc is None or best_loss is None:
-        return True
-    if monitor == "val_loss":
-        return loss < best_loss or (loss == best_loss and acc > best_acc)
-    return acc > best_acc or (acc == best_acc and loss < best_loss)
 
 
 def _fault_steps(var: str) -> set[int]:

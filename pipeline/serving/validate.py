@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import data as data_mod, iospec
+from pipeline import data as data_mod, iospec, task
 from pipeline.errors import InputError
 from pipeline.serving.spec import Settings, Spec, TextSpec
 
@@ -507,15 +507,7 @@ def v1_answer(outs: dict[str, np.ndarray], spec: Spec) -> dict[str, Any]:
     name, under `outputs`."""
     io_ = spec.io
     logits = io_.logits()
-    y = outs[logits.name]
-    z = y.astype(np.float64)
-    z -= z.max(axis=1, keepdims=True)
-    p = np.exp(z)
-    p /= p.sum(axis=1, keepdims=True)
-    top = p.argmax(axis=1)
-    labels = spec.labels
-    answer = {"labels": [labels[i] for i in top], "scores": [float(p[r, i]) for r, i in enumerate(top)],
-              "logits": y.tolist()}
+    answer = task.answer(outs[logits.name], spec.labels)
     others = {t.public: outs[t.name].tolist() for t in io_.outputs if t.name != logits.name}
     if others:
         answer["outputs"] = others
