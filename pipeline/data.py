@@ -63,20 +63,6 @@ class Split:
     def __len__(self) -> int:
         return len(self.idx)
 
-    @property
-    def x(self) -> np.ndarray:
-        """The stored array of the only input. For the stages that still read one array (export, compress,
-        the package's reference set, the bench) until they read `feeds`; data with several inputs is refused
-        there in one line."""
-        if len(self.inputs) != 1:
-            raise InputError(f"this stage reads one input, the data has {len(self.inputs)} "
-                             f"({', '.join(self.inputs)})")
-        return next(iter(self.inputs.values()))
-
-    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """Materialise a single-input split (for small evaluation sets): (x[idx], y[idx])."""
-        return np.asarray(self.x[self.idx]), np.asarray(self.y[self.idx])
-
     def rows(self, pos: np.ndarray) -> dict[str, np.ndarray]:
         """The stored samples at positions `pos` of this split, by input name."""
         j = self.idx[pos]
@@ -104,11 +90,6 @@ class Dataset:
     def input_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every input's stored per-sample shape (text: (max_len,)), by name, in the interface's order."""
         return {name: tuple(int(d) for d in a.shape[1:]) for name, a in self.train.inputs.items()}
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        """The only input's per-sample shape (the stages that read one input)."""
-        return tuple(int(d) for d in self.train.x.shape[1:])
 
     @property
     def is_text(self) -> bool:

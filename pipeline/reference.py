@@ -21,14 +21,13 @@ logits); they still check, on the logits.
 
 from __future__ import annotations
 
-import inspect
 import math
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from pipeline import iospec
+from pipeline import iospec, task
 from pipeline.errors import InputError
 from pipeline.serving.spec import REFERENCE_FILE as FILE  # the package contract names its files
 
@@ -139,22 +138,6 @@ def load_set(path: Path, io_: iospec.IO, text_len: int | None = None
     return inputs, outputs
 
 
-def load(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """(inputs, logits) of a one-input set, for callers that feed one array (examples/serve_demo.py)."""
-    t, meta = _read(path)
-    if meta.get("pipe.reference") != _FORMAT:
-        x, y = t.get("inputs"), t.get("outputs")
-    else:
-        ins = [k for k in t if k.startswith("input/")]
-        x = t[ins[0]] if len(ins) == 1 else None
-        y = t.get(f"output/{meta.get('logits')}")
-    if x is None or y is None:
-        raise InputError(f"{path}: not a one-input reference set (keys {', '.join(sorted(t))})")
-    if len(x) != len(y) or y.ndim != 2 or not len(x):
-        raise InputError(f"{path}: {len(x)} inputs but outputs of shape {list(y.shape)}")
-    return x, y
-
-
 def run(run_batch: Runner, inputs: Mapping[str, np.ndarray], batch: int, io_: iospec.IO) -> dict[str, np.ndarray]:
     """Every output of `run_batch` over `inputs` in batches, by the program's output name."""
     n = iospec.num_rows(inputs)
@@ -206,7 +189,7 @@ def compare(got: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], io_: i
         else:
             per[t.public] = {"equal": float(np.count_nonzero(g == r)) / max(r.size, 1)}
     g, r = got[logits.name], ref[logits.name]
-    out = {"samples": int(n), "top1_agreement": float((g.argmax(1) == r.argmax(1)).mean()),
+    out = {"samples": int(n), "top1_agreement": task.agreement(g, r),
            "max_abs_diff": per[logits.public]["max_abs_diff"], "logits": logits.public, "outputs": per}
     return out if min_sqnr_db is None else {**out, "min_sqnr_db": float(min_sqnr_db)}
 
@@ -225,22 +208,7 @@ def verdict(result: dict[str, Any], budget: float) -> bool:
     return "error" not in result and result["top1_agreement"] >= budget and not below_sqnr(result)
 
 
-def _named(fn: Callable[..., Any], io_: iospec.IO) -> Runner:
-    """Transition: a runner whose parameter is `x` (pipe serve's PredictorProcess.run before it fed by name)
-    takes the only input's array and returns the logits."""
-    try:
-        first = next(iter(inspect.signature(fn).parameters), "")
-    except (TypeError, ValueError):
-        first = ""
-    if first != "x":
-        return fn
-    if len(io_.inputs) != 1:
-        raise InputError(f"reference set: a one-input runner for a package of {len(io_.inputs)} inputs")
-    name = io_.inputs[0].name
-    return lambda feeds: fn(feeds[name])
-
-
-def check(spec: Any, runners: list[Callable[..., Any]], batch: int) -> tuple[dict[str, Any] | None, float | None]:
+def check(spec: Any, runners: list[Runner], batch: int) -> tuple[dict[str, Any] | None, float | None]:
     """Run a package's reference set (`spec`: a loaded `pipeline.serving.spec.Spec`) through each runner (feeds
     by the served program's input names -> outputs by name; `Runner`): (the worst result, the budget). None,
     None for a package made before reference sets existed."""
@@ -253,7 +221,7 @@ def check(spec: Any, runners: list[Callable[..., Any]], batch: int) -> tuple[dic
         raise InputError(f"{path}: logits of {y[spec.io.logits().name].shape[1]} classes; the package has "
                          f"{len(spec.labels)} labels")
     budget, min_db = float(ref["min_agreement"]), ref.get("min_sqnr_db")
-    results = [compare(run(_named(fn, spec.io), x, batch, spec.io), y, spec.io, min_db) for fn in runners]
+    results = [compare(run(fn, x, batch, spec.io), y, spec.io, min_db) for fn in runners]
     return min(results, key=lambda r: (verdict(r, budget), r["top1_agreement"], -r["max_abs_diff"])), budget
 
 

@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipeline.cli import main
@@ -24,6 +25,12 @@ def cli(capsys):
         return code, captured.out, captured.err
 
     return run
+
+
+def arrays(split) -> tuple[np.ndarray, np.ndarray]:
+    """A one-input split's samples and labels, materialised (`pipeline.data.Split`)."""
+    (x,) = split.inputs.values()
+    return np.asarray(x[split.idx]), np.asarray(split.y[split.idx])
 
 
 def tree_hash(root: Path) -> str:

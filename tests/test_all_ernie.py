@@ -146,3 +146,35 @@ def test_the_real_tritonserver_loads_its_repository_and_answers_alike(ernie_run,
         code = triton.stop()
     assert code == 0, triton.tail()
     assert tree_hash(repo) == before
+
+
+def test_the_demo_client_feeds_both_inputs_by_name(ernie_run):
+    """examples/serve_demo.py on the two-input package: /v1/predict with every reference input by name, /v2
+    from tritonclient with both as binary tensors, the same logits from both."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, str(REPO / "examples/serve_demo.py"), str(ernie_run / "package")],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "reference inputs (input_ids, token_type_ids), top-1 agreement with fp32 " in proc.stdout
+    # the package's own reference check (same engine, same inputs) recorded this agreement at package time
+    check = _manifest(ernie_run / "package")["metrics"]["reference"]
+    served = float(proc.stdout.split("top-1 agreement with fp32 ")[1].split()[0])
+    assert served >= check["min_agreement"] and abs(served - check["top1_agreement"]) <= 1 / check["samples"]
+    assert float(proc.stdout.split("(tritonclient, binary tensors): max|diff| from /v1 ")[1].split()[0]) <= 1e-5
+    assert "server stopped (exit 0)" in proc.stdout
+
+
+def test_pipe_bench_measures_the_two_input_package(ernie_run):
+    """`pipe bench DIR` on the two-input artifacts: every model fed both inputs by name, its test accuracy
+    the one compress measured for the same variant on the same engine."""
+    from pipeline.bench import measure
+
+    compressed = _manifest(ernie_run / "compress")["metrics"]
+    shipped = _manifest(ernie_run / "package")["metrics"]["variant"]
+    rows = measure.measure([ernie_run / "package"], quick=True)
+    row = next(r for r in rows if r.variant == shipped)
+    assert row.status == "ok" and row.test_samples == compressed["test_samples"]
+    assert abs(row.accuracy - compressed["variants"][shipped]["accuracy"]) <= 1 / row.test_samples
+    assert row.p50_ms > 0 and row.items_per_s > 0

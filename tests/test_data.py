@@ -13,6 +13,7 @@ from PIL import Image
 from pipeline import data
 from pipeline.config import DataConfig
 from pipeline.errors import InputError
+from tests.conftest import arrays
 
 
 def _value(c: int, i: int, split: int = 0) -> int:
@@ -56,12 +57,12 @@ def test_image_folder_shapes_labels_and_splits(tmp_path):
     root = _folder(tmp_path / "imgs")
     ds = data.load(_cfg(tmp_path, root))
     assert ds.labels == ("cat", "dog", "emu")
-    assert ds.input_shape == (3, 12, 12)
-    assert ds.train.x.shape == (18, 3, 12, 12) and ds.train.x.dtype == np.uint8
+    assert ds.input_shapes["x"] == (3, 12, 12)
+    assert ds.train.inputs["x"].shape == (18, 3, 12, 12) and ds.train.inputs["x"].dtype == np.uint8
     # 6 per class: round(0.9) = 1 val, 1 test, 4 train, stratified.
     assert (len(ds.train), len(ds.val), len(ds.test)) == (12, 3, 3)
     for split, per_class in ((ds.train, 4), (ds.val, 1), (ds.test, 1)):
-        x, y = split.arrays()
+        x, y = arrays(split)
         assert np.bincount(y, minlength=3).tolist() == [per_class] * 3
         for xi, yi in zip(x, y):  # every pixel of a sample is its file's grey level, which encodes the class
             assert (xi == xi.flat[0]).all()
@@ -77,8 +78,8 @@ def test_image_folder_shapes_labels_and_splits(tmp_path):
 def test_image_folder_resize_and_grayscale(tmp_path):
     root = _folder(tmp_path / "imgs")
     ds = data.load(_cfg(tmp_path, root, image_size=8, channels=1))
-    assert ds.input_shape == (1, 8, 8)
-    x, y = ds.train.arrays()
+    assert ds.input_shapes["x"] == (1, 8, 8)
+    x, y = arrays(ds.train)
     assert x.shape == (12, 1, 8, 8)
     assert len(ds.preprocessing["mean"]) == 1 and len(ds.preprocessing["std"]) == 1
 
@@ -87,7 +88,7 @@ def test_image_folder_mixed_sizes_with_image_size(tmp_path):
     root = _folder(tmp_path / "imgs")
     _png(root / "dog" / "99.png", 40, size=20)
     ds = data.load(_cfg(tmp_path, root, image_size=10))
-    assert ds.input_shape == (3, 10, 10)
+    assert ds.input_shapes["x"] == (3, 10, 10)
     assert len(ds.train) + len(ds.val) + len(ds.test) == 19
 
 
@@ -101,10 +102,10 @@ def test_image_folder_cache_is_built_once_and_memory_mapped(tmp_path):
     before = os.stat(npy)
     second = data.load(cfg)
     after = os.stat(npy)
-    assert isinstance(second.train.x, np.memmap) and not second.train.x.flags.writeable
+    assert isinstance(second.train.inputs["x"], np.memmap) and not second.train.inputs["x"].flags.writeable
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)  # not rebuilt
     assert _cache_files(tmp_path) == files
-    np.testing.assert_array_equal(np.asarray(first.train.x), np.asarray(second.train.x))
+    np.testing.assert_array_equal(np.asarray(first.train.inputs["x"]), np.asarray(second.train.inputs["x"]))
     np.testing.assert_array_equal(first.train.idx, second.train.idx)
     assert first.preprocessing == second.preprocessing
 
@@ -118,7 +119,7 @@ def test_image_folder_cache_key_follows_content_and_preprocessing(tmp_path):
     ds = data.load(_cfg(tmp_path, root))
     two = set(_cache_files(tmp_path))
     assert len(two - one) == 2
-    assert 201 in np.unique(np.asarray(ds.train.x)).tolist() + np.unique(np.asarray(ds.val.x)).tolist()
+    assert 201 in np.unique(np.asarray(ds.train.inputs["x"])).tolist() + np.unique(np.asarray(ds.val.inputs["x"])).tolist()
     # Other preprocessing: another cache too.
     data.load(_cfg(tmp_path, root, image_size=6))
     assert len(set(_cache_files(tmp_path)) - two) == 2
@@ -139,7 +140,7 @@ def test_image_folder_train_val_test_layout(tmp_path):
     assert ds.labels == ("a", "b")
     assert (len(ds.train), len(ds.val), len(ds.test)) == (10, 4, 6)
     for k, split in enumerate((ds.train, ds.val, ds.test)):
-        x, y = split.arrays()
+        x, y = arrays(split)
         # Each sample's grey level says which folder it came from: the layout decides the split.
         assert all(10 + 80 * k <= int(v) < 10 + 80 * (k + 1) for v in x[:, 0, 0, 0])
         assert np.bincount(y).tolist() == [len(y) // 2] * 2
@@ -151,9 +152,9 @@ def test_image_folder_train_test_layout_carves_val_from_train(tmp_path):
     _folder(root / "test", classes=("a", "b"), n=3, split=2)
     ds = data.load(_cfg(tmp_path, root, val_fraction=0.2))
     assert (len(ds.train), len(ds.val), len(ds.test)) == (16, 4, 6)
-    xv, _ = ds.val.arrays()
+    xv, _ = arrays(ds.val)
     assert all(int(v) < 90 for v in xv[:, 0, 0, 0])  # val came out of train/, not test/
-    xt, _ = ds.test.arrays()
+    xt, _ = arrays(ds.test)
     assert all(int(v) >= 170 for v in xt[:, 0, 0, 0])
 
 
@@ -228,7 +229,7 @@ def test_image_folder_grayscale_and_palette_inputs_become_rgb(tmp_path):
     _png(root / "a" / "06.png", 77, mode="L")
     Image.new("RGB", (12, 12), (9, 9, 9)).convert("P").save(root / "b" / "06.png")
     ds = data.load(_cfg(tmp_path, root))
-    assert ds.input_shape == (3, 12, 12)
+    assert ds.input_shapes["x"] == (3, 12, 12)
     assert len(ds.train) + len(ds.val) + len(ds.test) == 14
 
 
@@ -267,10 +268,10 @@ def _xy(n: int = 40, classes: int = 2, shape=(1, 4, 4), dtype=np.uint8):
 def test_npz_loads_x_and_y_with_a_stratified_split(tmp_path):
     x, y = _xy()
     ds = data.load(DataConfig(source=str(_npz(tmp_path, x=x, y=y))))
-    assert ds.input_shape == (1, 4, 4) and ds.labels == ("0", "1")
+    assert ds.input_shapes["x"] == (1, 4, 4) and ds.labels == ("0", "1")
     # 20 per class: 3 val, 3 test, 14 train each.
     assert (len(ds.train), len(ds.val), len(ds.test)) == (28, 6, 6)
-    xt, yt = ds.train.arrays()
+    xt, yt = arrays(ds.train)
     np.testing.assert_array_equal(xt, x[ds.train.idx])
     np.testing.assert_array_equal(yt, y[ds.train.idx])
     assert yt.dtype == np.int64
@@ -298,8 +299,8 @@ def test_npz_explicit_split_and_labels(tmp_path):
 def test_npz_nhw_becomes_nchw(tmp_path):
     x, y = _xy(shape=(5, 6))
     ds = data.load(DataConfig(source=str(_npz(tmp_path, x=x, y=y))))
-    assert ds.input_shape == (1, 5, 6)
-    np.testing.assert_array_equal(ds.train.x[:, 0], x)
+    assert ds.input_shapes["x"] == (1, 5, 6)
+    np.testing.assert_array_equal(ds.train.inputs["x"][:, 0], x)
 
 
 def test_npz_float32_is_not_rescaled(tmp_path):
@@ -307,7 +308,7 @@ def test_npz_float32_is_not_rescaled(tmp_path):
     x = (x / 255.0).astype(np.float32)
     ds = data.load(DataConfig(source=str(_npz(tmp_path, x=x, y=y))))
     assert ds.preprocessing["scale"] == 1.0
-    np.testing.assert_array_equal(ds.train.x, x)
+    np.testing.assert_array_equal(ds.train.inputs["x"], x)
 
 
 def test_npz_missing_key(tmp_path):
@@ -421,7 +422,7 @@ def test_factory_source(tmp_path, monkeypatch):
     """)
     ds = data.load(DataConfig(source=f"{mod}:load"))
     assert (len(ds.train), len(ds.val), len(ds.test)) == (9, 3, 3)
-    assert ds.input_shape == (1, 4, 4) and ds.labels == ("a", "b", "c")
+    assert ds.input_shapes["x"] == (1, 4, 4) and ds.labels == ("a", "b", "c")
 
 
 def test_factory_errors(tmp_path, monkeypatch):
@@ -451,22 +452,22 @@ def test_factory_errors(tmp_path, monkeypatch):
 
 def test_digits_sizes_and_disjoint_splits():
     ds = data.load(DataConfig())
-    assert ds.train.x.shape == (1797, 1, 8, 8) and ds.train.x.dtype == np.uint8
+    assert ds.train.inputs["x"].shape == (1797, 1, 8, 8) and ds.train.inputs["x"].dtype == np.uint8
     assert (len(ds.train), len(ds.val), len(ds.test)) == (1259, 269, 269)
     assert ds.labels == tuple(str(i) for i in range(10))
-    assert ds.input_shape == (1, 8, 8)
+    assert ds.input_shapes["x"] == (1, 8, 8)
     tr, va, te = (set(s.idx.tolist()) for s in (ds.train, ds.val, ds.test))
     assert not (tr & va) and not (tr & te) and not (va & te)
     assert tr | va | te == set(range(1797))
     for split in (ds.train, ds.val, ds.test):  # stratified: every class in every split
-        assert set(split.arrays()[1].tolist()) == set(range(10))
+        assert set(arrays(split)[1].tolist()) == set(range(10))
 
 
 def test_prepare_normalizes_with_the_recorded_mean_and_std():
     ds = data.load(DataConfig())
     pre = ds.preprocessing
     assert pre["kind"] == "image" and pre["layout"] == "NCHW" and pre["scale"] == pytest.approx(1 / 255)
-    x, _ = ds.train.arrays()
+    x, _ = arrays(ds.train)
     out = data.prepare(x, pre)
     assert out.dtype == np.float32 and out.shape == x.shape
     expected = (x.astype(np.float64) / 255.0 - pre["mean"][0]) / pre["std"][0]
@@ -474,7 +475,7 @@ def test_prepare_normalizes_with_the_recorded_mean_and_std():
     # The recorded stats are the training split's: normalized, it is zero-mean and unit-variance.
     assert abs(float(out.mean())) < 1e-4 and abs(float(out.std()) - 1.0) < 1e-4
     # Applied to val, the same stats are used (not re-estimated).
-    xv, _ = ds.val.arrays()
+    xv, _ = arrays(ds.val)
     np.testing.assert_allclose(data.prepare(xv, pre), (xv / 255.0 - pre["mean"][0]) / pre["std"][0], rtol=1e-5, atol=1e-5)
 
 

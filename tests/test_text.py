@@ -22,7 +22,7 @@ def test_chinese_sentiment_is_deduplicated_before_the_split():
     splits = [{ds.texts[i] for i in s.idx} for s in (ds.train, ds.val, ds.test)]
     assert not (splits[0] & splits[1]) and not (splits[0] & splits[2]) and not (splits[1] & splits[2])
     assert ds.labels == ("negative", "positive")
-    assert ds.train.x.dtype == np.int64 and ds.train.x.shape[1] == pre["max_len"] == 160
+    assert ds.train.inputs["x"].dtype == np.int64 and ds.train.inputs["x"].shape[1] == pre["max_len"] == 160
     iface = ds.interface()
     assert iface["inputs"] == [{"name": "x", "dtype": "int64", "shape": [-1, -1]}]
     assert iface["preprocessing"]["vocab_file"] == "vocab.json" and "vocab" not in iface["preprocessing"]

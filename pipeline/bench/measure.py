@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from pipeline import artifacts, config as config_mod, cpu, data as data_mod, iospec, runtime
+from pipeline import artifacts, config as config_mod, cpu, data as data_mod, iospec, runtime, task
 from pipeline.engines import ENGINES
 from pipeline.serving.spec import MODEL_FILES
 from pipeline.errors import InputError, PipeError
@@ -35,6 +35,7 @@ from pipeline.errors import InputError, PipeError
 STAGES = ("export", "compress", "package")
 _BS_THROUGHPUT = 32  # as stages/compress.py
 _EVAL_BATCH = 256  # as stages/compress.py and export.py: the same batches give the same logits
+Feeds = dict[str, np.ndarray]  # a batch of every input, by the interface's names
 _RUNS = (200, 30)  # timed batch-1 and batch-32 runs per model: compress.latency_runs/throughput_runs defaults
 _QUICK_RUNS = (30, 6)
 _MB = 1e6
@@ -81,7 +82,7 @@ class BenchRow:
 @dataclass
 class _TestData:
     key: str
-    batches: Callable[[], Iterator[np.ndarray]]
+    batches: Callable[[], Iterator[Feeds]]
     y: np.ndarray
 
 
@@ -90,7 +91,7 @@ class _Plan:
     """A row and how to build its engine; `key` identifies the model + engine + precision + test data."""
 
     row: BenchRow
-    build: Callable[[], Callable[[np.ndarray], np.ndarray]] | None
+    build: Callable[[], Callable[[Feeds], np.ndarray]] | None
     key: tuple[Any, ...]
     data: _TestData
 
@@ -105,7 +106,7 @@ def measure(dirs: Sequence[Path], quick: bool = False) -> list[BenchRow]:
     threads = runtime.threads_per_process(1)
     data_cache: dict[str, _TestData] = {}
     plans = [p for given, art in arts for p in _plans(given, art, threads, data_cache)]
-    engines: dict[tuple[Any, ...], Callable[[np.ndarray], np.ndarray]] = {}
+    engines: dict[tuple[Any, ...], Callable[[Feeds], np.ndarray]] = {}
     first: dict[tuple[Any, ...], _Plan] = {}
     for p in plans:
         if p.build is None or not p.row.ok:
@@ -201,11 +202,13 @@ def _plans(given: str, art: artifacts.Artifact, threads: int, cache: dict[str, _
         size = sum(a.manifest["files"][f]["bytes"] for a, f in files) / _MB if files else None
         row = BenchRow(given, stage, variant, fmt, engine, precision, status, size)
         if (engine, len(paths)) in (("paddle_inference", 2), ("onnxruntime", 1), ("openvino", 1), ("openvino", 2)):
-            def build() -> Callable[[np.ndarray], np.ndarray]:  # x -> logits, fed and fetched by name
+            def build() -> Callable[[Feeds], np.ndarray]:  # feeds -> logits, fed and fetched by name
                 from stages import compress as c
 
                 eng = ENGINES[engine].load(paths, threads=threads, precision=precision)
-                return c.entry(eng, iospec.IO.from_interface(m["interface"]), paths[0])["run"]
+                desc = iospec.IO.from_interface(m["interface"])
+                run, logits = c.runner(eng, desc, paths[0])["run"], desc.logits().public
+                return lambda feeds: run(feeds)[logits]
         else:
             build = None
             if row.ok:
@@ -301,13 +304,13 @@ def _test_data(art: artifacts.Artifact, cache: dict[str, _TestData]) -> _TestDat
         texts = [ds.texts[i] for i in split.idx]
         max_len = int(pre.get("max_len") or ds.preprocessing["max_len"])
 
-        def batches() -> Iterator[np.ndarray]:
+        def batches() -> Iterator[Feeds]:  # every input made from the ids by the recorded rule (text_inputs)
             for i in range(0, len(texts), _EVAL_BATCH):
-                yield data_mod.encode_texts(texts[i:i + _EVAL_BATCH], ids, max_len)
+                yield data_mod.text_inputs(data_mod.encode_texts(texts[i:i + _EVAL_BATCH], ids, max_len), pre)
     else:
-        def batches() -> Iterator[np.ndarray]:
+        def batches() -> Iterator[Feeds]:
             for i in range(0, len(split), _EVAL_BATCH):
-                yield data_mod.prepare(np.asarray(split.x[split.idx[i:i + _EVAL_BATCH]]), pre)
+                yield split.feeds(np.arange(i, min(i + _EVAL_BATCH, len(split))), pre)
     cache[key] = _TestData(key, batches, np.asarray(split.y[split.idx]))
     return cache[key]
 
@@ -334,15 +337,15 @@ def _recorded_test_samples(art: artifacts.Artifact) -> int | None:
 # ------------------------------------------------------------------ accuracy and timing
 
 
-def _accuracy(p: _Plan, run: Callable[[np.ndarray], np.ndarray]) -> None:
-    logits = np.concatenate([run(np.ascontiguousarray(xb)) for xb in p.data.batches()])
+def _accuracy(p: _Plan, run: Callable[[Feeds], np.ndarray]) -> None:
+    logits = np.concatenate([run({k: np.ascontiguousarray(v) for k, v in fb.items()}) for fb in p.data.batches()])
     if logits.shape[0] != len(p.data.y):
         raise PipeError(f"returned {logits.shape[0]} rows for {len(p.data.y)} samples")
-    p.row.accuracy = float((logits.argmax(1) == p.data.y).mean())
+    p.row.accuracy = task.accuracy(logits, p.data.y)
     p.row.test_samples = int(len(p.data.y))
 
 
-def _time(first: dict[tuple[Any, ...], _Plan], engines: dict[tuple[Any, ...], Callable[[np.ndarray], np.ndarray]],
+def _time(first: dict[tuple[Any, ...], _Plan], engines: dict[tuple[Any, ...], Callable[[Feeds], np.ndarray]],
           quick: bool) -> None:
     """compress's interleaved timing, once per test data set (inputs differ between data sets)."""
     from stages import compress as c
@@ -353,9 +356,9 @@ def _time(first: dict[tuple[Any, ...], _Plan], engines: dict[tuple[Any, ...], Ca
         if key in engines:
             by_data.setdefault(p.data.key, []).append(p)
     for plans in by_data.values():
-        head = np.ascontiguousarray(next(plans[0].data.batches()))
-        x1 = np.ascontiguousarray(head[:1])
-        x32 = np.ascontiguousarray(np.resize(head, (_BS_THROUGHPUT, *head.shape[1:])))
+        head = next(plans[0].data.batches())
+        x1 = {k: np.ascontiguousarray(v[:1]) for k, v in head.items()}
+        x32 = {k: np.ascontiguousarray(np.resize(v, (_BS_THROUGHPUT, *v.shape[1:]))) for k, v in head.items()}
         groups = [{p.row.label: engines[p.key] for p in plans if p.row.engine == e}
                   for e in ENGINES]
         groups = [g for g in groups if g]

@@ -131,28 +131,6 @@ class Spec:
     def dir(self) -> Path:
         return self.files[0].parent
 
-    # Transition: the server parts that still read one input and one output (until they read `io`).
-    @property
-    def inp(self) -> dict[str, Any]:
-        """The only input, as serving.yaml's old `input:` held it. InputError, one line, for several."""
-        if len(self.io.inputs) != 1:
-            raise InputError(f"{self.dir}: this part of pipe serve reads one input, the package has "
-                             f"{len(self.io.inputs)} ({', '.join(t.public for t in self.io.inputs)})")
-        return _entry(self.io.inputs[0])
-
-    @property
-    def outp(self) -> dict[str, Any]:
-        """The logits output, as serving.yaml's old `output:` held it."""
-        return _entry(self.io.logits())
-
-    @property
-    def sample_shape(self) -> tuple[int, ...]:
-        """The per-sample shape the predictor is fed (one-input packages): text inputs are always padded to
-        max_len, as in training (see `validate.canonical_ids`), so the predictor only ever sees [n, max_len]."""
-        if self.text is not None:
-            return (self.text.max_len,)
-        return tuple(self.inp["shape"][1:])
-
 
 def _entry(t: iospec.Tensor) -> dict[str, Any]:
     """One tensor as serving.yaml lists it: name (the served program's), alias (public), dtype, shape, role."""

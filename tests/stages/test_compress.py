@@ -19,7 +19,7 @@ import pytest
 
 from pipeline import artifacts, cpu
 from pipeline.cli import main
-from tests.conftest import REPO, tree_hash
+from tests.conftest import REPO, arrays, tree_hash
 
 EXPECTED_FILES = {
     "manifest.json", "int8-paddle/model.pdmodel", "int8-paddle/model.pdiparams",
@@ -80,7 +80,7 @@ def test_export_onnx(exported):
     assert 0.0 <= met["onnx_parity_max_abs_diff"] <= met["parity_tol"] * met["parity_max_abs_logit"]
     assert met["onnx_parity_rel"] == pytest.approx(met["onnx_parity_max_abs_diff"] / met["parity_max_abs_logit"])
     ds = data_mod.load(config_mod.from_dict(m["config"]).data)
-    x, y = ds.test.arrays()
+    x, y = arrays(ds.test)
     x = data_mod.prepare(x, m["interface"]["preprocessing"])
     got = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     assert abs(float((got.argmax(1) == y).mean()) - met["test_acc"]) <= 1 / len(y)
@@ -210,7 +210,7 @@ def test_variants_load_in_their_engines(compressed):
     out, m = run / "compress", _manifest(run / "compress")
     variants = m["metrics"]["variants"]
     ds = data_mod.load(config_mod.from_dict(m["config"]).data)
-    x, y = ds.test.arrays()
+    x, y = arrays(ds.test)
     x = data_mod.prepare(x, m["interface"]["preprocessing"])
 
     c = paddle.inference.Config(str(out / "int8-paddle/model.pdmodel"), str(out / "int8-paddle/model.pdiparams"))

@@ -22,7 +22,9 @@ import yaml
 
 from pipeline import cpu, engines, reference
 from pipeline.cli import main
+from pipeline.serving import spec as spec_mod
 from tests.serving_helpers import start_server
+from tests.conftest import arrays
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_OF = {"paddle": "paddle_inference", "onnxruntime": "onnxruntime", "openvino": "openvino"}
@@ -76,7 +78,7 @@ def test_every_engine_runs_the_contract(comp):
 
     m = _manifest(comp)
     ds = data_mod.load(config_mod.from_dict(m["config"]).data)
-    x, y = ds.test.arrays()
+    x, y = arrays(ds.test)
     x = np.ascontiguousarray(data_mod.prepare(x, m["interface"]["preprocessing"]))
     exp = comp.parent / "export"
     for name in ("onnx-fp32", "int8-onnx", "openvino-fp32", "openvino-int8"):
@@ -154,7 +156,8 @@ def test_served_per_engine_matches_its_reference_set(packages, flag):
     """A real `pipe serve` of each engine's package: /v1 logits on the reference inputs agree with the fp32
     outputs stored in the package (top-1 within its budget) and equal the engine run directly here."""
     pkg = packages[flag]
-    x, y = reference.load(pkg / reference.FILE)
+    spec = spec_mod.load_package(pkg)
+    (x,), (y,) = (list(d.values()) for d in reference.load_set(pkg / reference.FILE, spec.io))
     budget = yaml.safe_load((pkg / "serving.yaml").read_text())["reference"]["min_agreement"]
     srv = start_server(pkg)
     try:

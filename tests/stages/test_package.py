@@ -20,7 +20,7 @@ import yaml
 from pipeline import artifacts, data as data_mod
 from pipeline.cli import main
 from stages import package as package_mod
-from tests.conftest import tree_hash
+from tests.conftest import arrays, tree_hash
 from tests.serving_helpers import client_config_class, packaged_run, triton_model_config_class
 
 ALLOWLIST_PIR = {
@@ -60,7 +60,7 @@ def _test_inputs(run: Path) -> np.ndarray:
     """The digits test split, preprocessed as the export recorded it."""
     m = _manifest(run / "export")
     ds = data_mod.load(data_mod.DataConfig(source="digits"))
-    x, _ = ds.test.arrays()
+    x, _ = arrays(ds.test)
     return data_mod.prepare(x, m["interface"]["preprocessing"])
 
 
@@ -79,7 +79,7 @@ def test_reference_set_is_real_data_and_fp32_outputs(run):
     assert t["inputs"].dtype == np.float32 and t["outputs"].dtype == np.float32
     m = _manifest(run / "export")
     ds = data_mod.load(data_mod.DataConfig(source="digits"))
-    every = np.concatenate([data_mod.prepare(sp.arrays()[0], m["interface"]["preprocessing"])
+    every = np.concatenate([data_mod.prepare(arrays(sp)[0], m["interface"]["preprocessing"])
                             for sp in (ds.train, ds.val, ds.test)]).reshape(-1, 64)
     rows = {r.tobytes() for r in every}
     assert all(r.tobytes() in rows for r in t["inputs"].reshape(-1, 64)), "reference inputs are not data samples"

@@ -294,7 +294,7 @@ def test_an_old_style_package_still_loads_and_checks(trained_digits, tmp_path_fa
 
     sp, now = spec_mod.load_package(old), spec_mod.load_package(new)
     assert sp.io == now.io and sp.io.logits().name == outp["name"] and sp.io.logits().public == "logits"
-    assert sp.inp == inp and sp.outp == {**outp, "role": "logits"}
+    assert spec_mod.entries(sp.io.inputs) == [inp] and spec_mod.entries(sp.io.outputs) == [{**outp, "role": "logits"}]
     code, out, err = cli("inspect", old, "--verify")
     assert code == 0, err
     assert "reference check: 256 samples, top-1 agreement with fp32 1.0000 (budget 0.99)" in out

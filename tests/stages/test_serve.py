@@ -34,6 +34,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from pipeline import artifacts, data as data_mod
 from pipeline.bench import loadgen
 from pipeline.serving import batcher, predictor as predictor_mod, validate, wire
+from tests.conftest import arrays
 from tests.serving_helpers import (REPO, metric, package_predictor, packaged_run, serving_client_python, start_server,
                                    wait_for)
 
@@ -71,7 +72,7 @@ def predictor(run):
 def digits(run) -> tuple[np.ndarray, np.ndarray]:
     """(raw uint8 test images N,1,8,8; the model inputs prepared from them)."""
     pre = json.loads((run / "export/manifest.json").read_text())["interface"]["preprocessing"]
-    x, _ = data_mod.load(data_mod.DataConfig(source="digits")).test.arrays()
+    x, _ = arrays(data_mod.load(data_mod.DataConfig(source="digits")).test)
     return x, data_mod.prepare(x, pre)
 
 

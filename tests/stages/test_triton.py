@@ -45,7 +45,7 @@ import yaml
 
 from pipeline.cli import main
 from pipeline.serving import v2
-from tests.conftest import tree_hash
+from tests.conftest import arrays, tree_hash
 from tests.serving_helpers import REPO, packaged_run, packaged_text_run, start_server
 from tests.multi_io_helpers import examples_importable, stand_in_compress, two_inputs_run
 
@@ -265,7 +265,7 @@ def x(digits_package) -> np.ndarray:
     from pipeline import data as data_mod
 
     pre = json.loads((digits_package / "manifest.json").read_text())["interface"]["preprocessing"]
-    images, _ = data_mod.load(data_mod.DataConfig(source="digits")).test.arrays()
+    images, _ = arrays(data_mod.load(data_mod.DataConfig(source="digits")).test)
     return data_mod.prepare(images[:40], pre).astype(np.float32)
 
 
