@@ -35,7 +35,7 @@ and the data it was trained on. Every input and output goes by name (the export'
 Both int8 routes calibrate on the same `calib_batches` x `calib_batch_size` samples drawn (seeded)
 from the TRAIN split, every input of a sample together. Integer inputs (token ids, masks) are never
 quantized: both routes keep them integer, and a model that has any is quantized on its matmul/linear
-ops only (`_ort_op_types`: onnxruntime's default op types wreck attention models).
+ops only (`pipeline/quantize.py`, `ort_op_types`: onnxruntime's default op types wreck attention models).
 
 Text exports (every input int64 `[-1, -1]`, `preprocess.yaml` with `vocab_file`): every input, calibration
 and test alike, is made from the split's raw text encoded with the export's own `vocab.json`
@@ -44,7 +44,11 @@ and test alike, is made from the split's raw text encoded with the export's own 
 A model Paddle could not write as a legacy program (nn.GRU, and nn.MultiHeadAttention's
 activation x activation matmul in Paddle 3.3.1: `export` records `legacy.available: false` and why)
 has no PaddleSlim route: `int8-paddle` is recorded as unsupported with the export's reason, and
-`--backend paddle` alone is refused (exit 2). Timing batches are the test split's first samples.
+`--backend paddle` alone is refused (exit 2). Timing batches are the test split's first samples, every
+input by name.
+
+The quantizers (and their child processes) are `pipeline/quantize.py`; each variant's fidelity and status
+against fp32, and the table printed, `pipeline/fidelity.py`.
 
 Timing interleaves the variants run by run after a warm-up, so machine noise hits them alike. Gates
 (nothing written): some int8 variant must be within budget (status `ok`), and the best of those may lose
@@ -59,18 +63,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import shutil
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from pipeline import artifacts, config as config_mod, cpu, data as data_mod, iospec, runtime
+from pipeline import artifacts, config as config_mod, cpu, data as data_mod, fidelity, iospec, quantize, runtime
 from pipeline import engines as engines_mod
 from pipeline.engines import openvino as ov_engine, ort as ort_engine, paddle as paddle_engine
 from pipeline.config import CompressConfig, RunConfig
@@ -83,17 +83,6 @@ _BS_THROUGHPUT = 32
 _WARMUP = 20  # runs per variant and batch size before anything is timed
 _ROUNDS, _SEGMENTS, _BLOCK_WARMUP = 10, 2, 3  # see interleaved()
 _SWITCH_PAUSE_S = 0.3  # > KMP_BLOCKTIME (200 ms): the other engine's threads have stopped spinning
-_SPEED_MARGIN = 1.05  # "faster" means at least 5% faster at batch 1 (p50) and at batch 32
-_CHILD_TIMEOUT = 1800
-_QUANT_OPS = ["conv2d", "depthwise_conv2d", "mul", "matmul", "matmul_v2"]
-_ORT_MATMUL_OPS = ("MatMul", "Gemm")
-# onnxruntime's closest calibrator to each PaddleSlim algorithm (it has no MSE search).
-_ORT_CALIB = {
-    "avg": ("MinMax", {"CalibMovingAverage": True}),
-    "KL": ("Entropy", {}),
-    "hist": ("Percentile", {"CalibPercentile": 99.99}),  # PaddleSlim's hist_percent 0.9999
-    "mse": ("MinMax", {}),
-}
 _BACKEND_VARIANTS = {"paddle": ("int8-paddle",), "onnxruntime": ("onnx-fp32", "int8-onnx")}
 _VARIANT_FILES = {
     "int8-paddle": ("int8-paddle/model.pdmodel", "int8-paddle/model.pdiparams"),
@@ -131,10 +120,10 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path) -> Path:
     doc = dataclasses.replace(exp_cfg, compress=ccfg).to_dict()
     with artifacts.write_stage(out_dir, "compress", doc, src) as w:
         if "paddle" in backends and "int8-paddle" not in skipped:
-            _quantize_paddle(src, io, calib, ccfg, w.dir / "int8-paddle", threads)
+            quantize.int8_paddle(src, io, calib, ccfg, w.dir / "int8-paddle", threads)
         if "onnxruntime" in backends:
-            _to_onnx(src, w.dir / "onnx-fp32", threads)
-            _quantize_onnx(w.dir / "onnx-fp32/model.onnx", io, calib, ccfg, w.dir / "int8-onnx", threads)
+            quantize.to_onnx(src, w.dir / "onnx-fp32", threads)
+            quantize.int8_onnx(w.dir / "onnx-fp32/model.onnx", io, calib, ccfg, w.dir / "int8-onnx", threads)
         engines = _engines(src, w.dir, io, backends, skipped, threads)  # may add to `skipped`
         if ccfg.openvino:
             engines.update(_openvino(src, w.dir, io, engines, threads))
@@ -142,7 +131,7 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path) -> Path:
         variants = _measure(engines, src, w.dir, ds, prep, ccfg, io)
         parity = _onnx_parity(variants, exp_cfg.export.parity_tol)
         cap = cpu.capability()
-        _print_table(variants, len(y_test), io, cap)
+        fidelity.print_table(variants, len(y_test), io, cap)
         w.metrics = _metrics(variants, parity, ccfg, calib, len(y_test), threads, io, cap)
         if distilled is not None:
             w.metrics["distill"] = distilled
@@ -397,132 +386,6 @@ def _check_file_set(d: Path, backends: tuple[str, ...], skipped: dict[str, str])
                         f"missing {sorted(want - found)})")
 
 
-# ------------------------------------------------------------------ quantization
-
-
-def _quantize_paddle(src: artifacts.Artifact, io: dict[str, Any], calib: Feeds, ccfg: CompressConfig,
-                     dest: Path, threads: int) -> None:
-    """PaddleSlim reads only the legacy program, and only with FLAGS_enable_pir_api=0 set before paddle
-    is imported: a child process. The calibration batches go through its stdin as raw bytes, input after
-    input (float32 images, int64 token ids: PaddleSlim keeps integer feeds integer), each under its name in
-    the legacy program."""
-    files = {"model.pdmodel": io["legacy_model"], "model.pdiparams": io["legacy_params"]}
-    legacy = dict(zip((t.name for t in io["desc"].inputs), io["legacy_inputs"]))
-    spec = {"model_dir": str(src.file(io["legacy_model"]).parent.resolve()),
-            "files": {name: {"path": str(src.file(rel).resolve()), "sha256": src.manifest["files"][rel]["sha256"]}
-                      for name, rel in files.items()},
-            "dest": str(dest.resolve()), "algo": ccfg.algo,
-            "inputs": [{"name": legacy[k], "dtype": a.dtype.name, "shape": list(a.shape)} for k, a in calib.items()]}
-    _child("--paddleslim", spec, b"".join(a.tobytes() for a in calib.values()), {"FLAGS_enable_pir_api": "0"},
-           threads, "PaddleSlim quantization")
-    if not (dest / "model.pdmodel").is_file():
-        raise PipeError("PaddleSlim wrote no model.pdmodel")
-
-
-def _to_onnx(src: artifacts.Artifact, dest: Path, threads: int) -> None:
-    """paddle2onnx of the PIR program. A child: on a model it cannot convert it aborts the process."""
-    spec = {"files": {name: {"path": str(src.file(name).resolve()), "sha256": src.manifest["files"][name]["sha256"]}
-                      for name in ("model.json", "model.pdiparams")},
-            "dest": str((dest / "model.onnx").resolve())}
-    dest.mkdir()
-    _child("--onnx", spec, b"", {"FLAGS_enable_pir_api": "1"}, threads, "paddle2onnx")
-    if not (dest / "model.onnx").is_file():
-        raise PipeError("paddle2onnx wrote no model.onnx")
-
-
-def _quantize_onnx(model: Path, io: dict[str, Any], calib: Feeds, ccfg: CompressConfig, dest: Path,
-                   threads: int) -> None:
-    """onnxruntime QDQ int8 of the fp32 ONNX `model`, calibrated on dicts keyed by that file's own input
-    names (`engines.names`: by name, whatever order the file lists them in). The int8 file must take its
-    inputs in the same dtypes (integer inputs are never quantized)."""
-    import onnxruntime as ort
-    from onnxruntime import quantization as q
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    ort.set_default_logger_severity(3)  # else every optimizer session warns about unused initializers
-    desc = io["desc"]
-    on = engines_mod.names(ort_engine.load([model], threads=threads), desc, str(model))
-    batches = [{on[k]: a[i] for k, a in calib.items()} for i in range(iospec.num_rows(calib))]
-
-    class _Reader(q.CalibrationDataReader):
-        def __init__(self) -> None:
-            self.it = iter(batches)
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            return next(self.it, None)
-
-    method, extra = _ORT_CALIB[ccfg.algo]
-    op_types, _ = _ort_op_types(desc)
-    dest.mkdir()
-    with tempfile.TemporaryDirectory(prefix="pipe-compress-") as tmp:
-        pre = Path(tmp) / "pre.onnx"
-        # auto_merge: without it symbolic shape inference gave up on paddle2onnx's conv biases
-        # (reshaped to [1,-1,1,1] through an Identity; mobilenet_v3_small's squeeze-excite blocks) with
-        # "Incomplete symbolic shape inference". On failure onnxruntime drops sym_shape_infer_temp.onnx
-        # into the working directory: run it from the temp dir. Inputs with a dynamic axis beyond the batch
-        # (text ids [-1, -1]) skip it: on paddle2onnx's sequence-length arithmetic (Shape -> Slice ->
-        # Range/Expand) it fails with a bare AssertionError in `_get_value`; onnx's own shape inference is
-        # enough for quantize_static there.
-        cwd = os.getcwd()
-        os.chdir(tmp)
-        try:
-            quant_pre_process(str(Path(cwd, model)), str(pre), auto_merge=True,
-                              skip_symbolic_shape=any(-1 in t.shape[1:] for t in desc.inputs))
-        finally:
-            os.chdir(cwd)
-        # reduce_range (7-bit weights): a pair of u8 x s7 products fits in int16, so the model computes the
-        # same on CPUs without VNNI, where onnxruntime's u8 x s8 kernels saturate (pipeline/cpu.py). Measured
-        # on digits (1,797 samples): agreement with fp32 0.996 with it on an AVX2-only CPU (0.972 without)
-        # and 0.996 on an AVX-512 VNNI CPU (0.998 without), at the same speed on both.
-        q.quantize_static(str(pre), str(dest / "model.onnx"), _Reader(), quant_format=q.QuantFormat.QDQ,
-                          activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8, per_channel=True,
-                          reduce_range=ccfg.reduce_range, calibrate_method=getattr(q.CalibrationMethod, method),
-                          extra_options=dict(extra), op_types_to_quantize=op_types)
-    ort_engine.mark_weight_range(dest / "model.onnx", reduced=ccfg.reduce_range)
-    before, after = _onnx_input_types(model), _onnx_input_types(dest / "model.onnx")
-    if before != after:
-        raise PipeError(f"onnxruntime quantization changed the model's inputs: {before} -> {after}")
-
-
-def _onnx_input_types(path: Path) -> dict[str, int]:
-    """A model file's graph inputs (initializers aside): name -> ONNX element type."""
-    import onnx
-
-    g = onnx.load(str(path), load_external_data=False).graph
-    weights = {w.name for w in g.initializer}
-    return {i.name: i.type.tensor_type.elem_type for i in g.input if i.name not in weights}
-
-
-def _ort_op_types(desc: iospec.IO) -> tuple[list[str] | None, str]:
-    """(the op types onnxruntime quantizes, None = its default; the rule that chose them, for the manifest).
-    A model with integer inputs (token ids, masks: text and attention models) gets the matmul/linear ops
-    only, as on the Paddle route; its embedding Gathers stay fp32. The default also quantizes Add: an
-    ERNIE-shaped 2-layer encoder (padding mask added as -1e4, LayerNorm's decomposed Add/Sub) fell to
-    top-1 agreement 0.656 and 1.4 dB with it, MatMul/Gemm alone gave 1.000 and 30 dB (facts note section
-    14). Float inputs only: the default, every op it can quantize."""
-    ints = [t.public for t in desc.inputs if np.dtype(t.dtype).kind in "iub"]
-    if ints:
-        return list(_ORT_MATMUL_OPS), (f"integer inputs ({', '.join(ints)}): {'/'.join(_ORT_MATMUL_OPS)} only "
-                                       "(the default op types quantize attention's mask Add)")
-    return None, "float inputs only: onnxruntime's default op types"
-
-
-def _child(flag: str, spec: dict[str, Any], stdin: bytes, env_extra: dict[str, str], threads: int, what: str) -> None:
-    env = dict(os.environ, GLOG_minloglevel="2", OMP_NUM_THREADS=str(threads), **env_extra,
-               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    # cwd: a scratch dir, so nothing the libraries may drop in the working directory survives.
-    with tempfile.TemporaryDirectory(prefix="pipe-compress-") as cwd:
-        try:
-            proc = subprocess.run([sys.executable, "-m", "stages.compress", flag, json.dumps(spec)], input=stdin,
-                                  capture_output=True, env=env, cwd=cwd, timeout=_CHILD_TIMEOUT, check=False)
-        except subprocess.TimeoutExpired:
-            raise PipeError(f"{what} did not finish within {_CHILD_TIMEOUT} s") from None
-    if proc.returncode != 0:
-        lines = [ln for ln in proc.stderr.decode(errors="replace").splitlines() if ln.strip()]
-        err = InputError if proc.returncode == 2 else PipeError  # 2: an input changed since it was verified
-        raise err(f"{what} failed (exit {proc.returncode}): {lines[-1] if lines else 'no output'}")
-
-
 # ------------------------------------------------------------------ engines and measurement
 
 
@@ -649,7 +512,7 @@ def _measure(engines: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: 
     top = {n: np.concatenate([e["run"](f)[logits].argmax(1) for f in _batches(test, prep)]) for n, e in live.items()}
     chunks = list(fidelity_batches(ds, prep))
     ref = [live["fp32"]["run"](f) for f in chunks]
-    fid = {n: _fidelity(iter(ref) if n == "fp32" else (e["run"](f) for f in chunks), ref, logits, f"{n}")
+    fid = {n: fidelity.measure(iter(ref) if n == "fp32" else (e["run"](f) for f in chunks), ref, logits, f"{n}")
            for n, e in live.items()}
     head = next(_batches(test, prep))  # text: padded to the export's max_len, as stored for training
     x1 = {k: np.ascontiguousarray(a[:1]) for k, a in head.items()}
@@ -696,9 +559,9 @@ def _measure(engines: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: 
         s1 = base["latency_ms_p50_bs1"] / v["latency_ms_p50_bs1"]
         s32 = v["items_per_s_bs32"] / base["items_per_s_bs32"]
         v.update(speedup_bs1=s1, speedup_bs32=s32,
-                 faster_than_fp32=None if name == "fp32" else bool(min(s1, s32) >= _SPEED_MARGIN),
-                 note="" if name == "fp32" else _speed_note(s1, s32))
-        v["status"] = _status(name, v, base, len(y), ccfg, logits)
+                 faster_than_fp32=None if name == "fp32" else bool(min(s1, s32) >= fidelity.SPEED_MARGIN),
+                 note="" if name == "fp32" else fidelity.speed_note(s1, s32))
+        v["status"] = fidelity.status(name, v, base, len(y), ccfg, logits)
         v["shippable"] = v["status"] == "ok"
     if "int8-onnx" in out and "onnx-fp32" in out and out["int8-onnx"]["supported"]:  # int8 on its own engine
         own, v = out["onnx-fp32"], out["int8-onnx"]
@@ -708,36 +571,6 @@ def _measure(engines: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: 
     return out
 
 
-def _fidelity(got: Iterator[Feeds], ref: list[Feeds], logits: str, where: str) -> dict[str, Any]:
-    """A variant's outputs batch by batch against fp32's (`ref`): the predicted classes (`top`), each output's
-    fidelity (float: `sqnr_db` = 10 log10(sum ref^2 / sum (ref - got)^2), None when identical, and
-    `max_abs_diff`; other dtypes: `equal`, the fraction of equal elements) and fp32's max|value| (`absmax`)."""
-    acc: dict[str, list[float]] = {k: [0.0, 0.0, 0.0, 0.0] for k in ref[0]}  # sum ref^2, sum err^2 (or equal), max|err|, max|ref|
-    sizes = dict.fromkeys(ref[0], 0)
-    top = []
-    for g, r in zip(got, ref):
-        for k, s in acc.items():
-            a, b = np.asarray(r[k]), np.asarray(g[k])
-            if a.shape != b.shape:
-                raise PipeError(f"{where}: output {k!r} has shape {list(b.shape)}, fp32's {list(a.shape)}")
-            sizes[k] += a.size
-            if a.dtype.kind != "f":
-                s[1] += float(np.count_nonzero(a == b))
-                continue
-            a, d = a.astype(np.float64), b.astype(np.float64) - a
-            s[0] += float(np.sum(a * a))
-            s[1] += float(np.sum(d * d))
-            s[2] = max(s[2], float(np.abs(d).max(initial=0.0)))
-            s[3] = max(s[3], float(np.abs(a).max(initial=0.0)))
-        top.append(np.asarray(g[logits]).argmax(1))
-    outputs: dict[str, dict[str, Any]] = {}
-    for k, (sig, err, worst, _) in acc.items():
-        if np.asarray(ref[0][k]).dtype.kind != "f":
-            outputs[k] = {"equal": err / max(sizes[k], 1)}
-        else:  # a zero signal with any error: the lowest float, below every budget
-            outputs[k] = {"sqnr_db": None if err == 0 else float(10 * np.log10(max(sig, 1e-300) / err)),
-                          "max_abs_diff": worst}
-    return {"top": np.concatenate(top), "outputs": outputs, "absmax": {k: s[3] for k, s in acc.items()}}
 
 
 def fidelity_batches(ds: data_mod.Dataset, prep: Prep) -> Iterator[Feeds]:
@@ -748,36 +581,12 @@ def fidelity_batches(ds: data_mod.Dataset, prep: Prep) -> Iterator[Feeds]:
             yield prep(sp, rows[i:i + _EVAL_BATCH])
 
 
-def _status(name: str, v: dict[str, Any], base: dict[str, Any], n_test: int, ccfg: CompressConfig,
-            logits: str) -> str:
-    """'ok', 'below budget: ...' (agreement under compress.min_agreement, or a float output other than the
-    logits under compress.min_sqnr_db: never shipped), or 'unreliable on this CPU: ...' (Paddle int8 where
-    oneDNN has no exact int8 matmul and the int8 model, with the matmul family left in fp32, is not both
-    within budget and faster than fp32)."""
-    if name == "fp32":
-        return "ok"
-    agree = v["top1_agreement"]
-    if agree < ccfg.min_agreement:
-        return f"below budget: top-1 agreement {agree:.4f} < compress.min_agreement {ccfg.min_agreement:g}"
-    for out, f in v["fidelity"].items():
-        if out != logits and f.get("sqnr_db") is not None and f["sqnr_db"] < ccfg.min_sqnr_db:
-            return (f"below budget: output {out!r} SQNR {f['sqnr_db']:.1f} dB < compress.min_sqnr_db "
-                    f"{ccfg.min_sqnr_db:g}")
-    if v["engine"] == paddle_engine.NAME and v["precision"] == "int8" and not cpu.int8_exact(paddle_engine.NAME):
-        drop = (base["correct"] - v["correct"]) / n_test * 100
-        if drop > ccfg.max_drop or not v["faster_than_fp32"]:
-            return (f"unreliable on this CPU: oneDNN int8 matmul saturates without VNNI, so fc/matmul ran in fp32; "
-                    f"then agreement {agree:.4f}, drop {drop:.2f} points, {v['speedup_bs1']:.2f}x fp32 at batch 1 "
-                    f"and {v['speedup_bs32']:.2f}x at batch 32: not both within budget and faster")
-    return "ok"
-
-
-def interleaved(groups: list[dict[str, Callable[[np.ndarray], np.ndarray]]], x: np.ndarray,
-                 n: int) -> dict[str, list[float]]:
-    """Seconds per call, `n` per variant. Each group (one engine) is timed in `_SEGMENTS` turns, groups
-    alternating; within a turn every variant runs a block of calls per round, the order rotating each
-    round, so a noisy neighbour or a clock change hits fp32 and int8 alike. The first `_BLOCK_WARMUP`
-    calls of a block (threads waking up) are not timed.
+def interleaved(groups: list[dict[str, Callable[[Feeds], Feeds]]], x: Feeds, n: int) -> dict[str, list[float]]:
+    """Seconds per call of each variant's `run` (`runner`) on `x`, one batch of every input by name; `n` per
+    variant. Each group (one engine) is timed in `_SEGMENTS` turns, groups alternating; within a turn every
+    variant runs a block of calls per round, the order rotating each round, so a noisy neighbour or a clock
+    change hits fp32 and int8 alike. The first `_BLOCK_WARMUP` calls of a block (threads waking up) are not
+    timed.
 
     Engines are not mixed call by call: Paddle's OpenMP threads spin ~200 ms after a call (KMP_BLOCKTIME)
     and onnxruntime's spin too, so alternating engines measured their fight for the 2 cores (fp32 p50
@@ -805,17 +614,6 @@ def interleaved(groups: list[dict[str, Callable[[np.ndarray], np.ndarray]]], x: 
     return times
 
 
-def _speed_note(s1: float, s32: float) -> str:
-    def one(s: float, where: str) -> str:
-        if s >= _SPEED_MARGIN:
-            return f"{s:.2f}x faster than fp32 at {where}"
-        if s <= 1 / _SPEED_MARGIN:
-            return f"SLOWER than fp32 at {where} ({s:.2f}x)"
-        return f"no faster than fp32 at {where} ({s:.2f}x, within 5%)"
-
-    return f"{one(s1, 'batch 1')}; {one(s32, 'batch 32')}"
-
-
 def _onnx_parity(variants: dict[str, dict[str, Any]], tol: float) -> dict[str, Any]:
     """The ONNX conversion is held to the export's parity bound against the fp32 predictor, on every float
     output (tol x that output's max|value| in fp32)."""
@@ -834,27 +632,22 @@ def _onnx_parity(variants: dict[str, dict[str, Any]], tol: float) -> dict[str, A
 # ------------------------------------------------------------------ report and gate
 
 
-def _int8_names(variants: dict[str, dict[str, Any]]) -> list[str]:
-    """The int8 variants that were built and measured (an unsupported route has no numbers)."""
-    return [n for n, v in variants.items() if v["precision"] == "int8" and v["supported"]]
-
-
 def _metrics(variants: dict[str, dict[str, Any]], parity: dict[str, Any], ccfg: CompressConfig,
              calib: Feeds, n_test: int, threads: int, io: dict[str, Any], cap: dict[str, Any]) -> dict[str, Any]:
     base = variants["fp32"]
-    int8 = _int8_names(variants)
+    int8 = fidelity.int8_names(variants)
     ok = [n for n in int8 if variants[n]["shippable"]]  # best_int8 is None when none is within budget
     best = max(ok, key=lambda n: (variants[n]["correct"], -variants[n]["latency_ms_p50_bs1"])) if ok else None
     drop = (base["correct"] - variants[best]["correct"]) / n_test * 100 if best else None
     live = [n for n, v in variants.items() if v["supported"]]
-    method, extra = _ORT_CALIB[ccfg.algo]
+    method, extra = quantize.ORT_CALIB[ccfg.algo]
     desc, digest = io["desc"], hashlib.sha256()
     for a in calib.values():  # in the interface's order: for one input, the sha256 of its batches
         digest.update(a.tobytes())
-    op_types, rule = _ort_op_types(desc)
+    op_types, rule = quantize.ort_op_types(desc)
     calibration = {"split": "train", "batches": ccfg.calib_batches, "batch_size": ccfg.calib_batch_size,
                    "seed": ccfg.calib_seed, "paddleslim_algo": ccfg.algo, "paddleslim_onnx_format": True,
-                   "paddleslim_op_types": list(_QUANT_OPS), "onnxruntime_method": method,
+                   "paddleslim_op_types": list(quantize.QUANT_OPS), "onnxruntime_method": method,
                    "onnxruntime_options": extra, "onnxruntime_op_types": op_types or "default",
                    "onnxruntime_op_types_rule": rule, "dtype": "/".join(a.dtype.name for a in calib.values()),
                    "inputs": {desc.input(k).public: {"dtype": a.dtype.name, "shape": [-1, *a.shape[2:]],
@@ -873,13 +666,13 @@ def _metrics(variants: dict[str, dict[str, Any]], parity: dict[str, Any], ccfg: 
         "min_agreement": ccfg.min_agreement,
         "min_sqnr_db": ccfg.min_sqnr_db,
         "logits_output": desc.logits().public,
-        "sqnr_budget_outputs": _budgeted(desc),
+        "sqnr_budget_outputs": fidelity.budgeted(desc),
         "agreement_samples": base["agreement_samples"],
         "int8_not_shippable": {n: variants[n]["status"] for n in int8 if not variants[n]["shippable"]},
         "cpu": cap,
         "onnxruntime_reduce_range": ccfg.reduce_range,
         "int8_faster_than_fp32": any(variants[n]["faster_than_fp32"] for n in int8),
-        "int8_vs_own_fp32": (own := _int8_vs_own_fp32(variants)),
+        "int8_vs_own_fp32": (own := fidelity.int8_vs_own_fp32(variants)),
         "int8_pays": any(o["faster"] for o in own.values()),
         "int8_unsupported": {n: v["reason"] for n, v in variants.items() if v["precision"] == "int8"
                              and not v["supported"]},
@@ -890,35 +683,16 @@ def _metrics(variants: dict[str, dict[str, Any]], parity: dict[str, Any], ccfg: 
         **parity,
         "calibration": calibration,
         "timing": {"latency_runs": ccfg.latency_runs, "throughput_runs": ccfg.throughput_runs, "warmup": _WARMUP,
-                   "interleaved": True, "faster_means": f">= {_SPEED_MARGIN:.2f}x fp32 at batch 1 p50 and batch 32"},
+                   "interleaved": True,
+                   "faster_means": f">= {fidelity.SPEED_MARGIN:.2f}x fp32 at batch 1 p50 and batch 32"},
         "variants": {n: {k: val for k, val in v.items() if k not in ("correct", "max_abs_logit_fp32", "fp32_absmax")}
                      for n, v in variants.items()},
     }
 
 
-def _budgeted(desc: iospec.IO) -> list[str]:
-    """The outputs held to compress.min_sqnr_db: every float output but the logits (held to agreement)."""
-    return [t.public for t in desc.outputs if t.role != iospec.LOGITS and np.dtype(t.dtype).kind == "f"]
-
-
-def _int8_vs_own_fp32(variants: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Each int8 variant against fp32 on its own engine (int8-onnx vs onnx-fp32): whether int8 itself
-    pays, apart from the engine's speed (onnxruntime fp32 alone may beat Paddle fp32)."""
-    out = {}
-    for name, own in (("int8-paddle", "fp32"), ("int8-onnx", "onnx-fp32"), ("openvino-int8", "openvino-fp32")):
-        v, o = variants.get(name), variants.get(own)
-        if not (v and o and v["supported"] and o["supported"]):
-            continue
-        s1 = o["latency_ms_p50_bs1"] / v["latency_ms_p50_bs1"]
-        s32 = v["items_per_s_bs32"] / o["items_per_s_bs32"]
-        out[name] = {"own_fp32": own, "speedup_bs1": s1, "speedup_bs32": s32,
-                     "faster": bool(min(s1, s32) >= _SPEED_MARGIN)}
-    return out
-
-
 def _gate(metrics: dict[str, Any], variants: dict[str, dict[str, Any]], ccfg: CompressConfig, n: int) -> None:
     drop = metrics["int8_drop_points"]
-    if not _int8_names(variants):
+    if not fidelity.int8_names(variants):
         raise PipeError("int8: no int8 variant could be built (" + "; ".join(
             f"{k}: {why}" for k, why in metrics["int8_unsupported"].items()) + ")")
     if drop is None:
@@ -927,140 +701,7 @@ def _gate(metrics: dict[str, Any], variants: dict[str, dict[str, Any]], ccfg: Co
             "nothing written")
     if drop > ccfg.max_drop:
         best = metrics["best_int8"]
-        others = ", ".join(f"{k} {variants[k]['accuracy']:.2%}" for k in _int8_names(variants) if k != best)
+        others = ", ".join(f"{k} {variants[k]['accuracy']:.2%}" for k in fidelity.int8_names(variants) if k != best)
         raise GateError(f"int8 gate: best int8 variant {best} {variants[best]['accuracy']:.2%} vs fp32 "
                         f"{variants['fp32']['accuracy']:.2%} on {n} test samples: drop {drop:.2f} points > "
                         f"max_drop {ccfg.max_drop:g}" + (f" ({others})" if others else "") + "; nothing written")
-
-
-def _print_table(variants: dict[str, dict[str, Any]], n: int, io: dict[str, Any], cap: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(soft_wrap=True)
-    if not console.is_terminal:  # logs and CI: no 80-column squeeze
-        console = Console(soft_wrap=True, width=130)
-    base = variants["fp32"]
-    caption = "; ".join(f"{', '.join(k for k, v in variants.items() if v['engine'] == e)}: {label}"
-                        for e, label in engines_mod.LABELS.items() if any(v["engine"] == e for v in variants.values()))
-    what = (f"{n} test samples, texts as int64 ids padded to {io['pre']['max_len']}" if "vocab" in io
-            else f"{n} test samples")
-    agreed = variants["fp32"].get("agreement_samples")
-    logits, sqnr = io["desc"].logits().public, _budgeted(io["desc"])
-    t = Table(title=f"fp32 vs each variant: {what} (agree, max|diff| of {logits}"
-                    f"{', SQNR dB of ' + ', '.join(sqnr) if sqnr else ''}: {agreed} samples of all splits), timing "
-                    "interleaved", caption=caption)
-    for col in ("variant", "acc", "drop pts", "agree", "max|diff|", *sqnr, "KB", "p50 ms bs1",
-                "p99 ms bs1", "items/s bs32", "vs fp32 bs1 / bs32", "speed"):
-        t.add_column(col, justify="left" if col in ("variant", "speed") else "right", no_wrap=col == "variant")
-    for name, v in variants.items():
-        size = "-" if v["size_bytes"] is None else f"{v['size_bytes'] / 1024:.0f}"
-        if not v["supported"]:
-            t.add_row(name, "-", "-", "-", "-", *("-" for _ in sqnr), size, "-", "-", "-", "-",
-                      "[red]unsupported[/red] (below)")
-            continue
-        db = [v["fidelity"][o]["sqnr_db"] for o in sqnr]
-        t.add_row(name, f"{v['accuracy']:.2%}", f"{(base['correct'] - v['correct']) / n * 100:.2f}",
-                  f"{v['top1_agreement']:.3f}", f"{v['max_abs_diff']:.3g}",
-                  *("exact" if d is None else f"{d:.1f}" for d in db), size, f"{v['latency_ms_p50_bs1']:.3f}",
-                  f"{v['latency_ms_p99_bs1']:.3f}", f"{v['items_per_s_bs32']:.0f}",
-                  f"{v['speedup_bs1']:.2f}x / {v['speedup_bs32']:.2f}x",
-                  _verdict(name, v) if v["status"] == "ok" else f"[red]{v['status'].split(':')[0]}[/red] (below)")
-    console.print(f"CPU: {cpu.summary(cap)}", markup=False)
-    console.print(t)
-    for name, v in variants.items():
-        if v["supported"] and v["status"] != "ok":
-            console.print(f"{name}: {v['status']}", markup=False)
-        note = (v.get("engine_info") or {}).get("note")
-        if note:
-            console.print(f"{name}: {note}", markup=False)
-    for name, v in variants.items():
-        if name != "fp32" and v["note"]:
-            console.print(f"{name}: {'unsupported: ' if not v['supported'] else ''}{v['note']}", markup=False)
-    int8 = _int8_names(variants)
-    if int8 and not any(variants[k]["faster_than_fp32"] for k in int8):
-        console.print(f"[bold yellow]int8 is not faster than fp32 here[/bold yellow] (faster = at least "
-                      f"{_SPEED_MARGIN:.2f}x at both batch 1 and batch 32): {', '.join(int8)}")
-    own = _int8_vs_own_fp32(variants)
-    if own and not any(o["faster"] for o in own.values()):
-        console.print("[bold yellow]int8 does not pay on this model[/bold yellow]: no int8 variant is faster than fp32 "
-                      "on its own engine (" + "; ".join(f"{k} vs {o['own_fp32']}: {o['speedup_bs1']:.2f}x at batch 1, "
-                                                        f"{o['speedup_bs32']:.2f}x at batch 32" for k, o in own.items())
-                      + ")")
-
-
-def _verdict(name: str, v: dict[str, Any]) -> str:
-    if name == "fp32":
-        return "baseline"
-    s1, s32 = v["speedup_bs1"] >= _SPEED_MARGIN, v["speedup_bs32"] >= _SPEED_MARGIN
-    if s1 and s32:
-        return "faster"
-    if s1 or s32:
-        return f"faster at bs{1 if s1 else 32} only"
-    slower = max(v["speedup_bs1"], v["speedup_bs32"]) <= 1 / _SPEED_MARGIN
-    return "[red]SLOWER[/red]" if slower else "[yellow]not faster[/yellow]"
-
-
-# ------------------------------------------------------------------ children
-
-
-def _read_verified(files: dict[str, dict[str, str]]) -> None:
-    """The files may have changed since the parent verified them."""
-    for name, f in files.items():
-        if artifacts.sha256_file(Path(f["path"])) != f["sha256"]:
-            raise InputError(f"{f['path']}: sha256 mismatch")
-
-
-def _paddleslim_main(spec: dict[str, Any]) -> int:
-    """Child (FLAGS_enable_pir_api=0): quant_post_static on the legacy program."""
-    _read_verified(spec["files"])
-    raw, calib, at = sys.stdin.buffer.read(), {}, 0
-    for t in spec["inputs"]:  # input after input, as the parent wrote them
-        dtype, shape = np.dtype(t["dtype"]), [int(d) for d in t["shape"]]
-        calib[t["name"]] = np.frombuffer(raw, dtype, int(np.prod(shape)), at).reshape(shape).copy()  # aligned
-        at += calib[t["name"]].nbytes
-    if at != len(raw):
-        raise InputError(f"calibration: {len(raw)} bytes on stdin, the inputs take {at}")
-    batches, size = spec["inputs"][0]["shape"][:2]
-    paddle = runtime.import_paddle(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    paddle.enable_static()
-    from paddleslim.quant import quant_post_static
-
-    def loader() -> Iterator[dict[str, np.ndarray]]:  # a callable of feed dicts: a list or batch_generator fail
-        for i in range(batches):
-            yield {name: a[i] for name, a in calib.items()}
-
-    quant_post_static(
-        executor=paddle.static.Executor(paddle.CPUPlace()), model_dir=spec["model_dir"],
-        quantize_model_path=spec["dest"], model_filename=Path(spec["files"]["model.pdmodel"]["path"]).name,
-        params_filename=Path(spec["files"]["model.pdiparams"]["path"]).name, data_loader=loader,
-        batch_size=size, batch_nums=batches, algo=spec["algo"], round_type="round",
-        # onnx_format=True stores the weights as int8 (digits: 81 KB of params vs 304 KB with False) and
-        # was closer to fp32 (max|diff| 0.89 vs 2.93); oneDNN int8 runs both.
-        quantizable_op_type=list(_QUANT_OPS), onnx_format=True)
-    return 0
-
-
-def _onnx_main(spec: dict[str, Any]) -> int:
-    """Child: paddle2onnx of the PIR program, without an optimizer pass (polygraphy, paddle2onnx's default,
-    sets POLYGRAPHY_AUTOINSTALL_DEPS=1, i.e. may pip-install at run time; onnxruntime optimizes anyway)."""
-    _read_verified(spec["files"])
-    runtime.import_paddle(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    import paddle2onnx
-
-    paddle2onnx.export(spec["files"]["model.json"]["path"], spec["files"]["model.pdiparams"]["path"], spec["dest"],
-                       opset_version=13, enable_onnx_checker=True, optimize_tool="none")
-    return 0
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] in ("--paddleslim", "--onnx"):
-        main = _paddleslim_main if sys.argv[1] == "--paddleslim" else _onnx_main
-        try:
-            sys.exit(main(json.loads(sys.argv[2])))
-        except InputError as e:
-            print(e, file=sys.stderr)
-            sys.exit(2)
-    print("usage: python -m stages.compress --paddleslim|--onnx SPEC_JSON (internal; use `pipe compress`)",
-          file=sys.stderr)
-    sys.exit(2)

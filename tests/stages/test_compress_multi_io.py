@@ -177,6 +177,7 @@ def test_a_legacy_made_onnx_with_reversed_inputs_is_calibrated_and_run_by_name(c
     """paddle2onnx of the LEGACY program lists the inputs reversed (feat, img). compress's onnxruntime route
     quantizes it with its calibration reader keyed by that file's own names: the int8 file, fed by name,
     agrees with Paddle fp32 (a model fed the wrong tensors would not)."""
+    from pipeline import fidelity, quantize
     from pipeline.engines import ort as ort_engine, paddle as paddle_engine
     from stages import compress
 
@@ -195,7 +196,7 @@ def test_a_legacy_made_onnx_with_reversed_inputs_is_calibrated_and_run_by_name(c
     ds = data_mod.load(config_mod.from_dict(exp.manifest["config"]).data)
     prep = compress._preparer(ds, io)
     ccfg = config_mod.CompressConfig(int8=True, calib_batches=CALIB_BATCHES)
-    compress._quantize_onnx(onnx32, io, compress._calibration_batches(ds, prep, ccfg), ccfg, tmp_path / "q", 1)
+    quantize.int8_onnx(onnx32, io, compress._calibration_batches(ds, prep, ccfg), ccfg, tmp_path / "q", 1)
     int8 = tmp_path / "q" / "model.onnx"
     assert ort_engine.load([int8], threads=1, precision="int8").inputs == ["feat", "img"]
 
@@ -205,7 +206,7 @@ def test_a_legacy_made_onnx_with_reversed_inputs_is_calibrated_and_run_by_name(c
     got = compress.runner(ort_engine.load([int8], threads=1, precision="int8"), desc, int8)["run"]
     chunks = list(compress.fidelity_batches(ds, prep))
     refs = [ref(f) for f in chunks]
-    fid = compress._fidelity((got(f) for f in chunks), refs, "logits", "legacy int8")
+    fid = fidelity.measure((got(f) for f in chunks), refs, "logits", "legacy int8")
     agree = float((fid["top"] == np.concatenate([r["logits"].argmax(1) for r in refs])).mean())
     assert agree >= MIN_INT8_AGREEMENT and fid["outputs"]["embedding"]["sqnr_db"] > 20, (agree, fid["outputs"])
 

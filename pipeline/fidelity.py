@@ -1,0 +1,179 @@
+"""A compressed variant against fp32, for `pipe compress` (stages/compress.py): how close its outputs are
+(`measure`: top-1, SQNR and max|diff| per output), whether it is within budget (`status`), how its speed
+compares (`SPEED_MARGIN`, `speed_note`, `int8_vs_own_fp32`), and the table of every variant that compress
+prints.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+
+from pipeline import cpu, engines as engines_mod, iospec
+from pipeline.config import CompressConfig
+from pipeline.engines import paddle as paddle_engine
+from pipeline.errors import PipeError
+
+SPEED_MARGIN = 1.05  # "faster" means at least 5% faster at batch 1 (p50) and at batch 32
+
+
+def measure(got: Iterator[dict[str, np.ndarray]], ref: list[dict[str, np.ndarray]], logits: str,
+            where: str) -> dict[str, Any]:
+    """A variant's outputs batch by batch against fp32's (`ref`): the predicted classes (`top`), each output's
+    fidelity (float: `sqnr_db` = 10 log10(sum ref^2 / sum (ref - got)^2), None when identical, and
+    `max_abs_diff`; other dtypes: `equal`, the fraction of equal elements) and fp32's max|value| (`absmax`)."""
+    acc: dict[str, list[float]] = {k: [0.0, 0.0, 0.0, 0.0] for k in ref[0]}  # sum ref^2, sum err^2 (or equal), max|err|, max|ref|
+    sizes = dict.fromkeys(ref[0], 0)
+    top = []
+    for g, r in zip(got, ref):
+        for k, s in acc.items():
+            a, b = np.asarray(r[k]), np.asarray(g[k])
+            if a.shape != b.shape:
+                raise PipeError(f"{where}: output {k!r} has shape {list(b.shape)}, fp32's {list(a.shape)}")
+            sizes[k] += a.size
+            if a.dtype.kind != "f":
+                s[1] += float(np.count_nonzero(a == b))
+                continue
+            a, d = a.astype(np.float64), b.astype(np.float64) - a
+            s[0] += float(np.sum(a * a))
+            s[1] += float(np.sum(d * d))
+            s[2] = max(s[2], float(np.abs(d).max(initial=0.0)))
+            s[3] = max(s[3], float(np.abs(a).max(initial=0.0)))
+        top.append(np.asarray(g[logits]).argmax(1))
+    outputs: dict[str, dict[str, Any]] = {}
+    for k, (sig, err, worst, _) in acc.items():
+        if np.asarray(ref[0][k]).dtype.kind != "f":
+            outputs[k] = {"equal": err / max(sizes[k], 1)}
+        else:  # a zero signal with any error: the lowest float, below every budget
+            outputs[k] = {"sqnr_db": None if err == 0 else float(10 * np.log10(max(sig, 1e-300) / err)),
+                          "max_abs_diff": worst}
+    return {"top": np.concatenate(top), "outputs": outputs, "absmax": {k: s[3] for k, s in acc.items()}}
+
+
+def budgeted(desc: iospec.IO) -> list[str]:
+    """The outputs held to compress.min_sqnr_db: every float output but the logits (held to agreement)."""
+    return [t.public for t in desc.outputs if t.role != iospec.LOGITS and np.dtype(t.dtype).kind == "f"]
+
+
+def status(name: str, v: dict[str, Any], base: dict[str, Any], n_test: int, ccfg: CompressConfig,
+           logits: str) -> str:
+    """'ok', 'below budget: ...' (agreement under compress.min_agreement, or a float output other than the
+    logits under compress.min_sqnr_db: never shipped), or 'unreliable on this CPU: ...' (Paddle int8 where
+    oneDNN has no exact int8 matmul and the int8 model, with the matmul family left in fp32, is not both
+    within budget and faster than fp32)."""
+    if name == "fp32":
+        return "ok"
+    agree = v["top1_agreement"]
+    if agree < ccfg.min_agreement:
+        return f"below budget: top-1 agreement {agree:.4f} < compress.min_agreement {ccfg.min_agreement:g}"
+    for out, f in v["fidelity"].items():
+        if out != logits and f.get("sqnr_db") is not None and f["sqnr_db"] < ccfg.min_sqnr_db:
+            return (f"below budget: output {out!r} SQNR {f['sqnr_db']:.1f} dB < compress.min_sqnr_db "
+                    f"{ccfg.min_sqnr_db:g}")
+    if v["engine"] == paddle_engine.NAME and v["precision"] == "int8" and not cpu.int8_exact(paddle_engine.NAME):
+        drop = (base["correct"] - v["correct"]) / n_test * 100
+        if drop > ccfg.max_drop or not v["faster_than_fp32"]:
+            return (f"unreliable on this CPU: oneDNN int8 matmul saturates without VNNI, so fc/matmul ran in fp32; "
+                    f"then agreement {agree:.4f}, drop {drop:.2f} points, {v['speedup_bs1']:.2f}x fp32 at batch 1 "
+                    f"and {v['speedup_bs32']:.2f}x at batch 32: not both within budget and faster")
+    return "ok"
+
+
+def speed_note(s1: float, s32: float) -> str:
+    def one(s: float, where: str) -> str:
+        if s >= SPEED_MARGIN:
+            return f"{s:.2f}x faster than fp32 at {where}"
+        if s <= 1 / SPEED_MARGIN:
+            return f"SLOWER than fp32 at {where} ({s:.2f}x)"
+        return f"no faster than fp32 at {where} ({s:.2f}x, within 5%)"
+
+    return f"{one(s1, 'batch 1')}; {one(s32, 'batch 32')}"
+
+
+def int8_names(variants: dict[str, dict[str, Any]]) -> list[str]:
+    """The int8 variants that were built and measured (an unsupported route has no numbers)."""
+    return [n for n, v in variants.items() if v["precision"] == "int8" and v["supported"]]
+
+
+def int8_vs_own_fp32(variants: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each int8 variant against fp32 on its own engine (int8-onnx vs onnx-fp32): whether int8 itself
+    pays, apart from the engine's speed (onnxruntime fp32 alone may beat Paddle fp32)."""
+    out = {}
+    for name, own in (("int8-paddle", "fp32"), ("int8-onnx", "onnx-fp32"), ("openvino-int8", "openvino-fp32")):
+        v, o = variants.get(name), variants.get(own)
+        if not (v and o and v["supported"] and o["supported"]):
+            continue
+        s1 = o["latency_ms_p50_bs1"] / v["latency_ms_p50_bs1"]
+        s32 = v["items_per_s_bs32"] / o["items_per_s_bs32"]
+        out[name] = {"own_fp32": own, "speedup_bs1": s1, "speedup_bs32": s32,
+                     "faster": bool(min(s1, s32) >= SPEED_MARGIN)}
+    return out
+
+
+def print_table(variants: dict[str, dict[str, Any]], n: int, io: dict[str, Any], cap: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(soft_wrap=True)
+    if not console.is_terminal:  # logs and CI: no 80-column squeeze
+        console = Console(soft_wrap=True, width=130)
+    base = variants["fp32"]
+    caption = "; ".join(f"{', '.join(k for k, v in variants.items() if v['engine'] == e)}: {label}"
+                        for e, label in engines_mod.LABELS.items() if any(v["engine"] == e for v in variants.values()))
+    what = (f"{n} test samples, texts as int64 ids padded to {io['pre']['max_len']}" if "vocab" in io
+            else f"{n} test samples")
+    agreed = variants["fp32"].get("agreement_samples")
+    logits, sqnr = io["desc"].logits().public, budgeted(io["desc"])
+    t = Table(title=f"fp32 vs each variant: {what} (agree, max|diff| of {logits}"
+                    f"{', SQNR dB of ' + ', '.join(sqnr) if sqnr else ''}: {agreed} samples of all splits), timing "
+                    "interleaved", caption=caption)
+    for col in ("variant", "acc", "drop pts", "agree", "max|diff|", *sqnr, "KB", "p50 ms bs1",
+                "p99 ms bs1", "items/s bs32", "vs fp32 bs1 / bs32", "speed"):
+        t.add_column(col, justify="left" if col in ("variant", "speed") else "right", no_wrap=col == "variant")
+    for name, v in variants.items():
+        size = "-" if v["size_bytes"] is None else f"{v['size_bytes'] / 1024:.0f}"
+        if not v["supported"]:
+            t.add_row(name, "-", "-", "-", "-", *("-" for _ in sqnr), size, "-", "-", "-", "-",
+                      "[red]unsupported[/red] (below)")
+            continue
+        db = [v["fidelity"][o]["sqnr_db"] for o in sqnr]
+        t.add_row(name, f"{v['accuracy']:.2%}", f"{(base['correct'] - v['correct']) / n * 100:.2f}",
+                  f"{v['top1_agreement']:.3f}", f"{v['max_abs_diff']:.3g}",
+                  *("exact" if d is None else f"{d:.1f}" for d in db), size, f"{v['latency_ms_p50_bs1']:.3f}",
+                  f"{v['latency_ms_p99_bs1']:.3f}", f"{v['items_per_s_bs32']:.0f}",
+                  f"{v['speedup_bs1']:.2f}x / {v['speedup_bs32']:.2f}x",
+                  _verdict(name, v) if v["status"] == "ok" else f"[red]{v['status'].split(':')[0]}[/red] (below)")
+    console.print(f"CPU: {cpu.summary(cap)}", markup=False)
+    console.print(t)
+    for name, v in variants.items():
+        if v["supported"] and v["status"] != "ok":
+            console.print(f"{name}: {v['status']}", markup=False)
+        note = (v.get("engine_info") or {}).get("note")
+        if note:
+            console.print(f"{name}: {note}", markup=False)
+    for name, v in variants.items():
+        if name != "fp32" and v["note"]:
+            console.print(f"{name}: {'unsupported: ' if not v['supported'] else ''}{v['note']}", markup=False)
+    int8 = int8_names(variants)
+    if int8 and not any(variants[k]["faster_than_fp32"] for k in int8):
+        console.print(f"[bold yellow]int8 is not faster than fp32 here[/bold yellow] (faster = at least "
+                      f"{SPEED_MARGIN:.2f}x at both batch 1 and batch 32): {', '.join(int8)}")
+    own = int8_vs_own_fp32(variants)
+    if own and not any(o["faster"] for o in own.values()):
+        console.print("[bold yellow]int8 does not pay on this model[/bold yellow]: no int8 variant is faster than fp32 "
+                      "on its own engine (" + "; ".join(f"{k} vs {o['own_fp32']}: {o['speedup_bs1']:.2f}x at batch 1, "
+                                                        f"{o['speedup_bs32']:.2f}x at batch 32" for k, o in own.items())
+                      + ")")
+
+
+def _verdict(name: str, v: dict[str, Any]) -> str:
+    if name == "fp32":
+        return "baseline"
+    s1, s32 = v["speedup_bs1"] >= SPEED_MARGIN, v["speedup_bs32"] >= SPEED_MARGIN
+    if s1 and s32:
+        return "faster"
+    if s1 or s32:
+        return f"faster at bs{1 if s1 else 32} only"
+    slower = max(v["speedup_bs1"], v["speedup_bs32"]) <= 1 / SPEED_MARGIN
+    return "[red]SLOWER[/red]" if slower else "[yellow]not faster[/yellow]"

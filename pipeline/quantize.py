@@ -1,0 +1,219 @@
+"""int8 post-training quantization of an export, for `pipe compress` (stages/compress.py): PaddleSlim on the
+legacy program and paddle2onnx + onnxruntime on the PIR program. PaddleSlim and paddle2onnx run in child
+processes of this module, which re-check the sha256 of every file they read (internal; use `pipe compress`):
+
+    python -m pipeline.quantize --paddleslim|--onnx SPEC_JSON
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from pipeline import artifacts, engines as engines_mod, iospec, runtime
+from pipeline.config import CompressConfig
+from pipeline.engines import ort as ort_engine
+from pipeline.errors import InputError, PipeError
+
+_CHILD_TIMEOUT = 1800
+QUANT_OPS = ["conv2d", "depthwise_conv2d", "mul", "matmul", "matmul_v2"]
+_ORT_MATMUL_OPS = ("MatMul", "Gemm")
+# onnxruntime's closest calibrator to each PaddleSlim algorithm (it has no MSE search).
+ORT_CALIB = {
+    "avg": ("MinMax", {"CalibMovingAverage": True}),
+    "KL": ("Entropy", {}),
+    "hist": ("Percentile", {"CalibPercentile": 99.99}),  # PaddleSlim's hist_percent 0.9999
+    "mse": ("MinMax", {}),
+}
+
+
+def int8_paddle(src: artifacts.Artifact, io: dict[str, Any], calib: dict[str, np.ndarray], ccfg: CompressConfig,
+                dest: Path, threads: int) -> None:
+    """PaddleSlim reads only the legacy program, and only with FLAGS_enable_pir_api=0 set before paddle
+    is imported: a child process. The calibration batches go through its stdin as raw bytes, input after
+    input (float32 images, int64 token ids: PaddleSlim keeps integer feeds integer), each under its name in
+    the legacy program."""
+    files = {"model.pdmodel": io["legacy_model"], "model.pdiparams": io["legacy_params"]}
+    legacy = dict(zip((t.name for t in io["desc"].inputs), io["legacy_inputs"]))
+    spec = {"model_dir": str(src.file(io["legacy_model"]).parent.resolve()),
+            "files": {name: {"path": str(src.file(rel).resolve()), "sha256": src.manifest["files"][rel]["sha256"]}
+                      for name, rel in files.items()},
+            "dest": str(dest.resolve()), "algo": ccfg.algo,
+            "inputs": [{"name": legacy[k], "dtype": a.dtype.name, "shape": list(a.shape)} for k, a in calib.items()]}
+    _child("--paddleslim", spec, b"".join(a.tobytes() for a in calib.values()), {"FLAGS_enable_pir_api": "0"},
+           threads, "PaddleSlim quantization")
+    if not (dest / "model.pdmodel").is_file():
+        raise PipeError("PaddleSlim wrote no model.pdmodel")
+
+
+def to_onnx(src: artifacts.Artifact, dest: Path, threads: int) -> None:
+    """paddle2onnx of the PIR program. A child: on a model it cannot convert it aborts the process."""
+    spec = {"files": {name: {"path": str(src.file(name).resolve()), "sha256": src.manifest["files"][name]["sha256"]}
+                      for name in ("model.json", "model.pdiparams")},
+            "dest": str((dest / "model.onnx").resolve())}
+    dest.mkdir()
+    _child("--onnx", spec, b"", {"FLAGS_enable_pir_api": "1"}, threads, "paddle2onnx")
+    if not (dest / "model.onnx").is_file():
+        raise PipeError("paddle2onnx wrote no model.onnx")
+
+
+def int8_onnx(model: Path, io: dict[str, Any], calib: dict[str, np.ndarray], ccfg: CompressConfig, dest: Path,
+              threads: int) -> None:
+    """onnxruntime QDQ int8 of the fp32 ONNX `model`, calibrated on dicts keyed by that file's own input
+    names (`engines.names`: by name, whatever order the file lists them in). The int8 file must take its
+    inputs in the same dtypes (integer inputs are never quantized)."""
+    import onnxruntime as ort
+    from onnxruntime import quantization as q
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    ort.set_default_logger_severity(3)  # else every optimizer session warns about unused initializers
+    desc = io["desc"]
+    on = engines_mod.names(ort_engine.load([model], threads=threads), desc, str(model))
+    batches = [{on[k]: a[i] for k, a in calib.items()} for i in range(iospec.num_rows(calib))]
+
+    class _Reader(q.CalibrationDataReader):
+        def __init__(self) -> None:
+            self.it = iter(batches)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.it, None)
+
+    method, extra = ORT_CALIB[ccfg.algo]
+    op_types, _ = ort_op_types(desc)
+    dest.mkdir()
+    with tempfile.TemporaryDirectory(prefix="pipe-compress-") as tmp:
+        pre = Path(tmp) / "pre.onnx"
+        # auto_merge: without it symbolic shape inference gave up on paddle2onnx's conv biases
+        # (reshaped to [1,-1,1,1] through an Identity; mobilenet_v3_small's squeeze-excite blocks) with
+        # "Incomplete symbolic shape inference". On failure onnxruntime drops sym_shape_infer_temp.onnx
+        # into the working directory: run it from the temp dir. Inputs with a dynamic axis beyond the batch
+        # (text ids [-1, -1]) skip it: on paddle2onnx's sequence-length arithmetic (Shape -> Slice ->
+        # Range/Expand) it fails with a bare AssertionError in `_get_value`; onnx's own shape inference is
+        # enough for quantize_static there.
+        cwd = os.getcwd()
+        os.chdir(tmp)
+        try:
+            quant_pre_process(str(Path(cwd, model)), str(pre), auto_merge=True,
+                              skip_symbolic_shape=any(-1 in t.shape[1:] for t in desc.inputs))
+        finally:
+            os.chdir(cwd)
+        # reduce_range (7-bit weights): a pair of u8 x s7 products fits in int16, so the model computes the
+        # same on CPUs without VNNI, where onnxruntime's u8 x s8 kernels saturate (pipeline/cpu.py). Measured
+        # on digits (1,797 samples): agreement with fp32 0.996 with it on an AVX2-only CPU (0.972 without)
+        # and 0.996 on an AVX-512 VNNI CPU (0.998 without), at the same speed on both.
+        q.quantize_static(str(pre), str(dest / "model.onnx"), _Reader(), quant_format=q.QuantFormat.QDQ,
+                          activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8, per_channel=True,
+                          reduce_range=ccfg.reduce_range, calibrate_method=getattr(q.CalibrationMethod, method),
+                          extra_options=dict(extra), op_types_to_quantize=op_types)
+    ort_engine.mark_weight_range(dest / "model.onnx", reduced=ccfg.reduce_range)
+    before, after = _onnx_input_types(model), _onnx_input_types(dest / "model.onnx")
+    if before != after:
+        raise PipeError(f"onnxruntime quantization changed the model's inputs: {before} -> {after}")
+
+
+def _onnx_input_types(path: Path) -> dict[str, int]:
+    """A model file's graph inputs (initializers aside): name -> ONNX element type."""
+    import onnx
+
+    g = onnx.load(str(path), load_external_data=False).graph
+    weights = {w.name for w in g.initializer}
+    return {i.name: i.type.tensor_type.elem_type for i in g.input if i.name not in weights}
+
+
+def ort_op_types(desc: iospec.IO) -> tuple[list[str] | None, str]:
+    """(the op types onnxruntime quantizes, None = its default; the rule that chose them, for the manifest).
+    A model with integer inputs (token ids, masks: text and attention models) gets the matmul/linear ops
+    only, as on the Paddle route; its embedding Gathers stay fp32. The default also quantizes Add: an
+    ERNIE-shaped 2-layer encoder (padding mask added as -1e4, LayerNorm's decomposed Add/Sub) fell to
+    top-1 agreement 0.656 and 1.4 dB with it, MatMul/Gemm alone gave 1.000 and 30 dB (facts note section
+    14). Float inputs only: the default, every op it can quantize."""
+    ints = [t.public for t in desc.inputs if np.dtype(t.dtype).kind in "iub"]
+    if ints:
+        return list(_ORT_MATMUL_OPS), (f"integer inputs ({', '.join(ints)}): {'/'.join(_ORT_MATMUL_OPS)} only "
+                                       "(the default op types quantize attention's mask Add)")
+    return None, "float inputs only: onnxruntime's default op types"
+
+
+def _child(flag: str, spec: dict[str, Any], stdin: bytes, env_extra: dict[str, str], threads: int, what: str) -> None:
+    env = dict(os.environ, GLOG_minloglevel="2", OMP_NUM_THREADS=str(threads), **env_extra,
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    # cwd: a scratch dir, so nothing the libraries may drop in the working directory survives.
+    with tempfile.TemporaryDirectory(prefix="pipe-compress-") as cwd:
+        try:
+            proc = subprocess.run([sys.executable, "-m", "pipeline.quantize", flag, json.dumps(spec)], input=stdin,
+                                  capture_output=True, env=env, cwd=cwd, timeout=_CHILD_TIMEOUT, check=False)
+        except subprocess.TimeoutExpired:
+            raise PipeError(f"{what} did not finish within {_CHILD_TIMEOUT} s") from None
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.decode(errors="replace").splitlines() if ln.strip()]
+        err = InputError if proc.returncode == 2 else PipeError  # 2: an input changed since it was verified
+        raise err(f"{what} failed (exit {proc.returncode}): {lines[-1] if lines else 'no output'}")
+
+
+def _read_verified(files: dict[str, dict[str, str]]) -> None:
+    """The files may have changed since the parent verified them."""
+    for name, f in files.items():
+        if artifacts.sha256_file(Path(f["path"])) != f["sha256"]:
+            raise InputError(f"{f['path']}: sha256 mismatch")
+
+
+def _paddleslim_main(spec: dict[str, Any]) -> int:
+    """Child (FLAGS_enable_pir_api=0): quant_post_static on the legacy program."""
+    _read_verified(spec["files"])
+    raw, calib, at = sys.stdin.buffer.read(), {}, 0
+    for t in spec["inputs"]:  # input after input, as the parent wrote them
+        dtype, shape = np.dtype(t["dtype"]), [int(d) for d in t["shape"]]
+        calib[t["name"]] = np.frombuffer(raw, dtype, int(np.prod(shape)), at).reshape(shape).copy()  # aligned
+        at += calib[t["name"]].nbytes
+    if at != len(raw):
+        raise InputError(f"calibration: {len(raw)} bytes on stdin, the inputs take {at}")
+    batches, size = spec["inputs"][0]["shape"][:2]
+    paddle = runtime.import_paddle(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    paddle.enable_static()
+    from paddleslim.quant import quant_post_static
+
+    def loader() -> Iterator[dict[str, np.ndarray]]:  # a callable of feed dicts: a list or batch_generator fail
+        for i in range(batches):
+            yield {name: a[i] for name, a in calib.items()}
+
+    quant_post_static(
+        executor=paddle.static.Executor(paddle.CPUPlace()), model_dir=spec["model_dir"],
+        quantize_model_path=spec["dest"], model_filename=Path(spec["files"]["model.pdmodel"]["path"]).name,
+        params_filename=Path(spec["files"]["model.pdiparams"]["path"]).name, data_loader=loader,
+        batch_size=size, batch_nums=batches, algo=spec["algo"], round_type="round",
+        # onnx_format=True stores the weights as int8 (digits: 81 KB of params vs 304 KB with False) and
+        # was closer to fp32 (max|diff| 0.89 vs 2.93); oneDNN int8 runs both.
+        quantizable_op_type=list(QUANT_OPS), onnx_format=True)
+    return 0
+
+
+def _onnx_main(spec: dict[str, Any]) -> int:
+    """Child: paddle2onnx of the PIR program, without an optimizer pass (polygraphy, paddle2onnx's default,
+    sets POLYGRAPHY_AUTOINSTALL_DEPS=1, i.e. may pip-install at run time; onnxruntime optimizes anyway)."""
+    _read_verified(spec["files"])
+    runtime.import_paddle(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    import paddle2onnx
+
+    paddle2onnx.export(spec["files"]["model.json"]["path"], spec["files"]["model.pdiparams"]["path"], spec["dest"],
+                       opset_version=13, enable_onnx_checker=True, optimize_tool="none")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] in ("--paddleslim", "--onnx"):
+        main = _paddleslim_main if sys.argv[1] == "--paddleslim" else _onnx_main
+        try:
+            sys.exit(main(json.loads(sys.argv[2])))
+        except InputError as e:
+            print(e, file=sys.stderr)
+            sys.exit(2)
+    print("usage: python -m pipeline.quantize --paddleslim|--onnx SPEC_JSON (internal; use `pipe compress`)",
+          file=sys.stderr)
+    sys.exit(2)
