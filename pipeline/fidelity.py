@@ -10,7 +10,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from pipeline import cpu, engines as engines_mod, iospec
+from pipeline import cpu, engines as engines_mod, iospec, task
 from pipeline.config import CompressConfig
 from pipeline.engines import paddle as paddle_engine
 from pipeline.errors import PipeError
@@ -40,7 +40,7 @@ def measure(got: Iterator[dict[str, np.ndarray]], ref: list[dict[str, np.ndarray
             s[1] += float(np.sum(d * d))
             s[2] = max(s[2], float(np.abs(d).max(initial=0.0)))
             s[3] = max(s[3], float(np.abs(a).max(initial=0.0)))
-        top.append(np.asarray(g[logits]).argmax(1))
+        top.append(task.predict(g[logits]))
     outputs: dict[str, dict[str, Any]] = {}
     for k, (sig, err, worst, _) in acc.items():
         if np.asarray(ref[0][k]).dtype.kind != "f":

@@ -70,7 +70,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from pipeline import artifacts, config as config_mod, cpu, data as data_mod, fidelity, iospec, quantize, runtime
+from pipeline import artifacts, config as config_mod, cpu, data as data_mod, fidelity, iospec, quantize, runtime, task
 from pipeline import engines as engines_mod
 from pipeline.engines import openvino as ov_engine, ort as ort_engine, paddle as paddle_engine
 from pipeline.config import CompressConfig, RunConfig
@@ -490,16 +490,6 @@ def runner(eng: Any, desc: iospec.IO, where: Path) -> dict[str, Any]:
             "inputs": list(eng.inputs), "outputs": list(eng.outputs)}
 
 
-def entry(eng: Any, desc: iospec.IO, where: Path) -> dict[str, Any]:
-    """`runner` for a caller that still feeds one array and reads the logits (pipeline/bench/measure.py):
-    `run` x -> logits. One line when the model takes several inputs."""
-    if len(desc.inputs) != 1:
-        raise InputError(f"{where}: this measurement feeds one input, the model takes {len(desc.inputs)} "
-                         f"({', '.join(t.public for t in desc.inputs)})")
-    r, name, logits = runner(eng, desc, where), desc.inputs[0].name, desc.logits().public
-    return {**r, "run": lambda x: r["run"]({name: x})[logits]}
-
-
 def _measure(engines: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: Path, ds: data_mod.Dataset,
              prep: Prep, ccfg: CompressConfig, io: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Test accuracy on the test split (the logits output); top-1 agreement, max|diff| and each output's
@@ -509,7 +499,8 @@ def _measure(engines: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: 
     live = {n: e for n, e in engines.items() if e["run"] is not None}
     y = np.asarray(test.y[test.idx])
     # Batch by batch (the split may be a large memmap); predicted classes are small.
-    top = {n: np.concatenate([e["run"](f)[logits].argmax(1) for f in _batches(test, prep)]) for n, e in live.items()}
+    top = {n: np.concatenate([task.predict(e["run"](f)[logits]) for f in _batches(test, prep)])
+           for n, e in live.items()}
     chunks = list(fidelity_batches(ds, prep))
     ref = [live["fp32"]["run"](f) for f in chunks]
     fid = {n: fidelity.measure(iter(ref) if n == "fp32" else (e["run"](f) for f in chunks), ref, logits, f"{n}")

@@ -57,7 +57,7 @@ _ENGINE_OF = {"int8-paddle": "paddle_inference", "int8-onnx": "onnxruntime", "op
 _GOAL_INT8, _GOAL_BF16, _GOAL_DROP = 3.5, 1.8, 0.3
 _TEXT_MODELS = (("text_fasttext", 3), ("text_cnn", 2))  # (model, training epochs); quick: the first only
 _GOAL_TEXT_DROP = 0.5  # points, issue 7
-_MARGIN = 1.05  # as in stages/compress.py: within 5% of fp32 is "no faster", below that "slower"
+_MARGIN = 1.05  # as in pipeline/fidelity.py (SPEED_MARGIN): within 5% of fp32 is "no faster", below that "slower"
 _TIMEOUT = 1800  # s per stage
 QUICK_TIMING = ("compress.latency_runs=50", "compress.throughput_runs=10")
 REPEATS = 3  # compress runs per model (same export) when not quick: runs differed by up to ~25%
@@ -96,7 +96,8 @@ def text_rows(quick: bool) -> list[Row]:
             name = f"compress chinese_sentiment {model} ({epochs} epoch{'s' if epochs > 1 else ''})"
             rows_ = _model_rows(model, name, ["--data", "chinese_sentiment", "--epochs", str(epochs)],
                                 tmp / model, timing, repeats, goals=False, samples="test texts", gated=True)
-            out += rows_[:-1] + text_accuracy_rows(name, tmp / model) + [_train_speed_row(name, tmp / model)] + rows_[-1:]
+            out += (rows_[:-1] + text_accuracy_rows(name, tmp / model) + [_train_speed_row(name, tmp / model)]
+                    + rows_[-1:])
         return out
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

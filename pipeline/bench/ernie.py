@@ -50,7 +50,8 @@ def rows(quick: bool) -> list[Row]:
         out += bc.speed_rows(f"compress {name}", runs, {}, "test texts")
         out.append(bc.pick_row(f"compress {name}", runs, packaged=shipped))
         out += bc.text_accuracy_rows(f"compress {name}", run)
-        out.append((f"{name}: wall time of train + export + {len(runs)} x compress + package", bc.wall_time(wall), "", ""))
+        out.append((f"{name}: wall time of train + export + {len(runs)} x compress + package", bc.wall_time(wall),
+                    "", ""))
         return out + serving.served_text_rows("ernie_tiny text", package, quick)
     except PipeError as e:
         return [(f"{name}", f"failed: {str(e)[-300:]}", "train, export, compress, package, serve", "**failed**")]
