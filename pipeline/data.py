@@ -450,6 +450,16 @@ def text_inputs(ids: np.ndarray, pre: dict[str, Any]) -> dict[str, np.ndarray]:
     raise InputError(f"text preprocessing: unknown text_inputs {rule!r} (ids or ernie)")
 
 
+def text_id_limits(pre: dict[str, Any], vocab_size: int) -> dict[str, int]:
+    """Each input the text rule makes -> how many ids it has (values 0..n-1): the character vocabulary, and
+    for ERNIE's token_type_ids its segment vocabulary (an id past an embedding table is out of bounds)."""
+    if pre.get("text_inputs", "ids") == "ernie":
+        from pipeline import ernie
+
+        return {"input_ids": vocab_size, "token_type_ids": ernie.TYPE_VOCAB_SIZE}
+    return {"x": vocab_size}
+
+
 def encode_texts(texts: list[str], vocab: dict[str, int], max_len: int) -> np.ndarray:
     """Character ids, truncated to max_len and padded with [PAD]=0; unknown characters -> [UNK]=1."""
     out = np.zeros((len(texts), max_len), np.int64)

@@ -42,6 +42,7 @@ from pipeline.errors import InputError
 
 INPUT_NAMES = ("input_ids", "token_type_ids")
 PAD_ID = 0
+TYPE_VOCAB_SIZE = 2  # token types (segments) ernie_tiny embeds, as ERNIE: 0 and 1
 
 
 def interface_inputs() -> list[dict[str, Any]]:
@@ -68,7 +69,7 @@ def text_feeds(ids: np.ndarray) -> dict[str, np.ndarray]:
     return {"input_ids": ids, "token_type_ids": np.zeros_like(ids)}
 
 
-def build_ernie_tiny(vocab_size: int, num_classes: int, max_len: int, type_vocab_size: int = 2,
+def build_ernie_tiny(vocab_size: int, num_classes: int, max_len: int, type_vocab_size: int = TYPE_VOCAB_SIZE,
                      hidden: int = 64, layers: int = 2, heads: int = 2, dropout: float = 0.1) -> Any:
     """ernie_tiny for a `vocab_size` char vocabulary ([PAD] = 0) and texts of up to `max_len` ids:
     forward(input_ids, token_type_ids), both int64 (N, L) with L <= max_len, -> logits (N, num_classes).

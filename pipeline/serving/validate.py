@@ -141,7 +141,7 @@ def expected(spec: Spec, s: Settings, t: iospec.Tensor) -> str:
     if spec.text is not None:
         text = spec.text
         return (f"int64 token ids: 1..{s.max_batch_size} rows of >= 1 ids each (each padded or truncated to "
-                f"max_len {text.max_len}), ids 0..{text.vocab_size - 1}")
+                f"max_len {text.max_len}), ids 0..{_id_limit(spec, t) - 1}")
     dims = ", ".join(str(d) for d in sample_shape(spec, t))
     return f"{t.dtype} [N, {dims}] with 1 <= N <= {s.max_batch_size}"
 
@@ -206,13 +206,19 @@ def _check_ids(arr: np.ndarray, spec: Spec, s: Settings, t: iospec.Tensor, where
         raise ApiError(422, "invalid_tensor", f"{where}: rank {arr.ndim}, expected {want}")
     if not 1 <= arr.shape[0] <= s.max_batch_size or arr.shape[1] < 1:
         raise ApiError(422, "invalid_tensor", f"{where}: shape [{arr.shape[0]}, {arr.shape[1]}], expected {want}")
-    return canonical_ids(_vocabulary_ids(arr, text, where, want), text)
+    return canonical_ids(_vocabulary_ids(arr, spec, t, where, want), text)
 
 
-def _vocabulary_ids(arr: np.ndarray, t: TextSpec, where: str, want: str) -> np.ndarray:
-    arr = _integers(arr, where, want)
-    if arr.min() < 0 or arr.max() >= t.vocab_size:
-        raise ApiError(422, "invalid_tensor", f"{where}: token ids must be in 0..{t.vocab_size - 1} (the vocabulary)")
+def _id_limit(spec: Spec, t: iospec.Tensor) -> int:
+    """How many ids input `t` of a text package has: the vocabulary's, or ERNIE token types' (data.py)."""
+    return data_mod.text_id_limits(spec.preprocessing, spec.text.vocab_size).get(t.public, spec.text.vocab_size)
+
+
+def _vocabulary_ids(arr: np.ndarray, spec: Spec, t: iospec.Tensor, where: str, want: str) -> np.ndarray:
+    arr, n = _integers(arr, where, want), _id_limit(spec, t)
+    if arr.min() < 0 or arr.max() >= n:
+        what = "the vocabulary" if n == spec.text.vocab_size else "the token types the model embeds"
+        raise ApiError(422, "invalid_tensor", f"{where}: ids must be in 0..{n - 1} ({what})")
     return arr.astype(np.int64)
 
 
@@ -234,7 +240,7 @@ def _ragged_ids(rows: list[list[Any]], spec: Spec, s: Settings, t: iospec.Tensor
             raise ApiError(422, "invalid_tensor", f"{where}[{i}]: not a list of ids; expected {want}") from None
         if arr.ndim != 1 or not arr.size:
             raise ApiError(422, "invalid_tensor", f"{where}[{i}]: not a list of >= 1 ids; expected {want}")
-        ids = _vocabulary_ids(arr, text, f"{where}[{i}]", want)
+        ids = _vocabulary_ids(arr, spec, t, f"{where}[{i}]", want)
         out[i, :min(ids.size, text.max_len)] = ids[:text.max_len]
     return out
 

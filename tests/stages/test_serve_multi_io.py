@@ -538,6 +538,18 @@ def test_text_fills_every_input_of_a_two_input_text_model(ernie_run):
                    ref["output/logits"][:8])
             message = _error(c.post("/v1/predict", json={"inputs": {"input_ids": rows}}), 422, "invalid_request")
             assert "missing input 'token_type_ids'" in message
+            # token types are bounded by what the model embeds (2), not by the character vocabulary
+            ones = np.ones_like(ids)
+            ok = c.post("/v1/predict", json={"inputs": {"input_ids": ids.tolist(), "token_type_ids": ones.tolist()}})
+            assert ok.status_code == 200 and ok.json()["logits"] != by_ids["logits"]  # segment 1 is embedded
+            message = _error(c.post("/v1/predict", json={"inputs": {"input_ids": ids.tolist(),
+                                                                    "token_type_ids": (2 * ones).tolist()}}),
+                             422, "invalid_tensor")
+            assert "token_type_ids" in message and "ids must be in 0..1 (the token types the model embeds)" in message
+            r = c.post("/v2/models/ernie_tiny/infer", json={"inputs": [
+                {"name": n, "datatype": "INT64", "shape": list(ids.shape), "data": a.ravel().tolist()}
+                for n, a in (("input_ids", ids), ("token_type_ids", 5 * ones))]})
+            assert r.status_code == 400 and "token_type_ids" in r.json()["error"] and "0..1" in r.json()["error"]
     finally:
         assert srv.stop() == 0, "".join(srv.err)[-2000:]
     assert "Traceback" not in "".join(srv.err), "".join(srv.err)[-2000:]
