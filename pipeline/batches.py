@@ -6,7 +6,7 @@ Both go to a `paddle.io.DataLoader` (`batch_sampler=`, `collate_fn=`); nothing h
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -41,8 +41,8 @@ class FeedDataset:
     """Map-style dataset over a Split yielding sample positions; `collate` reads and prepares a whole batch
     at once (vectorised) into the model's named inputs, exactly as export and serve prepare theirs."""
 
-    def __init__(self, split: data_mod.Split, pre: dict[str, Any]):
-        self.split, self.pre = split, pre
+    def __init__(self, split: data_mod.Split, pre: dict[str, Any], targets: Callable[[np.ndarray, dict[str, np.ndarray]], Any]):
+        self.split, self.pre, self.targets = split, pre, targets  # targets: the task's (stored y, feeds) -> loss input
 
     def __len__(self) -> int:
         return len(self.split)
@@ -50,6 +50,7 @@ class FeedDataset:
     def __getitem__(self, i: int) -> int:
         return i
 
-    def collate(self, batch: list[int]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    def collate(self, batch: list[int]) -> tuple[dict[str, np.ndarray], Any]:
         pos = np.asarray(batch, np.int64)
-        return self.split.feeds(pos, self.pre), np.asarray(self.split.y[self.split.idx[pos]], np.int64)
+        feeds = self.split.feeds(pos, self.pre)
+        return feeds, self.targets(np.asarray(self.split.y[self.split.idx[pos]]), feeds)

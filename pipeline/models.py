@@ -33,10 +33,10 @@ from pipeline import iospec
 from pipeline.errors import InputError
 
 BUILTIN = ("digits_cnn", "mlp", "resnet18", "mobilenet_v3_small", "text_cnn", "bigru", "transformer", "text_fasttext",
-           "ernie_tiny")
+           "ernie_tiny", "centernet_tiny")
 TEXT = ("text_cnn", "bigru", "transformer", "text_fasttext", "ernie_tiny")
 # Built-in models whose inputs are not the one input `x` (their data: data.text_inputs).
-_INPUTS = {"ernie_tiny": ("input_ids", "token_type_ids")}
+_INPUTS = {"ernie_tiny": ("input_ids", "token_type_ids"), "centernet_tiny": ("image",)}
 
 
 def build(name: str, num_classes: int, input_shape: tuple[int, ...], vocab_size: int | None = None,
@@ -56,7 +56,9 @@ def build(name: str, num_classes: int, input_shape: tuple[int, ...], vocab_size:
         return model
     if name in _INPUTS and input_shapes is not None and tuple(input_shapes) != _INPUTS[name]:
         raise InputError(f"--model {name}: takes inputs {', '.join(_INPUTS[name])}, the data gives "
-                         f"{', '.join(input_shapes)}; set data.text_inputs=ernie")
+                         f"{', '.join(input_shapes)}; "
+                         + ("set data.text_inputs=ernie" if name == "ernie_tiny" else "use detection data (data.source "
+                            "shapes or a COCO folder)"))
     if name not in _INPUTS and input_shapes is not None and len(input_shapes) != 1:
         raise InputError(f"--model {name}: a built-in model takes one input, the data has {len(input_shapes)} "
                          f"({', '.join(input_shapes)}); use a package.module:factory model")
@@ -70,6 +72,14 @@ def build(name: str, num_classes: int, input_shape: tuple[int, ...], vocab_size:
         return _digits_cnn(num_classes, input_shape[0])
     if name == "mlp":
         return _mlp(num_classes, input_shape)
+    if name == "centernet_tiny":  # detection (model.task detection): three raw heads, pipeline/detector.py
+        c, h, w = input_shape
+        if h % 16 or w % 16:
+            raise InputError(f"--model {name}: needs image sides that are multiples of 16, data is {c}x{h}x{w} "
+                             "(set data.image_size)")
+        from pipeline import detector
+
+        return detector.centernet_tiny(num_classes, c)
     if name in ("resnet18", "mobilenet_v3_small"):
         c, h, w = input_shape
         if c != 3 or min(h, w) < 32:
@@ -80,21 +90,27 @@ def build(name: str, num_classes: int, input_shape: tuple[int, ...], vocab_size:
     raise InputError(f"--model {name}: unknown model (built in: {', '.join(BUILTIN)}, or package.module:factory)")
 
 
-def import_factory(spec: str, flag: str) -> Callable[..., Any]:
-    """`package.module:factory` -> the callable, resolved from the working directory as `python -m` does.
+def import_object(spec: str, flag: str) -> Any:
+    """`package.module:name` -> the object, resolved from the working directory as `python -m` does.
 
     The `pipe` console script runs with its own directory, not the cwd, as sys.path[0], so a
-    project's `examples.custom.model:build` would not import without this (also used by data.py)."""
-    mod_name, _, fn_name = spec.partition(":")
+    project's `examples.custom.model:build` would not import without this (also used by data.py and
+    pipeline/tasks for model.task)."""
+    mod_name, _, name = spec.partition(":")
     cwd = os.getcwd()
     if "" not in sys.path and cwd not in sys.path:
         sys.path.insert(0, cwd)
     try:
-        factory = getattr(importlib.import_module(mod_name), fn_name)
+        return getattr(importlib.import_module(mod_name), name)
     except (ImportError, AttributeError, ValueError) as e:  # ValueError: empty module name
         raise InputError(f"{flag} {spec}: cannot import ({e})") from None
+
+
+def import_factory(spec: str, flag: str) -> Callable[..., Any]:
+    """`package.module:factory` -> the callable (`import_object`)."""
+    factory = import_object(spec, flag)
     if not callable(factory):
-        raise InputError(f"{flag} {spec}: {fn_name} is not callable")
+        raise InputError(f"{flag} {spec}: {spec.partition(':')[2]} is not callable")
     return factory
 
 
@@ -184,8 +200,9 @@ class Outputs:
         return out[self.names.index(self.logits)]
 
 
-def outputs(out: Any, logits_output: str, where: str) -> Outputs:
-    """How to read `out`, one model call's return value; `logits_output` is model.logits_output."""
+def outputs(out: Any, logits_output: str | None, where: str) -> Outputs:
+    """How to read `out`, one model call's return value; `logits_output` is model.logits_output (None: the
+    task reads no logits)."""
     import paddle
 
     if isinstance(out, paddle.Tensor):
@@ -207,6 +224,8 @@ def outputs(out: Any, logits_output: str, where: str) -> Outputs:
         raise InputError(f"{where}: output {bad!r} is a {type(named[bad]).__name__}, not a tensor; return a tensor, "
                          "a tuple or a dict of tensors")
     names = tuple(named)
+    if logits_output is None:  # a task that reads no logits (detection, a user's): the outputs by name only
+        return Outputs(kind, names, "")
     if logits_output:
         if logits_output not in names:
             raise InputError(f"model.logits_output {logits_output!r}: the model's outputs are {', '.join(names)}")
@@ -219,13 +238,13 @@ def outputs(out: Any, logits_output: str, where: str) -> Outputs:
     return Outputs(kind, names, logits)
 
 
-def probe(net: Any, call: Call, feeds: Sequence[Mapping[str, Any]], logits_output: str, num_classes: int,
+def probe(net: Any, call: Call, feeds: Sequence[Mapping[str, Any]], logits_output: str | None,
           where: str) -> tuple[Outputs, tuple[iospec.Tensor, ...]]:
     """Call `net` on each of `feeds` (numpy arrays by input name) in eval mode without gradients (no RNG drawn,
     no BatchNorm statistics moved): its outputs named (`outputs`) and described for the interface, each with
     the dtype and shape measured (-1 for the batch and for an axis whose size differs between the calls),
     the logits role marked where there are several outputs (one output is the logits: every single-output
-    interface stays as it was); the logits checked to be float (N, num_classes)."""
+    interface stays as it was). The task checks what it reads (`tasks.check_outputs`)."""
     import paddle
 
     was_training = net.training
@@ -245,10 +264,6 @@ def probe(net: Any, call: Call, feeds: Sequence[Mapping[str, Any]], logits_outpu
         shape = (-1, *(d if all(s[i] == d for s in shapes) else -1 for i, d in enumerate(shapes[0]) if i))
         role = iospec.LOGITS if name == outs.logits and len(outs.names) > 1 else ""
         described.append(iospec.Tensor(name, dtype, shape, role=role))
-    logits, n = measured[0][outs.logits], len(next(iter(feeds[0].values())))
-    if "float" not in _dtype(logits) or list(logits.shape) != [n, num_classes]:
-        raise InputError(f"{where}: the logits output {outs.logits!r} is {_dtype(logits)} {list(logits.shape)} for {n} "
-                         f"samples; classification needs float [{n}, {num_classes}] ({num_classes} labels)")
     return outs, tuple(described)
 
 

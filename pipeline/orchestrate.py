@@ -136,10 +136,11 @@ def _run_all(cfg: RunConfig, run_dir: Path, resume: str | None, force: str | Non
 def choose(cfg: RunConfig, export_dir: Path, compress_dir: Path | None) -> Choice:
     """The variant and engine to package, by `release.pick` / `release.engine` / `release.optimize`, from what
     compress measured on this machine: the rule of `pipe package --engine auto` (`pipeline/choose.py`)."""
-    from pipeline import choose as choose_mod, engines
+    from pipeline import choose as choose_mod, engines, tasks
 
+    task = tasks.get(cfg.model.task)
     if compress_dir is None:
-        acc = _read(export_dir).get("metrics", {}).get("test_acc")
+        acc = _read(export_dir).get("metrics", {}).get(f"test_{task.monitor}")
         return Choice(export_dir, "", "fp32", "no compress stage configured (compress.int8/distill off)", acc)
     metrics = _read(compress_dir)["metrics"]
     variants = metrics.get("variants") or {}
@@ -150,11 +151,11 @@ def choose(cfg: RunConfig, export_dir: Path, compress_dir: Path | None) -> Choic
     try:
         got = choose_mod.pick(variants, ref_accuracy=ref, ref_name=ref_name, max_drop=cfg.compress.max_drop,
                               optimize=cfg.release.optimize, rule=cfg.release.pick, engine=engine,
-                              where="release gate")
+                              where="release gate", maximize=task.maximize)
     except GateError as e:
         if "distill" not in metrics:
             raise
-        acc = _read(export_dir).get("metrics", {}).get("test_acc")
+        acc = _read(export_dir).get("metrics", {}).get(f"test_{task.monitor}")
         return Choice(export_dir, "", "fp32", f"no student variant within {cfg.compress.max_drop:.2f} points of the "
                       f"{ref_name} ({str(e).split(' (', 1)[-1].rstrip(')')}): the teacher's fp32 export", acc)
     why = got.why
@@ -181,7 +182,17 @@ def verify_release(run_dir: Path, cache: "_Cache | None" = None) -> None:
 
 
 def _accuracy_gate(cfg: RunConfig, choice: Choice) -> None:
-    want = cfg.release.min_accuracy
+    from pipeline import tasks
+
+    want, task = cfg.release.min_accuracy, tasks.get(cfg.model.task)
+    if want > 0 and task.monitor != "acc":
+        metric = choice.accuracy
+        if metric is None or (metric < want if task.maximize else metric > want):
+            got = "unmeasured" if metric is None else f"{metric:.4f}"
+            bound = "at least" if task.maximize else "at most"
+            raise GateError(f"release gate: packaged {choice.variant} test {task.monitor} {got}, release.min_accuracy "
+                            f"wants {bound} {want:g} (task {task.name}'s monitored metric)")
+        return
     if want > 0 and (choice.accuracy is None or choice.accuracy < want):
         got = "unmeasured" if choice.accuracy is None else f"{choice.accuracy:.2%}"
         raise GateError(f"release gate: packaged {choice.variant} test accuracy {got} < release.min_accuracy "

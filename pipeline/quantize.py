@@ -25,6 +25,7 @@ from pipeline.errors import InputError, PipeError
 _CHILD_TIMEOUT = 1800
 QUANT_OPS = ["conv2d", "depthwise_conv2d", "mul", "matmul", "matmul_v2"]
 _ORT_MATMUL_OPS = ("MatMul", "Gemm")
+_ORT_QUANTIZABLE = ("Conv", "ConvTranspose", "MatMul", "Gemm")  # the compute layers output_layers stops at
 # onnxruntime's closest calibrator to each PaddleSlim algorithm (it has no MSE search).
 ORT_CALIB = {
     "avg": ("MinMax", {"CalibMovingAverage": True}),
@@ -34,23 +35,48 @@ ORT_CALIB = {
 }
 
 
+KEEP_OUTPUTS_RULE = ("the task keeps the layers producing its outputs in fp32 (int8_fp32_outputs): on every path back "
+                     "from a model output, the first quantizable op")
+
+
+def output_layers(nodes: list[tuple[str, str, list[str], list[str]]], outputs: list[str], quantizable: set[str]) -> list[str]:
+    """The layers that produce the model's outputs: walking back from each output through the graph's
+    nodes (name, op type, inputs, outputs), the first node of a `quantizable` type on every path (a head's
+    last conv, not the convs before it). Names in graph order."""
+    producer = {o: i for i, (_, _, _, outs) in enumerate(nodes) for o in outs}
+    found, seen, todo = set(), set(), [producer[o] for o in outputs if o in producer]
+    while todo:
+        i = todo.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        if nodes[i][1] in quantizable:
+            found.add(i)
+        else:
+            todo += [producer[x] for x in nodes[i][2] if x in producer]
+    return [nodes[i][0] for i in sorted(found)]
+
+
 def int8_paddle(src: artifacts.Artifact, io: dict[str, Any], calib: dict[str, np.ndarray], ccfg: CompressConfig,
-                dest: Path, threads: int) -> None:
+                dest: Path, threads: int, keep_outputs: bool = False) -> list[str]:
     """PaddleSlim reads only the legacy program, and only with FLAGS_enable_pir_api=0 set before paddle
     is imported: a child process. The calibration batches go through its stdin as raw bytes, input after
     input (float32 images, int64 token ids: PaddleSlim keeps integer feeds integer), each under its name in
-    the legacy program."""
+    the legacy program. `keep_outputs`: the layers producing the outputs stay fp32 (`output_layers`); returns
+    their weights' names."""
     files = {"model.pdmodel": io["legacy_model"], "model.pdiparams": io["legacy_params"]}
     legacy = dict(zip((t.name for t in io["desc"].inputs), io["legacy_inputs"]))
     spec = {"model_dir": str(src.file(io["legacy_model"]).parent.resolve()),
             "files": {name: {"path": str(src.file(rel).resolve()), "sha256": src.manifest["files"][rel]["sha256"]}
                       for name, rel in files.items()},
-            "dest": str(dest.resolve()), "algo": ccfg.algo,
+            "dest": str(dest.resolve()), "algo": ccfg.algo, "keep_outputs": bool(keep_outputs),
             "inputs": [{"name": legacy[k], "dtype": a.dtype.name, "shape": list(a.shape)} for k, a in calib.items()]}
-    _child("--paddleslim", spec, b"".join(a.tobytes() for a in calib.values()), {"FLAGS_enable_pir_api": "0"},
-           threads, "PaddleSlim quantization")
+    out = _child("--paddleslim", spec, b"".join(a.tobytes() for a in calib.values()), {"FLAGS_enable_pir_api": "0"},
+                 threads, "PaddleSlim quantization")
     if not (dest / "model.pdmodel").is_file():
         raise PipeError("PaddleSlim wrote no model.pdmodel")
+    lines = [ln for ln in out.decode(errors="replace").splitlines() if ln.startswith("fp32_layers ")]
+    return json.loads(lines[-1][len("fp32_layers "):]) if lines else []
 
 
 def to_onnx(src: artifacts.Artifact, dest: Path, threads: int) -> None:
@@ -65,10 +91,12 @@ def to_onnx(src: artifacts.Artifact, dest: Path, threads: int) -> None:
 
 
 def int8_onnx(model: Path, io: dict[str, Any], calib: dict[str, np.ndarray], ccfg: CompressConfig, dest: Path,
-              threads: int) -> None:
+              threads: int, keep_outputs: bool = False) -> list[str]:
     """onnxruntime QDQ int8 of the fp32 ONNX `model`, calibrated on dicts keyed by that file's own input
     names (`engines.names`: by name, whatever order the file lists them in). The int8 file must take its
-    inputs in the same dtypes (integer inputs are never quantized)."""
+    inputs in the same dtypes (integer inputs are never quantized). `keep_outputs`: the nodes producing the
+    outputs stay fp32 (`output_layers`, onnxruntime's nodes_to_exclude); returns their names."""
+    import onnx
     import onnxruntime as ort
     from onnxruntime import quantization as q
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -104,6 +132,11 @@ def int8_onnx(model: Path, io: dict[str, Any], calib: dict[str, np.ndarray], ccf
                               skip_symbolic_shape=any(-1 in t.shape[1:] for t in desc.inputs))
         finally:
             os.chdir(cwd)
+        kept: list[str] = []
+        if keep_outputs:
+            g = onnx.load(str(pre), load_external_data=False).graph
+            kept = output_layers([(n.name, n.op_type, list(n.input), list(n.output)) for n in g.node],
+                                 [o.name for o in g.output], set(_ORT_QUANTIZABLE))
         # reduce_range (7-bit weights): a pair of u8 x s7 products fits in int16, so the model computes the
         # same on CPUs without VNNI, where onnxruntime's u8 x s8 kernels saturate (pipeline/cpu.py). Measured
         # on digits (1,797 samples): agreement with fp32 0.996 with it on an AVX2-only CPU (0.972 without)
@@ -111,11 +144,12 @@ def int8_onnx(model: Path, io: dict[str, Any], calib: dict[str, np.ndarray], ccf
         q.quantize_static(str(pre), str(dest / "model.onnx"), _Reader(), quant_format=q.QuantFormat.QDQ,
                           activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8, per_channel=True,
                           reduce_range=ccfg.reduce_range, calibrate_method=getattr(q.CalibrationMethod, method),
-                          extra_options=dict(extra), op_types_to_quantize=op_types)
+                          extra_options=dict(extra), op_types_to_quantize=op_types, nodes_to_exclude=kept)
     ort_engine.mark_weight_range(dest / "model.onnx", reduced=ccfg.reduce_range)
     before, after = _onnx_input_types(model), _onnx_input_types(dest / "model.onnx")
     if before != after:
         raise PipeError(f"onnxruntime quantization changed the model's inputs: {before} -> {after}")
+    return kept
 
 
 def _onnx_input_types(path: Path) -> dict[str, int]:
@@ -141,7 +175,7 @@ def ort_op_types(desc: iospec.IO) -> tuple[list[str] | None, str]:
     return None, "float inputs only: onnxruntime's default op types"
 
 
-def _child(flag: str, spec: dict[str, Any], stdin: bytes, env_extra: dict[str, str], threads: int, what: str) -> None:
+def _child(flag: str, spec: dict[str, Any], stdin: bytes, env_extra: dict[str, str], threads: int, what: str) -> bytes:
     env = dict(os.environ, GLOG_minloglevel="2", OMP_NUM_THREADS=str(threads), **env_extra,
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     # cwd: a scratch dir, so nothing the libraries may drop in the working directory survives.
@@ -155,6 +189,7 @@ def _child(flag: str, spec: dict[str, Any], stdin: bytes, env_extra: dict[str, s
         lines = [ln for ln in proc.stderr.decode(errors="replace").splitlines() if ln.strip()]
         err = InputError if proc.returncode == 2 else PipeError  # 2: an input changed since it was verified
         raise err(f"{what} failed (exit {proc.returncode}): {lines[-1] if lines else 'no output'}")
+    return proc.stdout
 
 
 def _read_verified(files: dict[str, dict[str, str]]) -> None:
@@ -179,6 +214,21 @@ def _paddleslim_main(spec: dict[str, Any]) -> int:
     paddle.enable_static()
     from paddleslim.quant import quant_post_static
 
+    skip: list[str] = []
+    if spec.get("keep_outputs"):
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        prog, _, fetch = paddle.static.load_inference_model(
+            spec["model_dir"], exe,  # with file names given, the prefix is their directory
+            model_filename=Path(spec["files"]["model.pdmodel"]["path"]).name,
+            params_filename=Path(spec["files"]["model.pdiparams"]["path"]).name)
+        block = prog.global_block()
+        ops = [op for op in block.ops if op.type not in ("feed", "fetch")]
+        nodes = [(str(i), op.type, op.input_arg_names, op.output_arg_names) for i, op in enumerate(ops)]
+        layers = output_layers(nodes, [v.name for v in fetch], set(QUANT_OPS))
+        weights = {n for n in block.vars if block.vars[n].persistable}
+        skip = sorted({x for i in layers for x in ops[int(i)].input_arg_names if x in weights})
+        print("fp32_layers " + json.dumps(skip), flush=True)
+
     def loader() -> Iterator[dict[str, np.ndarray]]:  # a callable of feed dicts: a list or batch_generator fail
         for i in range(batches):
             yield {name: a[i] for name, a in calib.items()}
@@ -190,7 +240,7 @@ def _paddleslim_main(spec: dict[str, Any]) -> int:
         batch_size=size, batch_nums=batches, algo=spec["algo"], round_type="round",
         # onnx_format=True stores the weights as int8 (digits: 81 KB of params vs 304 KB with False) and
         # was closer to fp32 (max|diff| 0.89 vs 2.93); oneDNN int8 runs both.
-        quantizable_op_type=list(QUANT_OPS), onnx_format=True)
+        quantizable_op_type=list(QUANT_OPS), onnx_format=True, skip_tensor_list=skip or None)
     return 0
 
 

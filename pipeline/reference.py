@@ -7,13 +7,16 @@ package built on one machine says nothing about the numbers on another. `pipe pa
 inputs (seeded, from all splits of the data the model was trained on, preprocessed as a client's request
 would be: images normalised, texts encoded with the export's vocabulary), runs them through the fp32
 program and stores every input and every output in `reference.safetensors` (tensors only: no pickle; keys
-`input/<name>` and `output/<name>` by public name, the logits output named in the metadata), with the
-agreement budgets in `serving.yaml`. `pipe serve` runs the inputs on its own predictors before `/readyz`
-turns 200 and refuses to serve (exit 4) when top-1 agreement on the logits with the fp32 outputs is below
-`min_agreement`, or a float output other than the logits is below `min_sqnr_db` (compress's
-`compress.min_sqnr_db`, the same measure stages/compress.py gates variants on): SQNR in dB = 10 log10 of
-sum(ref^2) / sum((got - ref)^2), None when the outputs are identical. Every output's max|diff| is reported;
-outputs of other dtypes report the fraction of equal elements (`equal`), not gated.
+`input/<name>` and `output/<name>` by public name, the logits output named in the metadata, "" for a task
+without logits), with the agreement budgets in `serving.yaml`. `pipe serve` runs the inputs on its own
+predictors before `/readyz` turns 200 and refuses to serve (exit 4) when top-1 agreement on the logits with
+the fp32 outputs is below `min_agreement` (tasks with logits: classification), or a float output other than
+the logits (every float output, for a task without logits: detection's heads) is below `min_sqnr_db`
+(compress's `compress.min_sqnr_db`, the same measure stages/compress.py gates variants on): SQNR in dB = 10
+log10 of sum(ref^2) / sum((got - ref)^2), None when the outputs are identical. Every output's max|diff| is
+reported; outputs of other dtypes report the fraction of equal elements (`equal`), not gated. `pipe package`
+also records the task's metrics on the set's targets (`task_metrics`: fp32's and the packaged engine's), not
+gated. Which output is the logits comes from the task (`logits`: its public name, `pipeline.tasks.Info`).
 
 Sets made before every tensor was stored hold two keys, `inputs` (the only input) and `outputs` (the
 logits); they still check, on the logits.
@@ -27,7 +30,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from pipeline import iospec, task
+from pipeline import iospec
 from pipeline.errors import InputError
 from pipeline.serving.spec import REFERENCE_FILE as FILE  # the package contract names its files
 
@@ -35,7 +38,7 @@ SAMPLES = 256
 _SEED = 0
 _FORMAT = "2"  # metadata "pipe.reference"; sets without it are the two-key format before it
 # A runner: a batch of feeds by the served program's input names -> its outputs by output name (program or
-# public name; a bare array is the logits).
+# public name; a bare array is the logits, or the only output).
 Runner = Callable[[dict[str, np.ndarray]], Any]
 
 
@@ -43,6 +46,12 @@ def draw(export_config: dict[str, Any], interface: dict[str, Any], vocab: dict[s
          n: int = SAMPLES) -> dict[str, np.ndarray]:
     """`n` inputs drawn (seeded) from train, val and test of the export's data, as the model takes them: one
     array per input, by the interface's input name."""
+    return draw_set(export_config, interface, vocab, n)[0]
+
+
+def draw_set(export_config: dict[str, Any], interface: dict[str, Any], vocab: dict[str, int] | None,
+             n: int = SAMPLES) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """`draw`'s inputs and their stored targets (`y`, in the same order: what the task's metrics read)."""
     from pipeline import config as config_mod, data as data_mod
 
     cfg = config_mod.from_dict(export_config)
@@ -52,8 +61,9 @@ def draw(export_config: dict[str, Any], interface: dict[str, Any], vocab: dict[s
         raise InputError(f"reference set: the data the model was trained on is needed to build it: {e}") from None
     desc = iospec.IO.from_interface(interface)
     pre = interface["preprocessing"]
-    parts = []
+    parts, ys = [], []
     for sp, rows in data_mod.draw(ds, n, _SEED):
+        ys.append(np.asarray(sp.y[sp.idx[rows]]))
         if vocab is not None:  # texts as a client sends them, encoded with the export's vocabulary
             ids = data_mod.encode_texts([ds.texts[j] for j in sp.idx[rows]], vocab, int(pre["max_len"]))
             parts.append(data_mod.text_inputs(ids, pre))
@@ -72,16 +82,18 @@ def draw(export_config: dict[str, Any], interface: dict[str, Any], vocab: dict[s
                              f"{list(x.shape[1:])} inputs {t.public!r}, the model takes {t.dtype} "
                              f"{list(t.shape[1:])}; the data changed")
         feeds[t.name] = x
-    return feeds
+    return feeds, np.concatenate(ys)
 
 
-def save(path: Path, io_: iospec.IO, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> None:
-    """Every input and output of `io_` (arrays by program name) under its public name."""
+def save(path: Path, io_: iospec.IO, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray],
+         logits: str) -> None:
+    """Every input and output of `io_` (arrays by program name) under its public name; `logits`: the logits
+    output's public name ("" for a task without logits), in the metadata."""
     from safetensors.numpy import save_file
 
     tensors = {f"input/{t.public}": np.ascontiguousarray(inputs[t.name]) for t in io_.inputs}
     tensors.update({f"output/{t.public}": np.ascontiguousarray(outputs[t.name]) for t in io_.outputs})
-    save_file(tensors, str(path), metadata={"pipe.reference": _FORMAT, "logits": io_.logits().public})
+    save_file(tensors, str(path), metadata={"pipe.reference": _FORMAT, "logits": logits})
 
 
 def _read(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -139,13 +151,14 @@ def load_set(path: Path, io_: iospec.IO, text_len: int | None = None
 
 
 def run(run_batch: Runner, inputs: Mapping[str, np.ndarray], batch: int, io_: iospec.IO) -> dict[str, np.ndarray]:
-    """Every output of `run_batch` over `inputs` in batches, by the program's output name."""
+    """Every output of `run_batch` over `inputs` in batches, by the program's output name (a runner answering
+    a bare array: the logits, or the only output)."""
     n = iospec.num_rows(inputs)
     parts: list[dict[str, np.ndarray]] = []
     for i in range(0, n, batch):
         got = run_batch({k: v[i:i + batch] for k, v in inputs.items()})
         if not isinstance(got, Mapping):
-            got = {io_.logits().name: got}
+            got = {io_.main().name: got}
         named: dict[str, np.ndarray] = {}
         for k, v in got.items():
             try:
@@ -168,19 +181,21 @@ def sqnr_db(got: np.ndarray, ref: np.ndarray) -> float | None:
 
 
 def compare(got: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], io_: iospec.IO,
-            min_sqnr_db: float | None = None) -> dict[str, Any]:
-    """Top-1 agreement and max|diff| on the logits; per output (public name): float outputs max|diff| and SQNR
-    in dB, others the fraction of equal elements. `min_sqnr_db` (None: no SQNR budget, as packages made
-    before it) travels in the result for `verdict`. An output missing or of another shape is an `error`."""
-    logits = io_.logits()
-    n = len(ref[logits.name])
+            min_sqnr_db: float | None = None, *, logits: str) -> dict[str, Any]:
+    """Top-1 agreement on the logits (`logits`: their public name, the task's `Info.logits`; "": a task
+    without logits, whose agreement is None) and max|diff| of the logits (else of the first output, `IO.main`); per output
+    (public name): float outputs max|diff| and SQNR in dB, others the fraction of equal elements.
+    `min_sqnr_db` (None: no SQNR budget, as packages made before it) travels in the result for `verdict`.
+    An output missing or of another shape is an `error`."""
+    head = io_.output(logits) if logits else io_.main()
+    n = len(ref[head.name])
     per: dict[str, dict[str, Any]] = {}
     for t in io_.outputs:
         if t.name not in ref:
             continue  # a set made before every output was stored
         r, g = ref[t.name], got.get(t.name)
         if g is None or g.shape != r.shape:
-            return {"samples": int(n), "top1_agreement": 0.0, "max_abs_diff": float("inf"),
+            return {"samples": int(n), "top1_agreement": 0.0 if logits else None, "max_abs_diff": float("inf"),
                     "error": f"output {t.public!r}: " + ("not returned" if g is None else
                                                          f"shape {list(g.shape)}, the reference has {list(r.shape)}")}
         if r.dtype.kind == "f":
@@ -188,14 +203,17 @@ def compare(got: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], io_: i
                              "sqnr_db": sqnr_db(g, r)}
         else:
             per[t.public] = {"equal": float(np.count_nonzero(g == r)) / max(r.size, 1)}
-    g, r = got[logits.name], ref[logits.name]
-    out = {"samples": int(n), "top1_agreement": task.agreement(g, r),
-           "max_abs_diff": per[logits.public]["max_abs_diff"], "logits": logits.public, "outputs": per}
+    agree = None
+    if logits:
+        top = [np.asarray(d[head.name]).argmax(axis=1) for d in (got, ref)]
+        agree = float((top[0] == top[1]).mean())
+    out = {"samples": int(n), "top1_agreement": agree, "max_abs_diff": per[head.public].get("max_abs_diff", 0.0),
+           "logits": head.public if logits else None, "outputs": per}
     return out if min_sqnr_db is None else {**out, "min_sqnr_db": float(min_sqnr_db)}
 
 
 def below_sqnr(result: dict[str, Any]) -> list[str]:
-    """The float outputs other than the logits whose SQNR is below the result's `min_sqnr_db`."""
+    """The float outputs other than the logits (if any) whose SQNR is below the result's `min_sqnr_db`."""
     budget = result.get("min_sqnr_db")
     if budget is None:
         return []
@@ -204,8 +222,10 @@ def below_sqnr(result: dict[str, Any]) -> list[str]:
 
 
 def verdict(result: dict[str, Any], budget: float) -> bool:
-    """Top-1 agreement on the logits within `budget` and every other float output within min_sqnr_db."""
-    return "error" not in result and result["top1_agreement"] >= budget and not below_sqnr(result)
+    """Top-1 agreement on the logits within `budget` (a task without logits: none to hold) and every other
+    float output within min_sqnr_db."""
+    agree = result.get("top1_agreement")
+    return "error" not in result and (agree is None or agree >= budget) and not below_sqnr(result)
 
 
 def check(spec: Any, runners: list[Runner], batch: int) -> tuple[dict[str, Any] | None, float | None]:
@@ -217,12 +237,19 @@ def check(spec: Any, runners: list[Runner], batch: int) -> tuple[dict[str, Any] 
         return None, None
     path = spec.dir / ref["file"]
     x, y = load_set(path, spec.io, spec.text.max_len if spec.text is not None else None)
-    if y[spec.io.logits().name].shape[1] != len(spec.labels):
-        raise InputError(f"{path}: logits of {y[spec.io.logits().name].shape[1]} classes; the package has "
+    logits = spec.info.logits
+    if logits and y[spec.io.output(logits).name].shape[1] != len(spec.labels):
+        raise InputError(f"{path}: logits of {y[spec.io.output(logits).name].shape[1]} classes; the package has "
                          f"{len(spec.labels)} labels")
     budget, min_db = float(ref["min_agreement"]), ref.get("min_sqnr_db")
-    results = [compare(run(fn, x, batch, spec.io), y, spec.io, min_db) for fn in runners]
-    return min(results, key=lambda r: (verdict(r, budget), r["top1_agreement"], -r["max_abs_diff"])), budget
+    results = [compare(run(fn, x, batch, spec.io), y, spec.io, min_db, logits=logits) for fn in runners]
+    return min(results, key=lambda r: (verdict(r, budget), _agreement(r), -r["max_abs_diff"])), budget
+
+
+def _agreement(result: dict[str, Any]) -> float:
+    """The result's top-1 agreement for ranking runners; a task without logits ranks on the rest."""
+    agree = result.get("top1_agreement")
+    return 1.0 if agree is None else agree
 
 
 def check_here(package: Path, engine: str = "") -> tuple[dict[str, Any] | None, float | None, dict[str, Any]]:
@@ -293,11 +320,15 @@ def verify_here(package: Path) -> None:
 
 
 def describe(result: dict[str, Any], budget: float) -> str:
-    """One line: the logits' agreement and max|diff|, then each other output's max|diff| and SQNR."""
+    """One line: the logits' agreement and max|diff|, then each other output's max|diff| and SQNR (a task
+    without logits: every output's)."""
     if "error" in result:
         return f"reference check: {result['error']}"
-    line = (f"reference check: {result['samples']} samples, top-1 agreement with fp32 {result['top1_agreement']:.4f} "
-            f"(budget {budget:g}), max|diff| {result['max_abs_diff']:.3g}")
+    if result.get("top1_agreement") is None:
+        line = f"reference check: {result['samples']} samples against fp32"
+    else:
+        line = (f"reference check: {result['samples']} samples, top-1 agreement with fp32 "
+                f"{result['top1_agreement']:.4f} (budget {budget:g}), max|diff| {result['max_abs_diff']:.3g}")
     low = below_sqnr(result)
     for name, one in (result.get("outputs") or {}).items():
         if name == result.get("logits"):

@@ -2,14 +2,18 @@
 
     python -c "from pipeline import report; print(report.write('runs/demo'))"
 
-Reads only manifests and `train/metrics.csv` (nothing is re-measured, paddle is never imported):
-training curves; accuracy, size, p50/p99 latency and throughput of every model variant compress
-measured (fp32, bf16, int8 Paddle Inference, onnxruntime fp32/int8, a distilled student and its
-teacher), as a table and a bar chart; export/compress/package parity numbers; what was packaged and
-why; the lineage with each manifest's sha256 and the one its successor recorded; versions and hardware.
-A partial run (no compress, no package, a text model compress cannot take) gets the sections it can;
-missing numbers show as "-", unsupported variants as "unsupported: reason". The HTML embeds its plots
-as base64 PNGs and has no external scripts, styles, fonts or links. Both files are replaced atomically.
+Reads manifests and `train/metrics.csv` (nothing is re-measured): training curves of every metric of the
+run's task (`pipeline/tasks`: classification's accuracy, detection's COCO mAP, a user's `module:Task`'s own);
+those metrics, size, p50/p99 latency and throughput of every model variant compress measured (fp32, bf16,
+int8 Paddle Inference, onnxruntime fp32/int8, a distilled student and its teacher), as a table and a bar
+chart; export/compress/package parity numbers; what was packaged and why; the lineage with each manifest's
+sha256 and the one its successor recorded; versions and hardware. A detection run also gets a picture of
+the export's detections on a few test images (`report-detections.png`, embedded in the HTML): the one part
+that runs a model, on Paddle Inference, so only a detection report imports paddle; when it cannot be drawn
+(no export, no engine, the data gone) the report says why instead. A partial run (no compress, no package,
+a text model compress cannot take) gets the sections it can; missing numbers show as "-", unsupported
+variants as "unsupported: reason". The HTML embeds its plots as base64 PNGs and has no external scripts,
+styles, fonts or links. The files are replaced atomically.
 """
 
 from __future__ import annotations
@@ -27,13 +31,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from pipeline import artifacts, cpu
+from pipeline import artifacts, cpu, tasks
 from pipeline.errors import InputError
 
 STAGES = ("train", "export", "compress", "package")
 _MB = 1e6
 _CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
 _NA = "-"
+_METRIC_NAMES = {"acc": "accuracy", "map": "mAP@[.5:.95]", "map50": "mAP@.5"}
+_PERCENT = frozenset(("acc", "map", "map50"))  # shares, shown as % (COCO tables show AP x 100); others .4f
+DETECTIONS_PNG = "report-detections.png"
+_DET_IMAGES = 6  # test images in the detections picture
+_DET_DRAWN = 10  # predicted boxes drawn per image at most (a barely trained model can pass the threshold often)
 
 
 @dataclass
@@ -58,7 +67,32 @@ class Table:
 class Section:
     title: str
     blocks: list[Any] = field(default_factory=list)
-    """str (a paragraph), Table, or ("png", bytes, caption)."""
+    """str (a paragraph), Table, or ("png", bytes, caption[, file name the PNG is also written to])."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """The run's task as the report shows it (the contract is pipeline/tasks/__init__.py)."""
+
+    name: str
+    spec: str
+    metrics: tuple[str, ...]
+    monitor: str
+    maximize: bool | None
+    """None: not known (the task did not import)."""
+    agreement: bool
+    """classification's top-1 agreement applies (a task reading logits)."""
+    note: str = ""
+    """why the task could not be imported here (its metrics are then read off the manifests)."""
+
+    def label(self, metric: str) -> str:
+        return _METRIC_NAMES.get(metric, metric)
+
+    def fmt(self, metric: str, v: Any) -> str:
+        return _num(v, ".2%" if metric in _PERCENT else ".4f")
+
+    def better(self) -> str:
+        return {True: "higher is better", False: "lower is better"}.get(self.maximize, "direction not known")
 
 
 def write(run_dir: Path) -> tuple[Path, Path]:
@@ -70,17 +104,24 @@ def write(run_dir: Path) -> tuple[Path, Path]:
     if not stages:
         raise InputError(f"{run_dir}: no stage directories (train/, export/, compress/, package/) to report on")
     chain = _chain(stages)
+    task = _task(stages)
     sections = [
-        _overview(run_dir, stages),
-        _curves(run_dir, stages, chain),
-        _variants(stages),
-        _parity(stages),
-        _packaged(stages, _pick_record(run_dir)),
+        _overview(run_dir, stages, task),
+        _curves(run_dir, stages, chain, task),
+        _variants(stages, task),
+        *([_detections(stages)] if task.spec == "detection" else []),
+        _parity(stages, task),
+        _packaged(stages, _pick_record(run_dir), task),
         _lineage(run_dir, stages, chain),
         _environment(stages),
     ]
     title = f"pipe run report: {run_dir.resolve().name}"
     md_path, html_path = run_dir / "report.md", run_dir / "report.html"
+    pictures = {b[3]: b[1] for sec in sections for b in sec.blocks if isinstance(b, tuple) and len(b) > 3}
+    for name, png in pictures.items():
+        _write_bytes_atomic(run_dir / name, png)
+    if DETECTIONS_PNG not in pictures:
+        (run_dir / DETECTIONS_PNG).unlink(missing_ok=True)  # an earlier report's picture would read as this one's
     artifacts.write_text_atomic(md_path, _markdown(title, sections))
     artifacts.write_text_atomic(html_path, _html(title, sections))
     return md_path, html_path
@@ -129,6 +170,48 @@ def _chain(stages: dict[str, Stage]) -> list[Stage]:
     return out
 
 
+def _task(stages: dict[str, Stage]) -> Task:
+    """The task the manifests' interface names (`interface.task.spec`; none: classification, as every
+    manifest before tasks existed), through `pipeline.tasks`."""
+    iface = next((st.manifest["interface"] for st in stages.values()
+                  if isinstance(st.manifest.get("interface"), dict)), {})
+    rec = _get(iface, "task", default={})
+    spec = rec.get("spec") if isinstance(rec.get("spec"), str) and rec.get("spec") else "classification"
+    try:
+        t = tasks.get(spec)
+        return Task(str(t.name), spec, tuple(str(m) for m in t.metrics), str(t.monitor), bool(t.maximize),
+                    bool(getattr(t, "logits", False)))
+    except Exception as e:  # a user's module may fail to import here in any way: said in the report, not raised
+        why = f"model.task {spec!r} does not import here ({e.__class__.__name__}: {_line(e)})"
+    found: list[str] = []  # its metrics, as the manifests name them: test_<m>
+    for st in stages.values():
+        for k in _get(st.manifest, "metrics", default={}):
+            m = k[5:] if isinstance(k, str) and k.startswith("test_") else ""
+            if m and m not in ("loss", "samples") and m not in found:
+                found.append(m)
+    comp = _get(stages["compress"].manifest, "metrics", default={}) if "compress" in stages else {}
+    monitor = comp.get("metric") if comp.get("metric") in found else (found[0] if found else "acc")
+    name = rec.get("name") if isinstance(rec.get("name"), str) else spec
+    return Task(name, spec, tuple(found) or (monitor,), monitor, None, False,
+                why + "; its metrics are read off the manifests")
+
+
+def _line(e: BaseException) -> str:
+    """An exception's message on one line (its first non-empty line)."""
+    return next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
+
+
+def _write_bytes_atomic(path: Path, data: bytes) -> None:
+    """As `artifacts.write_text_atomic`, for a PNG."""
+    tmp = path.parent / f"{path.name}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    artifacts.fsync(path.parent)
+
+
 def _get(d: Any, *keys: str, default: Any = None) -> Any:
     """d[k1][k2]... or `default`; with a dict default, also when the value found is not a dict."""
     for k in keys:
@@ -156,7 +239,7 @@ def _rel(path: Path, run_dir: Path) -> str:
 # ------------------------------------------------------------------ sections
 
 
-def _overview(run_dir: Path, stages: dict[str, Stage]) -> Section:
+def _overview(run_dir: Path, stages: dict[str, Stage], task: Task) -> Section:
     first = next(iter(stages.values())).manifest
     model = _get(first, "config", "model", "name") or _get(first, "interface", "model") or "?"
     data = _get(first, "config", "data", "source") or "?"
@@ -164,6 +247,12 @@ def _overview(run_dir: Path, stages: dict[str, Stage]) -> Section:
                         for s, st in stages.items())
     missing = [s for s in STAGES if s not in stages]
     text = [f"Model `{model}` on data `{data}`. Stages: {present}."]
+    if task.spec != "classification":  # classification reports read as they did before tasks existed
+        text.append(f"Task `{task.name}` (model.task {task.spec}): metrics "
+                    f"{', '.join(task.label(m) for m in task.metrics)}; training and compress monitor "
+                    f"{task.label(task.monitor)} ({task.better()}).")
+    if task.note:
+        text.append(task.note[0].upper() + task.note[1:] + ".")
     if missing:
         text.append(f"Not in this run: {', '.join(missing)}.")
     text.append(f"Written {time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime())} from the manifests in {run_dir}.")
@@ -184,7 +273,7 @@ def _read_metrics_csv(path: Path) -> list[dict[str, float]]:
     return rows
 
 
-def _curves(run_dir: Path, stages: dict[str, Stage], chain: list[Stage]) -> Section:
+def _curves(run_dir: Path, stages: dict[str, Stage], chain: list[Stage], task: Task) -> Section:
     sec = Section("Training curves")
     trains = [st for st in [stages.get("train"), *[c for c in chain if c.name == "train"]] if st is not None]
     done: set[Path] = set()
@@ -206,21 +295,24 @@ def _curves(run_dir: Path, stages: dict[str, Stage], chain: list[Stage]) -> Sect
             sec.blocks.append(f"{who}: metrics.csv has no per-epoch rows.")
             continue
         m = _get(st.manifest, "metrics", default={})
-        sec.blocks.append(f"{who}: {len(rows)} epochs; test accuracy {_num(m.get('test_acc'), '.2%')}, "
-                          f"test loss {_num(m.get('test_loss'), '.4f')}, best checkpoint "
-                          f"{m.get('best_checkpoint', _NA)}.")
-        sec.blocks.append(("png", _plot_curves(rows, who), f"loss and validation accuracy per epoch: {who}"))
-        cols = [c for c in ("train_loss", "val_loss", "val_acc", "lr") if c in rows[0]]
+        tests = "".join(f"test {task.label(k)} {task.fmt(k, m.get(f'test_{k}'))}, " for k in task.metrics)
+        sec.blocks.append(f"{who}: {len(rows)} epochs; {tests}test loss {_num(m.get('test_loss'), '.4f')}, "
+                          f"best checkpoint {m.get('best_checkpoint', _NA)}.")
+        shown = " and ".join(task.label(k) for k in task.metrics)
+        sec.blocks.append(("png", _plot_curves(rows, who, task), f"loss and validation {shown} per epoch: {who}"))
+        vals = {f"val_{k}": k for k in task.metrics}
+        cols = [c for c in ("train_loss", "val_loss", *vals, "lr") if c in rows[0]]
         sec.blocks.append(Table(["epoch", *cols], [
             [_num(r.get("epoch"), ".0f"),
-             *[_num(r.get(c), ".2%" if c == "val_acc" else ".4g") for c in cols]] for r in rows]))
+             *[task.fmt(vals[c], r.get(c)) if c in vals else _num(r.get(c), ".4g") for c in cols]] for r in rows]))
     if not sec.blocks:
         sec.blocks.append("No train stage in this run.")
     return sec
 
 
-def _variant_rows(stages: dict[str, Stage]) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
-    """[(label, {status, accuracy, agreement, size_mb, p50, p99, items_s, engine, precision, note})], notes."""
+def _variant_rows(stages: dict[str, Stage], task: Task) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+    """[(label, {status, accuracy, metrics, agreement, size_mb, p50, p99, items_s, engine, precision, note})],
+    notes; `accuracy` is the monitored metric's value (compress's name for it), `metrics` every metric's."""
     rows: list[tuple[str, dict[str, Any]]] = []
     notes: list[str] = []
     comp, exp = stages.get("compress"), stages.get("export")
@@ -233,7 +325,8 @@ def _variant_rows(stages: dict[str, Stage]) -> tuple[list[tuple[str, dict[str, A
         teacher = _get(exp.manifest, "config", "model", "name") or "?"
         label = "fp32 (export)" if comp is None else f"teacher {teacher} fp32 (export)"
         rows.append((label, {"status": "ok", "engine": "paddle_inference", "precision": "fp32",
-                             "accuracy": em.get("test_acc"), "agreement": None,
+                             "accuracy": em.get(f"test_{task.monitor}"), "agreement": None,
+                             "metrics": {k: em.get(f"test_{k}") for k in task.metrics},
                              "size_mb": size / _MB if size else None, "p50": em.get("latency_ms_p50_bs1"),
                              "p99": None, "items_s": None, "note": "measured by export (batch-1 p50 only)"}))
     if comp is None:
@@ -260,19 +353,34 @@ def _variant_rows(stages: dict[str, Stage]) -> tuple[list[tuple[str, dict[str, A
         status = (v.get("status") or "ok") if supported else \
             f"unsupported: {v.get('reason') or v.get('note') or 'no reason recorded'}"
         size = v.get("size_bytes")
+        every = v.get("metrics") if isinstance(v.get("metrics"), dict) else {}
         rows.append((prefix + name, {
             "status": status, "engine": v.get("engine", _NA), "precision": v.get("precision", _NA),
             "accuracy": v.get("accuracy"), "agreement": v.get("top1_agreement"),
+            "metrics": {k: v.get("accuracy") if k == task.monitor else every.get(k) for k in task.metrics},
             "size_mb": size / _MB if isinstance(size, (int, float)) else None,
             "p50": v.get("latency_ms_p50_bs1"), "p99": v.get("latency_ms_p99_bs1"),
             "items_s": v.get("items_per_s_bs32"), "note": v.get("note", "") if supported else ""}))
     timing = _get(comp.manifest, "metrics", "timing", default={})
-    cap = _get(comp.manifest, "metrics", "cpu", default=None)
-    if isinstance(cap, dict):
+    cm = _get(comp.manifest, "metrics", default={})
+    cap = cm.get("cpu")
+    if isinstance(cap, dict) and task.agreement:
         notes.append(f"CPU where compress measured, and its int8 capability: {cpu.summary(cap)}. Top-1 agreement "
-                     f"is over {_get(comp.manifest, 'metrics', 'agreement_samples', default=_NA)} samples of all "
-                     f"splits; budget compress.min_agreement "
-                     f"{_get(comp.manifest, 'metrics', 'min_agreement', default=_NA)}.")
+                     f"is over {cm.get('agreement_samples', _NA)} samples of all "
+                     f"splits; budget compress.min_agreement {cm.get('min_agreement', _NA)}.")
+    elif isinstance(cap, dict):  # no logits: fidelity is each output's SQNR against fp32
+        outs = cm.get("sqnr_budget_outputs")
+        notes.append(f"CPU where compress measured, and its int8 capability: {cpu.summary(cap)}. Fidelity to fp32 "
+                     f"(SQNR of output{'s' if isinstance(outs, list) and len(outs) != 1 else ''} "
+                     f"{', '.join(map(str, outs)) if isinstance(outs, list) else _NA}) is over "
+                     f"{cm.get('agreement_samples', _NA)} samples of all splits; budget compress.min_sqnr_db "
+                     f"{cm.get('min_sqnr_db', _NA)} dB.")
+    if task.spec != "classification":
+        worse = {True: "fall", False: "rise"}.get(task.maximize, "worsening")
+        notes.append(f"compress monitored {task.label(task.monitor)} ({task.better()}): budget compress.max_drop "
+                     f"{cm.get('max_drop', _NA)} points (100 x its {worse}); the "
+                     f"best int8 variant, {cm.get('best_int8') or _NA}, is {_num(cm.get('int8_drop_points'), '.3f')} "
+                     "points worse than fp32.")
     notes.append(f"Measured by compress on {_get(comp.manifest, 'metrics', 'test_samples', default=_NA)} test "
                  f"samples with {_get(comp.manifest, 'metrics', 'threads', default=_NA)} threads: "
                  f"{timing.get('latency_runs', _NA)} timed batch-1 runs and {timing.get('throughput_runs', _NA)} "
@@ -280,24 +388,92 @@ def _variant_rows(stages: dict[str, Stage]) -> tuple[list[tuple[str, dict[str, A
     return rows, notes
 
 
-def _variants(stages: dict[str, Stage]) -> Section:
-    sec = Section("Model variants: accuracy, size, latency, throughput")
-    rows, notes = _variant_rows(stages)
+def _variants(stages: dict[str, Stage], task: Task) -> Section:
+    monitored = task.label(task.monitor)
+    sec = Section(f"Model variants: {monitored}, size, latency, throughput")
+    rows, notes = _variant_rows(stages, task)
     sec.blocks += notes
     if not rows:
         sec.blocks.append("No model variants to show (no export or compress stage).")
         return sec
+    agree = task.agreement or any(_num(r["agreement"], "g") != _NA for _, r in rows)
     sec.blocks.append(Table(
-        ["variant", "engine", "precision", "status", "accuracy", "top-1 agreement", "size MB", "p50 ms bs1",
-         "p99 ms bs1", "items/s bs32", "note"],
-        [[label, str(r["engine"]), str(r["precision"]), r["status"], _num(r["accuracy"], ".2%"),
-          _num(r["agreement"], ".3f"), _num(r["size_mb"], ".3f"), _num(r["p50"], ".3f"), _num(r["p99"], ".3f"),
-          _num(r["items_s"], ",.0f"), str(r["note"] or "")] for label, r in rows]))
-    sec.blocks.append(("png", _plot_variants(rows), "accuracy, size, p50/p99 latency and throughput per variant"))
+        ["variant", "engine", "precision", "status", *[task.label(k) for k in task.metrics],
+         *(["top-1 agreement"] if agree else []), "size MB", "p50 ms bs1", "p99 ms bs1", "items/s bs32", "note"],
+        [[label, str(r["engine"]), str(r["precision"]), r["status"],
+          *[task.fmt(k, r["metrics"].get(k)) for k in task.metrics],
+          *([_num(r["agreement"], ".3f")] if agree else []), _num(r["size_mb"], ".3f"), _num(r["p50"], ".3f"),
+          _num(r["p99"], ".3f"), _num(r["items_s"], ",.0f"), str(r["note"] or "")] for label, r in rows]))
+    sec.blocks.append(("png", _plot_variants(rows, task),
+                       f"{monitored}, size, p50/p99 latency and throughput per variant"))
     return sec
 
 
-def _parity(stages: dict[str, Stage]) -> Section:
+def _detections(stages: dict[str, Stage]) -> Section:
+    """The export's fp32 program on a few test images (Paddle Inference), decoded with the task settings the
+    interface records (what /v1 answers): predicted boxes with label and score over the ground truth."""
+    sec = Section("Detections on test images")
+    exp = stages.get("export")
+    why = ("no export stage in this run" if exp is None else
+           f"the export stage is not verified ({exp.status})" if exp.status != "verified" else "")
+    if not why:
+        from pipeline import engines
+
+        why = engines.missing("paddle_inference")
+    if not why:
+        try:
+            got = _detect(exp)
+        except Exception as e:  # data gone, engine or program refused: said in the report, which never fails the run
+            why = f"{e.__class__.__name__}: {_line(e)}"
+    if why:
+        sec.blocks.append(f"No picture of detections: {why}.")
+        return sec
+    thr, labels = got["settings"].get("score_threshold", _NA), got["labels"]
+    name = lambda c: labels[int(c)] if 0 <= int(c) < len(labels) else str(int(c))  # noqa: E731
+    sec.blocks.append(f"The export's fp32 program (`model.json`, Paddle Inference) on {len(got['pos'])} of "
+                      f"{got['test_samples']} test images, decoded with the interface's settings (score_threshold "
+                      f"{thr}, nms_iou {got['settings'].get('nms_iou', _NA)}, max_detections "
+                      f"{got['settings'].get('max_detections', _NA)}). Boxes in model-input pixels.")
+    sec.blocks.append(("png", _plot_detections(got, name),
+                       f"predicted boxes (red: label and score, score >= {thr}; at most {_DET_DRAWN} per image) "
+                       "and ground truth (green, dashed) on test images", DETECTIONS_PNG))
+    sec.blocks.append(Table(["test image", "ground truth", "predicted (label score)"], [
+        [str(p), ", ".join(name(g[4]) for g in gt) or "none",
+         (", ".join(f"{name(d[5])} {d[4]:.2f}" for d in dets[:_DET_DRAWN]) or "none")
+         + (f" (+{len(dets) - _DET_DRAWN} more)" if len(dets) > _DET_DRAWN else "")]
+        for p, gt, dets in zip(got["pos"], got["truth"], got["dets"])]))
+    return sec
+
+
+def _detect(exp: Stage) -> dict[str, Any]:
+    """Decoded detections of the export's program on `_DET_IMAGES` test images spread over the split, with
+    those images (uint8 NCHW) and their ground-truth boxes (class -1 padding dropped)."""
+    import numpy as np
+
+    from pipeline import config as config_mod, data as data_mod, engines, iospec
+    from pipeline.tasks import detection
+
+    m = exp.manifest
+    where = str(exp.path / artifacts.MANIFEST)
+    ds = data_mod.load(config_mod.from_dict(m["config"]).data)
+    if ds.targets != "boxes":
+        raise InputError(f"{where}: data.source {ds.targets!r} holds no boxes")
+    desc = iospec.IO.from_interface(m["interface"], f"{where}: interface")
+    _, info = tasks.from_interface(m["interface"], desc)
+    pos = np.unique(np.linspace(0, len(ds.test) - 1, min(_DET_IMAGES, len(ds.test))).round().astype(np.int64))
+    program = exp.path / "model.json"
+    eng = engines.ENGINES["paddle_inference"].load([program, exp.path / "model.pdiparams"], threads=1)
+    on = engines.names(eng, desc, str(program))  # by name, as every engine user does
+    feeds = desc.feeds(ds.test.feeds(pos, m["interface"]["preprocessing"]), where)
+    raw = eng.run({on[t.name]: feeds[t.name] for t in desc.inputs})
+    dets = detection.decode({t.public: raw[on[t.name]] for t in desc.outputs}, info.settings)
+    y = np.asarray(ds.test.y[ds.test.idx[pos]], np.float32).reshape(len(pos), -1, 5)
+    return {"pos": [int(p) for p in pos], "images": ds.test.rows(pos)["image"], "truth": [t[t[:, 4] >= 0] for t in y],
+            "dets": dets, "labels": list(info.labels), "settings": dict(info.settings),
+            "test_samples": len(ds.test)}
+
+
+def _parity(stages: dict[str, Stage], task: Task) -> Section:
     sec = Section("Parity")
     rows: list[list[str]] = []
 
@@ -322,9 +498,11 @@ def _parity(stages: dict[str, Stage]) -> Section:
                          f"unsupported: {_get(exp.manifest, 'legacy', 'reason', default='not written')}"])
         if m.get("onnx_parity_max_abs_diff") is not None:
             add("export: model.onnx (onnxruntime) vs trained model", m.get("onnx_parity_max_abs_diff"), peak, tol, n)
-        sec.blocks.append(f"Export test accuracy {_num(m.get('test_acc'), '.2%')} (predictor) vs "
-                          f"{_num(m.get('dygraph_test_acc'), '.2%')} (trained model), top-1 agreement "
-                          f"{_num(m.get('top1_agreement'), '.4f')} on {m.get('test_samples', _NA)} test samples.")
+        said = ", ".join(f"{task.label(k)} {task.fmt(k, m.get(f'test_{k}'))} (predictor) vs "
+                         f"{task.fmt(k, m.get(f'dygraph_test_{k}'))} (trained model)" for k in task.metrics)
+        agree = (f", top-1 agreement {_num(m.get('top1_agreement'), '.4f')}"
+                 if task.agreement or "top1_agreement" in m else "")
+        sec.blocks.append(f"Export test {said}{agree} on {m.get('test_samples', _NA)} test samples.")
     comp = stages.get("compress")
     if comp is not None and _get(comp.manifest, "metrics", "onnx_parity_max_abs_diff") is not None:
         cm = comp.manifest["metrics"]
@@ -339,14 +517,15 @@ def _parity(stages: dict[str, Stage]) -> Section:
         add(f"package: Triton ONNX ({pm.get('onnx_source', '?')}) vs Paddle predictor", pm.get("onnx_max_abs_diff"),
             pm.get("onnx_max_abs_logit"), pm.get("onnx_parity_tol"), "fixed random batch")
     if rows:
-        sec.blocks.insert(0, Table(["check", "max|diff|", "max|logit|", "relative", "tolerance (relative)",
+        sec.blocks.insert(0, Table(["check", "max|diff|", "max|logit|" if task.agreement else "max|output|",
+                                    "relative", "tolerance (relative)",
                                     "bound", "samples", "result"], rows))
     else:
         sec.blocks.append("No parity numbers in this run (no export stage).")
     return sec
 
 
-def _packaged(stages: dict[str, Stage], picked: dict[str, Any]) -> Section:
+def _packaged(stages: dict[str, Stage], picked: dict[str, Any], task: Task) -> Section:
     sec = Section("Packaged model")
     pkg = stages.get("package")
     if pkg is None:
@@ -358,15 +537,15 @@ def _packaged(stages: dict[str, Stage], picked: dict[str, Any]) -> Section:
     variant = pm.get("variant") or m.get("precision") or "?"
     sec.blocks.append(f"`{m.get('name', '?')}`: variant **{variant}** ({m.get('precision', '?')}, format "
                       f"{m.get('format', '?')}, engine {m.get('engine', 'paddle_inference')}) from the {src} stage; "
-                      "test accuracy "
-                      f"{_num(pm.get('variant_accuracy'), '.2%')}, size "
+                      f"test {task.label(task.monitor)} "
+                      f"{task.fmt(task.monitor, pm.get('variant_accuracy'))}, size "
                       f"{_num(_mb(pm.get('variant_size_bytes')), '.3f')} MB, "
                       f"p50 {_num(pm.get('variant_latency_ms_p50_bs1'), '.3f')} ms at batch 1, "
                       f"{_num(pm.get('variant_items_per_s_bs32'), ',.0f')} items/s at batch 32. "
                       + (f"Triton ONNX: {pm['onnx_source']} ({pm.get('onnx_precision', '?')})."
                          if pm.get("onnx_source") else ""))
     why = picked.get("why") if picked.get("variant") == _get(m, "metrics", "variant") else None
-    sec.blocks.append(f"Why: {why or _why(stages, m)}")
+    sec.blocks.append(f"Why: {why or _why(stages, m, task)}")
     return sec
 
 
@@ -384,7 +563,7 @@ def _mb(v: Any) -> float | None:
     return v / _MB if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _why(stages: dict[str, Stage], pkg: dict[str, Any]) -> str:
+def _why(stages: dict[str, Stage], pkg: dict[str, Any], task: Task) -> str:
     """The reason recorded in the package manifest, else what the manifests say about the choice."""
     said = _get(pkg, "chosen", "why")  # pipe package's own reason (pipeline/choose.py)
     if isinstance(said, str) and said:
@@ -410,7 +589,8 @@ def _why(stages: dict[str, Stage], pkg: dict[str, Any]) -> str:
         parts.append(f"compress measured int8-paddle (what `pipe serve` runs for int8) {verdict} than fp32 "
                      f"here: {said}.")
     if chosen:
-        parts.append(f"The packaged variant measured {_num(chosen.get('accuracy'), '.2%')} accuracy, "
+        parts.append(f"The packaged variant measured {task.fmt(task.monitor, chosen.get('accuracy'))} "
+                     f"{task.label(task.monitor)}, "
                      f"p50 {_num(chosen.get('latency_ms_p50_bs1'), '.3f')} ms.")
     return " ".join(parts)
 
@@ -514,9 +694,10 @@ def _png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def _plot_curves(rows: list[dict[str, float]], title: str) -> bytes:
-    fig = _figure(9, 3.2)
-    loss, acc = fig.subplots(1, 2)
+def _plot_curves(rows: list[dict[str, float]], title: str, task: Task) -> bytes:
+    """Loss, then one panel per metric of the task (`val_<m>`; shares in %)."""
+    fig = _figure(4.5 * (1 + len(task.metrics)), 3.2)
+    loss, *panels = fig.subplots(1, 1 + len(task.metrics))
     ep = [r.get("epoch", i) for i, r in enumerate(rows)]
     for col, style in (("train_loss", "-o"), ("val_loss", "-s")):
         pts = [(e, r[col]) for e, r in zip(ep, rows) if col in r]
@@ -524,21 +705,30 @@ def _plot_curves(rows: list[dict[str, float]], title: str) -> bytes:
             loss.plot(*zip(*pts), style, ms=3, label=col.replace("_", " "))
     loss.set(xlabel="epoch", ylabel="loss", title="loss")
     loss.legend()
-    pts = [(e, r["val_acc"] * 100) for e, r in zip(ep, rows) if "val_acc" in r]
-    if pts:
-        acc.plot(*zip(*pts), "-o", ms=3, color="tab:green")
-    acc.set(xlabel="epoch", ylabel="%", title="validation accuracy")
-    for ax in (loss, acc):
+    for ax, k in zip(panels, task.metrics):
+        scale = 100.0 if k in _PERCENT else 1.0
+        pts = [(e, r[f"val_{k}"] * scale) for e, r in zip(ep, rows) if f"val_{k}" in r]
+        if pts:
+            ax.plot(*zip(*pts), "-o", ms=3, color="tab:green")
+        ax.set(xlabel="epoch", ylabel="%" if k in _PERCENT else k,
+               # the contract gives the monitored metric's direction only
+               title=f"validation {task.label(k)}"
+               + (" (lower is better)" if k == task.monitor and task.maximize is False else ""))
+    for ax in (loss, *panels):
         ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=9)
     # fixed margins: tight_layout is a whole extra draw (~1 s of the report's budget on a busy 2-core box)
-    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.16, top=0.83, wspace=0.22)
+    fig.subplots_adjust(left=0.07 * 2 / (1 + len(task.metrics)), right=0.98, bottom=0.16, top=0.83, wspace=0.22)
     return _png(fig)
 
 
-def _plot_variants(rows: list[tuple[str, dict[str, Any]]]) -> bytes:
-    panels = (("accuracy", "accuracy %", 100.0), ("size_mb", "size MB", 1.0), ("p50", "p50 ms (batch 1)", 1.0),
-              ("p99", "p99 ms (batch 1)", 1.0), ("items_s", "items/s (batch 32)", 1.0))
+def _plot_variants(rows: list[tuple[str, dict[str, Any]]], task: Task) -> bytes:
+    percent = task.monitor in _PERCENT
+    lower = " (lower is better)" if task.maximize is False else ""
+    first = f"{task.label(task.monitor)}{' %' if percent else ''}{lower}"
+    panels = (("accuracy", first, 100.0 if percent else 1.0), ("size_mb", "size MB", 1.0),
+              ("p50", "p50 ms (batch 1)", 1.0), ("p99", "p99 ms (batch 1)", 1.0),
+              ("items_s", "items/s (batch 32)", 1.0))
     labels = [label for label, _ in rows]
     width, height = 15.0, 0.45 * len(rows) + 1.6
     fig = _figure(width, height)
@@ -554,14 +744,49 @@ def _plot_variants(rows: list[tuple[str, dict[str, Any]]]) -> bytes:
         ax.set_title(title, fontsize=9)
         ax.tick_params(labelsize=7)
         ax.margins(x=0.25)
-        if key == "accuracy" and any(v is not None for v in vals):
-            lo = min(v for v in vals if v is not None)
-            ax.set_xlim(max(0.0, lo - 5), 100)
+        if key == "accuracy" and percent and any(v is not None for v in vals):
+            lo, hi = min(v for v in vals if v is not None), max(v for v in vals if v is not None)
+            # accuracy's axis ends at 100%; a metric far below it (mAP) would be a sliver there
+            ax.set_xlim(max(0.0, lo - 5), 100 if task.monitor == "acc" else min(100.0, hi + 5))
     axes[0].set_yticks(ypos, labels)
     axes[0].invert_yaxis()
     # room for the longest label at 7 pt (~0.055 in per character) instead of tight_layout's extra draw
     left = min(0.45, (0.2 + 0.055 * max(len(label) for label in labels)) / width)
     fig.subplots_adjust(left=left, right=0.99, bottom=0.6 / height, top=1 - 0.45 / height, wspace=0.35)
+    return _png(fig)
+
+
+def _plot_detections(got: dict[str, Any], name: Any) -> bytes:
+    from matplotlib.patches import Rectangle
+
+    n = len(got["pos"])
+    cols = min(n, 3)
+    rows = (n + cols - 1) // cols
+    fig = _figure(3.0 * cols, 3.0 * rows + 0.3)
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax, p, img, gt, dets in zip(axes, got["pos"], got["images"], got["truth"], got["dets"]):
+        h, w = img.shape[1:]
+        # extent: pixel edges at 0..w, so box corners (model-input pixels) sit where they belong
+        ax.imshow(img.transpose(1, 2, 0) if img.shape[0] == 3 else img[0], cmap="gray", extent=(0, w, h, 0),
+                  interpolation="nearest")
+        for x1, y1, x2, y2, _ in gt:
+            ax.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, ec="#00d000", lw=1.5, ls="--"))
+        for x1, y1, x2, y2, score, c in dets[:_DET_DRAWN][::-1]:  # the best drawn last, on top
+            ax.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, ec="red", lw=1.2))
+            inside = y1 < 0.1 * h  # a label above a box at the top edge would be clipped: put it inside
+            ax.text(x1, y1, f"{name(c)} {score:.2f}", color="white", fontsize=6, va="top" if inside else "bottom",
+                    bbox={"facecolor": "red", "alpha": 0.75, "pad": 0.5, "lw": 0}, clip_on=True)
+        ax.set_xlim(0, w)
+        ax.set_ylim(h, 0)
+        ax.set_title(f"test #{p}: {len(gt)} true, {len(dets)} predicted"
+                     + (f" (top {_DET_DRAWN} drawn)" if len(dets) > _DET_DRAWN else ""), fontsize=8)
+        ax.set_axis_off()
+    for ax in axes[n:]:
+        ax.set_axis_off()
+    fig.suptitle(f"red: predicted (label score, score >= {got['settings'].get('score_threshold', _NA)});  "
+                 "green dashed: ground truth", fontsize=8)
+    fig.subplots_adjust(left=0.02, right=0.98, bottom=0.02, top=1 - 0.55 / (3.0 * rows + 0.3), wspace=0.08,
+                        hspace=0.18)
     return _png(fig)
 
 
@@ -581,6 +806,8 @@ def _markdown(title: str, sections: Sequence[Section]) -> str:
                 out.append("| " + " | ".join(_md_cell(h) for h in b.headers) + " |")
                 out.append("|" + "|".join("---" for _ in b.headers) + "|")
                 out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in b.rows]
+            elif isinstance(b, tuple) and len(b) > 3:
+                out.append(f"![{_md_cell(b[2])}]({b[3]})")
             elif isinstance(b, tuple):
                 out.append(f"*Plot: {b[2]} (in report.html).*")
             else:

@@ -48,10 +48,10 @@ class Scalars:
         for key, value in (("loss", loss), ("lr", lr), ("ips", ips)):
             self._add(STEP_TAGS[key], value, step)
 
-    def epoch(self, step: int, row: dict[str, Any], monitor: str) -> None:
-        """An epoch's row of metrics.csv; `loss_scale` is "" when the scaler is off."""
-        tags = dict(EPOCH_TAGS)
-        tags.setdefault(monitor, "val/" + monitor.removeprefix("val_"))
+    def epoch(self, step: int, row: dict[str, Any]) -> None:
+        """An epoch's row of metrics.csv: every val_ column (val/loss, val/acc, val/map...) and the loss scale
+        ("" when the scaler is off)."""
+        tags = {**{k: "val/" + k.removeprefix("val_") for k in row if k.startswith("val_")}, **EPOCH_TAGS}
         for key, tag in tags.items():
             if row.get(key, "") != "":
                 self._add(tag, row[key], step)

@@ -70,7 +70,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from pipeline import artifacts, config as config_mod, cpu, data as data_mod, fidelity, iospec, quantize, runtime, task
+from pipeline import artifacts, config as config_mod, cpu, data as data_mod, fidelity, iospec, quantize, runtime, tasks
 from pipeline import engines as engines_mod
 from pipeline.engines import openvino as ov_engine, ort as ort_engine, paddle as paddle_engine
 from pipeline.config import CompressConfig, RunConfig
@@ -119,11 +119,14 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path) -> Path:
     runtime.import_paddle(threads)  # threads and logging on our terms before any engine loads
     doc = dataclasses.replace(exp_cfg, compress=ccfg).to_dict()
     with artifacts.write_stage(out_dir, "compress", doc, src) as w:
+        keep = bool(getattr(io["task"], "int8_fp32_outputs", False))
+        fp32_layers: dict[str, list[str]] = {}
         if "paddle" in backends and "int8-paddle" not in skipped:
-            quantize.int8_paddle(src, io, calib, ccfg, w.dir / "int8-paddle", threads)
+            fp32_layers["int8-paddle"] = quantize.int8_paddle(src, io, calib, ccfg, w.dir / "int8-paddle", threads, keep)
         if "onnxruntime" in backends:
             quantize.to_onnx(src, w.dir / "onnx-fp32", threads)
-            quantize.int8_onnx(w.dir / "onnx-fp32/model.onnx", io, calib, ccfg, w.dir / "int8-onnx", threads)
+            fp32_layers["int8-onnx"] = quantize.int8_onnx(w.dir / "onnx-fp32/model.onnx", io, calib, ccfg,
+                                                          w.dir / "int8-onnx", threads, keep)
         engines = _engines(src, w.dir, io, backends, skipped, threads)  # may add to `skipped`
         if ccfg.openvino:
             engines.update(_openvino(src, w.dir, io, engines, threads))
@@ -133,6 +136,8 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path) -> Path:
         cap = cpu.capability()
         fidelity.print_table(variants, len(y_test), io, cap)
         w.metrics = _metrics(variants, parity, ccfg, calib, len(y_test), threads, io, cap)
+        if keep:  # which layers the task's rule kept in fp32, per int8 file (OpenVINO runs int8-onnx's)
+            w.metrics["calibration"]["fp32_layers"] = {"rule": quantize.KEEP_OUTPUTS_RULE, **fp32_layers}
         if distilled is not None:
             w.metrics["distill"] = distilled
         if ccfg.int8:
@@ -259,11 +264,12 @@ def _read_export(src: artifacts.Artifact) -> dict[str, Any]:
                          "preprocessing, and a legacy entry)") from None
     try:
         desc = iospec.IO.from_interface(iface)
-        logits = desc.logits()
+        io["task"], io["info"] = tasks.from_interface(iface, desc)
         data_mod.input_preprocessing(io["pre"], [t.public for t in desc.inputs])  # describes these inputs
     except InputError as e:
         raise InputError(f"{where}: {e}") from None
-    if np.dtype(logits.dtype).kind != "f" or len(logits.shape) != 2:
+    logits = desc.logits() if io["info"].logits else None
+    if logits is not None and (np.dtype(logits.dtype).kind != "f" or len(logits.shape) != 2):
         raise InputError(f"{where}: the logits output {logits.public!r} must be float (N, classes), got "
                          f"{logits.dtype} {list(logits.shape)}")
     if io["legacy_inputs"] is not None and len(io["legacy_inputs"]) != len(desc.inputs):
@@ -495,15 +501,17 @@ def _measure(engines: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: 
     """Test accuracy on the test split (the logits output); top-1 agreement, max|diff| and each output's
     fidelity vs fp32 on up to `_FIDELITY_MAX` samples of all splits (the test split alone is a few hundred
     samples: one sample is 0.4 point of digits); then interleaved timing, then each variant's status."""
-    test, logits = ds.test, io["desc"].logits().public
+    test, task, info = ds.test, io["task"], io["info"]
+    logits, main = info.logits, io["desc"].main().public
     live = {n: e for n, e in engines.items() if e["run"] is not None}
     y = np.asarray(test.y[test.idx])
-    # Batch by batch (the split may be a large memmap); predicted classes are small.
-    top = {n: np.concatenate([task.predict(e["run"](f)[logits]) for f in _batches(test, prep)])
-           for n, e in live.items()}
+    # The test split's outputs, for the task's metrics (batch by batch: the split may be a large memmap)
+    scored = {n: task.metrics_of(tasks.concat([e["run"](f) for f in _batches(test, prep)]), y, info)
+              for n, e in live.items()}
+    test_top = {n: _top(e["run"], test, prep, logits) for n, e in live.items()} if logits else {}
     chunks = list(fidelity_batches(ds, prep))
     ref = [live["fp32"]["run"](f) for f in chunks]
-    fid = {n: fidelity.measure(iter(ref) if n == "fp32" else (e["run"](f) for f in chunks), ref, logits, f"{n}")
+    fid = {n: fidelity.measure(iter(ref) if n == "fp32" else (e["run"](f) for f in chunks), ref, logits or None, f"{n}")
            for n, e in live.items()}
     head = next(_batches(test, prep))  # text: padded to the export's max_len, as stored for training
     x1 = {k: np.ascontiguousarray(a[:1]) for k, a in head.items()}
@@ -526,17 +534,19 @@ def _measure(engines: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: 
             out[name] = {**v, "supported": False, "reason": e["reason"], "accuracy": None, "top1_agreement": None,
                          "max_abs_diff": None, "agreement_samples": None, "test_top1_agreement": None,
                          "fidelity": None, "latency_ms_p50_bs1": None,
-                         "latency_ms_p99_bs1": None, "items_per_s_bs32": None, "correct": None}
+                         "latency_ms_p99_bs1": None, "items_per_s_bs32": None, "metric": io["task"].monitor,
+                         "metrics": None}
             continue
         f = fid[name]
+        agree = float((f["top"] == fid["fp32"]["top"]).mean()) if logits else None
         out[name] = {**v, "supported": True,
-                     "accuracy": float((top[name] == y).mean()),
-                     "correct": int((top[name] == y).sum()),
-                     "top1_agreement": float((f["top"] == fid["fp32"]["top"]).mean()),
-                     "max_abs_diff": f["outputs"][logits]["max_abs_diff"],
-                     "max_abs_logit_fp32": f["absmax"][logits], "fp32_absmax": f["absmax"],
-                     "agreement_samples": int(len(f["top"])),
-                     "test_top1_agreement": float((top[name] == top["fp32"]).mean()),
+                     "metric": task.monitor, "metrics": scored[name],
+                     "accuracy": scored[name][task.monitor],  # the task's monitored metric (classification: accuracy)
+                     "top1_agreement": agree,
+                     "max_abs_diff": f["outputs"][main]["max_abs_diff"],
+                     "max_abs_logit_fp32": f["absmax"][main], "fp32_absmax": f["absmax"],
+                     "agreement_samples": int(f["samples"]),
+                     "test_top1_agreement": float((test_top[name] == test_top["fp32"]).mean()) if logits else None,
                      "fidelity": f["outputs"],
                      "latency_ms_p50_bs1": float(np.percentile(lat[name], 50) * 1e3),
                      "latency_ms_p99_bs1": float(np.percentile(lat[name], 99) * 1e3),
@@ -552,7 +562,7 @@ def _measure(engines: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: 
         v.update(speedup_bs1=s1, speedup_bs32=s32,
                  faster_than_fp32=None if name == "fp32" else bool(min(s1, s32) >= fidelity.SPEED_MARGIN),
                  note="" if name == "fp32" else fidelity.speed_note(s1, s32))
-        v["status"] = fidelity.status(name, v, base, len(y), ccfg, logits)
+        v["status"] = fidelity.status(name, v, base, ccfg, logits, io["task"].maximize)
         v["shippable"] = v["status"] == "ok"
     if "int8-onnx" in out and "onnx-fp32" in out and out["int8-onnx"]["supported"]:  # int8 on its own engine
         own, v = out["onnx-fp32"], out["int8-onnx"]
@@ -562,6 +572,17 @@ def _measure(engines: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: 
     return out
 
 
+
+
+def _top(run: Callable[[Feeds], Feeds], split: data_mod.Split, prep: Prep, logits: str) -> np.ndarray:
+    """Classification: each test sample's top-1 class under one variant."""
+    return np.concatenate([run(f)[logits].argmax(axis=1) for f in _batches(split, prep)])
+
+
+def drop_points(base: dict[str, Any], v: dict[str, Any], maximize: bool) -> float:
+    """How many points (x100) a variant's monitored metric is worse than fp32's (negative: better)."""
+    d = (base["accuracy"] - v["accuracy"]) * 100
+    return d if maximize else -d
 
 
 def fidelity_batches(ds: data_mod.Dataset, prep: Prep) -> Iterator[Feeds]:
@@ -628,8 +649,9 @@ def _metrics(variants: dict[str, dict[str, Any]], parity: dict[str, Any], ccfg: 
     base = variants["fp32"]
     int8 = fidelity.int8_names(variants)
     ok = [n for n in int8 if variants[n]["shippable"]]  # best_int8 is None when none is within budget
-    best = max(ok, key=lambda n: (variants[n]["correct"], -variants[n]["latency_ms_p50_bs1"])) if ok else None
-    drop = (base["correct"] - variants[best]["correct"]) / n_test * 100 if best else None
+    sign = 1 if io["task"].maximize else -1
+    best = max(ok, key=lambda n: (sign * variants[n]["accuracy"], -variants[n]["latency_ms_p50_bs1"])) if ok else None
+    drop = drop_points(base, variants[best], io["task"].maximize) if best else None
     live = [n for n, v in variants.items() if v["supported"]]
     method, extra = quantize.ORT_CALIB[ccfg.algo]
     desc, digest = io["desc"], hashlib.sha256()
@@ -649,15 +671,18 @@ def _metrics(variants: dict[str, dict[str, Any]], parity: dict[str, Any], ccfg: 
         calibration.update(vocab_file=io["pre"]["vocab_file"], vocab_sha256=io["vocab_sha256"],
                            max_len=int(io["pre"]["max_len"]))
     return {
+        "task": io["task"].name,
+        "metric": io["task"].monitor,
         "fp32_accuracy": base["accuracy"],
+        "fp32_metrics": base["metrics"],
         "best_int8": best,
         "best_int8_accuracy": variants[best]["accuracy"] if best else None,
         "int8_drop_points": drop,
         "max_drop": ccfg.max_drop,
         "min_agreement": ccfg.min_agreement,
         "min_sqnr_db": ccfg.min_sqnr_db,
-        "logits_output": desc.logits().public,
-        "sqnr_budget_outputs": fidelity.budgeted(desc),
+        "logits_output": io["info"].logits or None,
+        "sqnr_budget_outputs": fidelity.budgeted(desc, io["info"].logits or None),
         "agreement_samples": base["agreement_samples"],
         "int8_not_shippable": {n: variants[n]["status"] for n in int8 if not variants[n]["shippable"]},
         "cpu": cap,
@@ -676,7 +701,7 @@ def _metrics(variants: dict[str, dict[str, Any]], parity: dict[str, Any], ccfg: 
         "timing": {"latency_runs": ccfg.latency_runs, "throughput_runs": ccfg.throughput_runs, "warmup": _WARMUP,
                    "interleaved": True,
                    "faster_means": f">= {fidelity.SPEED_MARGIN:.2f}x fp32 at batch 1 p50 and batch 32"},
-        "variants": {n: {k: val for k, val in v.items() if k not in ("correct", "max_abs_logit_fp32", "fp32_absmax")}
+        "variants": {n: {k: val for k, val in v.items() if k not in ("max_abs_logit_fp32", "fp32_absmax")}
                      for n, v in variants.items()},
     }
 
@@ -693,6 +718,7 @@ def _gate(metrics: dict[str, Any], variants: dict[str, dict[str, Any]], ccfg: Co
     if drop > ccfg.max_drop:
         best = metrics["best_int8"]
         others = ", ".join(f"{k} {variants[k]['accuracy']:.2%}" for k in fidelity.int8_names(variants) if k != best)
-        raise GateError(f"int8 gate: best int8 variant {best} {variants[best]['accuracy']:.2%} vs fp32 "
+        what = "" if metrics["metric"] == "acc" else f"{metrics['metric']} "  # classification: the accuracy
+        raise GateError(f"int8 gate: best int8 variant {best} {what}{variants[best]['accuracy']:.2%} vs fp32 "
                         f"{variants['fp32']['accuracy']:.2%} on {n} test samples: drop {drop:.2f} points > "
                         f"max_drop {ccfg.max_drop:g}" + (f" ({others})" if others else "") + "; nothing written")

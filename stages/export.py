@@ -38,13 +38,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 import yaml
 
-from pipeline import artifacts, config as config_mod, data as data_mod, iospec, models, runtime, task
+from pipeline import artifacts, config as config_mod, data as data_mod, iospec, models, runtime, tasks
 from pipeline.config import ExportConfig, RunConfig
 from pipeline.errors import InputError, ParityError, PipeError
 
@@ -63,6 +64,7 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path, onnx: bool = False) -> Path
     src = artifacts.verify(in_dir, ("train",))
     train_cfg = config_mod.from_dict(src.manifest["config"])
     desc, labels, pre = _read_interface(src)
+    task, info = tasks.from_interface(src.manifest["interface"], desc)
     ds = data_mod.load(train_cfg.data)
     _check_data(src, ds, desc, labels)
     threads = runtime.threads_per_process(1)
@@ -77,9 +79,8 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path, onnx: bool = False) -> Path
     n = min(cfg.export.parity_samples, len(test))
     x_par = test.feeds(np.arange(n), pre)
     # Reference outputs first: to_static converts `net.forward` in place.
-    dygraph = _Dygraph(paddle, net, call, desc, train_cfg.model.logits_output, where)
-    logits = desc.logits().name
-    ref = np.concatenate([dygraph(xb)[logits] for xb in _batches(test, pre)])
+    dygraph = _Dygraph(paddle, net, call, desc, train_cfg.model.logits_output if info.logits else None, where)
+    ref = tasks.concat([dygraph(xb) for xb in _batches(test, pre)])
     ref_par = dygraph(x_par)
     doc = dataclasses.replace(train_cfg, export=cfg.export).to_dict()
     with artifacts.write_stage(out_dir, "export", doc, src) as w:
@@ -87,7 +88,7 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path, onnx: bool = False) -> Path
         pred = _predictor(paddle, w.dir / "model.json", w.dir / "model.pdiparams", threads)
         prog = _program_io(desc, pred.get_input_names(), pred.get_output_names(), "the exported program")
         parity = _parity_gate(ref_par, _predict(pred, prog, x_par), cfg.export, "predictor", desc)
-        got = np.concatenate([_predict(pred, prog, xb)[logits] for xb in _batches(test, pre)])
+        got = tasks.concat([_predict(pred, prog, xb) for xb in _batches(test, pre)])
         latency = _latency_ms(pred, prog, desc.batch(x_par, 0, 1))
         legacy_error = _export_legacy(src, model, desc, call.spec_order, w.dir / "legacy", threads)
         legacy_parity = {"parity_max_abs_diff": None, "parity_rel": None}
@@ -101,14 +102,15 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path, onnx: bool = False) -> Path
         if pre["kind"] == "text":  # the tokenizer travels with the model
             shutil.copyfile(src.file(pre["vocab_file"]), w.dir / pre["vocab_file"])
         onnx_parity = _export_onnx(w.dir, desc, ref_par, x_par, cfg.export, threads) if onnx else None
-        reduced = (_reduced_precision(paddle, w.dir, prog, test, pre, got, y, desc.batch(x_par, 0, 1), latency, threads)
+        reduced = (_reduced_precision(paddle, w.dir, prog, test, pre, got, y, desc.batch(x_par, 0, 1), latency, threads,
+                                      task, info)
                    if cfg.export.precision != "fp32" else None)
         _check_file_set(w.dir, onnx, pre, legacy_error is None)
         w.metrics = {
             **parity,
-            "test_acc": task.accuracy(got, y),
-            "dygraph_test_acc": task.accuracy(ref, y),
-            "top1_agreement": task.agreement(got, ref),
+            **{f"test_{k}": v for k, v in task.metrics_of(got, y, info).items()},
+            **{f"dygraph_test_{k}": v for k, v in task.metrics_of(ref, y, info).items()},
+            **tasks.fidelity(task, got, ref, info),
             "test_samples": int(len(y)),
             "latency_ms_p50_bs1": latency,
             "threads": threads,
@@ -142,7 +144,6 @@ def _read_interface(src: artifacts.Artifact) -> tuple[iospec.IO, list[str], dict
         ok = False
     if not ok:
         raise InputError(f"{where}: interface needs labels and preprocessing")
-    desc.logits()  # classification: exactly one output is the logits
     if pre["kind"] == "text":
         bad = next((t for t in desc.inputs if t.shape != (-1, -1) or t.dtype != "int64"), None)
         if bad is not None or not isinstance(pre.get("vocab_size"), int):
@@ -217,7 +218,9 @@ def _save_program(paddle: Any, net: Any, desc: iospec.IO, order: tuple[str, ...]
     (the child)."""
     specs = [paddle.static.InputSpec(list(t.shape), t.dtype, t.name) for t in (desc.input(n) for n in order)]
     static = paddle.jit.to_static(net, input_spec=specs, full_graph=True)
-    paddle.jit.save(static, str(prefix))
+    with warnings.catch_warnings():  # "Found 'dict' in given outputs ... sorted by key": iospec already says so
+        warnings.filterwarnings("ignore", message="Found 'dict' in given outputs")
+        paddle.jit.save(static, str(prefix))
     # A pickle Paddle Inference does not need (jit.save writes it for legacy programs).
     prefix.with_name(prefix.name + ".pdiparams.info").unlink(missing_ok=True)
 
@@ -242,8 +245,8 @@ def _predictor(paddle: Any, model: Path, params: Path, threads: int) -> Any:
 
 
 def _reduced_precision(paddle: Any, d: Path, prog: iospec.IO, test: data_mod.Split, pre: dict[str, Any],
-                       fp32: np.ndarray, y: np.ndarray, x1: dict[str, np.ndarray], fp32_latency: float,
-                       threads: int) -> dict[str, Any]:
+                       fp32: dict[str, np.ndarray], y: np.ndarray, x1: dict[str, np.ndarray], fp32_latency: float,
+                       threads: int, task: Any, info: tasks.Info) -> dict[str, Any]:
     """`--precision bf16`: the same program under oneDNN bf16 kernels (fp16 on a GPU), measured on the
     test split against the fp32 predictor. Hardware without the kernels gets a notice, not a crash:
     the export stays fp32 and the manifest says why."""
@@ -262,16 +265,18 @@ def _reduced_precision(paddle: Any, d: Path, prog: iospec.IO, test: data_mod.Spl
         c.set_cpu_math_library_num_threads(threads)
     c.disable_glog_info()
     pred = paddle.inference.create_predictor(c)
-    logits = prog.logits().public
-    got = np.concatenate([_predict(pred, prog, xb)[logits] for xb in _batches(test, pre)])
+    got = tasks.concat([_predict(pred, prog, xb) for xb in _batches(test, pre)])
     latency = _latency_ms(pred, prog, x1)
-    out = {"precision": precision, "supported": True, "device": "gpu" if gpu else "cpu",
-           "accuracy": task.accuracy(got, y), "fp32_accuracy": task.accuracy(fp32, y),
-           "top1_agreement": task.agreement(got, fp32),
-           "max_abs_diff": float(np.abs(got - fp32).max()), "latency_ms_p50_bs1": latency,
+    metric = task.monitor
+    out = {"precision": precision, "supported": True, "device": "gpu" if gpu else "cpu", "metric": metric,
+           "accuracy": task.metrics_of(got, y, info)[metric], "fp32_accuracy": task.metrics_of(fp32, y, info)[metric],
+           **tasks.fidelity(task, got, fp32, info),
+           "max_abs_diff": max(float(np.abs(got[k].astype(np.float64) - fp32[k]).max()) for k in got),
+           "latency_ms_p50_bs1": latency,
            "fp32_latency_ms_p50_bs1": fp32_latency, "speedup_bs1": fp32_latency / latency}
-    print(f"{precision}: accuracy {out['accuracy']:.2%} (fp32 {out['fp32_accuracy']:.2%}), top-1 agreement "
-          f"{out['top1_agreement']:.2%}, max|diff| {out['max_abs_diff']:.3g}, p50 batch 1 {latency:.3f} ms "
+    agree = f", top-1 agreement {out['top1_agreement']:.2%}" if "top1_agreement" in out else ""
+    print(f"{precision}: {'accuracy' if metric == 'acc' else metric} {out['accuracy']:.2%} (fp32 {out['fp32_accuracy']:.2%}){agree}, "
+          f"max|diff| {out['max_abs_diff']:.3g}, p50 batch 1 {latency:.3f} ms "
           f"(fp32 {fp32_latency:.3f} ms)")
     return out
 
@@ -303,10 +308,10 @@ def _parity_gate(ref: dict[str, np.ndarray], got: dict[str, np.ndarray], ecfg: E
                               f"export.parity_tol {ecfg.parity_tol:g} x max|{name}| {peak:.3g} = {bound:.3g} on "
                               f"{len(r)} test samples; nothing written")
         per[name] = {"max_abs_diff": diff, "max_abs": peak, "rel": diff / peak if peak else 0.0}
-    top = per[desc.logits().public]
+    top = per[desc.main().public]
     return {"parity_max_abs_diff": top["max_abs_diff"], "parity_max_abs_logit": top["max_abs"],
             "parity_rel": top["rel"], "parity_tol": ecfg.parity_tol,
-            "parity_samples": int(len(ref[desc.logits().public])), "parity_outputs": per}
+            "parity_samples": int(len(ref[desc.main().public])), "parity_outputs": per}
 
 
 def _latency_ms(pred: Any, prog: iospec.IO, x1: dict[str, np.ndarray]) -> float:

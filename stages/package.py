@@ -16,25 +16,32 @@ files only, never a pickle):
     | model.onnx                                  PIR or legacy program; onnxruntime: the ONNX; OpenVINO:
                                                   the ONNX or the legacy program)
     serving.yaml                                  engine, every input and output (`inputs:`, `outputs:`),
+                                                  the task (`task:` name, spec, postprocessing settings),
                                                   preprocessing, labels, batching, limits
     serving_client_conf.prototxt                  Paddle Serving client config (a feed_var per input, a
                                                   fetch_var per output)
     triton/<name>/config.pbtxt, 1/model.onnx,     a Triton model repository (onnxruntime backend): the served
     triton/<name>/labels.txt                      ONNX itself, else compress's or paddle2onnx's, io renamed to
                                                   the served names; an entry per tensor, labels on the logits
+                                                  (labels.txt: tasks with logits only; Triton serves the raw
+                                                  outputs, the task's postprocessing runs in the client)
     vocab.json                                    text models only: the export's vocabulary
     reference.safetensors                         256 real inputs and their fp32 outputs, every tensor
                                                   (pipeline/reference.py), checked here on the chosen engine
                                                   (exit 4 below compress.min_agreement on the logits or
-                                                  compress.min_sqnr_db on another float output) and by serve
+                                                  compress.min_sqnr_db on another float output: every float
+                                                  output of a task without logits) and by serve
     README.md, manifest.json                      how to call it (`pipeline/serving/readme.py`); sha256 of every file
 
 Every tensor of the model's interface (`pipeline/iospec.py`) is carried under the served program's name
 (`name`; the legacy program names outputs after their ops) with its public name (`alias`), and read by
-name everywhere: the logits are the output with the logits role. A text model (every input int64 ids
-[-1, -1]) gets a `text:` section in serving.yaml (char tokenizer, max_len, pad/unk ids, vocabulary file),
-a client config with int64 feeds of variable length (`shape: -1`), Triton inputs of dims [-1] (its ONNX
-parity-checked at max_len and at half that length), and a README with a text example. The contract itself
+name everywhere: the logits are the output with the logits role, for a task that reads logits (the task is
+the interface's `task`, `pipeline/tasks/`; none recorded: classification). A detection package serves the
+model's raw heads; `pipe serve` decodes them (`pipeline.tasks.detection`) with serving.yaml's settings.
+A text model (every input int64 ids [-1, -1]) gets a `text:` section in serving.yaml (char tokenizer,
+max_len, pad/unk ids, vocabulary file), a client config with int64 feeds of variable length (`shape: -1`),
+Triton inputs of dims [-1] (its ONNX parity-checked at max_len and at half that length), and a README
+with a text example. The contract itself
 (allowlist, dtypes, schema, `check_io`) is `pipeline/serving/spec.py`.
 
 `pipe serve package/` needs nothing outside this directory. The paddle2onnx conversion is checked in
@@ -59,7 +66,7 @@ from typing import Any, Callable
 import numpy as np
 import yaml
 
-from pipeline import artifacts, choose, cpu, engines, iospec, reference, runtime
+from pipeline import artifacts, choose, cpu, engines, iospec, reference, runtime, tasks
 from pipeline.config import CompressConfig
 from pipeline.engines import openvino as ov_engine, paddle as paddle_engine
 from pipeline.errors import GateError, InputError, ParityError, PipeError
@@ -130,7 +137,7 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
     source = _select(src, cfg)
     print(f"package: {source.variant} on {source.engine} ({source.why})")
     iface = source.interface
-    desc = _io(src, iface)  # by the export's (PIR) program names
+    desc, task, info = _io(src, iface)  # by the export's (PIR) program names
     text = _text(src, source, iface)
     name = cfg.name or _sanitise(str(iface.get("model") or "model"))
     checks = _check_batches(desc, iface["preprocessing"], text)
@@ -144,7 +151,7 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
     on = engines.names(names, desc, str(source.files[0]))  # the packaged file's own names
     served = _renamed(desc, on)
     checked = None if packaged is None else (packaged, _runner(packaged, desc, source.files[0]))
-    ref_x, ref_y, ref_check = _reference(src, source, cfg, text, desc, fp32_run, checked)
+    ref_x, ref_y, ref_check = _reference(src, source, cfg, text, desc, fp32_run, checked, task, info)
     doc = {**src.manifest["config"], "package": dataclasses.asdict(cfg)}
     with artifacts.write_stage(out_dir, "package", doc, src) as w:
         model_files = MODEL_FILES[source.format]
@@ -152,7 +159,7 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
             _copy_model(f, w.dir / dest)
         if text is not None:
             shutil.copyfile(source.vocab, w.dir / text["vocab_file"])
-        reference.save(w.dir / reference.FILE, desc, ref_x, ref_y)
+        reference.save(w.dir / reference.FILE, desc, ref_x, ref_y, info.logits)
         metrics: dict[str, Any] = {"precision": source.precision, "variant": source.variant, "engine": source.engine,
                                    "reference": ref_check, "cpu": cpu.capability()}
         metrics.update({f"variant_{k}": v for k, v in source.variant_metrics.items()
@@ -160,7 +167,7 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
         triton = None
         if cfg.triton:
             triton = _triton(w.dir / "triton" / name, name, source, desc, served, iface["labels"], cfg,
-                             checks, y_refs, threads)
+                             checks, y_refs, threads, info.logits)
             metrics.update(triton.pop("metrics"))
         spec = _serving_spec(name, source, served, iface, cfg, triton, text, ref_check)
         (w.dir / "serving.yaml").write_text(yaml.safe_dump(spec, sort_keys=False, allow_unicode=True),
@@ -169,7 +176,8 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
         (w.dir / "README.md").write_text(readme.render(spec, readme.example_ids(source.vocab, text)),
                                              encoding="utf-8")
         _check_file_set(w.dir, allowlist(source.format, name if cfg.triton else None,
-                                         text["vocab_file"] if text else None, reference=True))
+                                         text["vocab_file"] if text else None, reference=True,
+                                         labels=bool(info.logits)))
         # the interface as the export recorded it, under the packaged file's names
         w.interface = {**iface, **{kind: [{**d, "name": t.name, "alias": t.public} for d, t in zip(iface[kind], ts)]
                                    for kind, ts in (("inputs", served.inputs), ("outputs", served.outputs))}}
@@ -269,7 +277,9 @@ def _from_compress(comp: artifacts.Artifact, cfg: PackageConfig, engine: str) ->
         if "distill" in metrics:
             ref, ref_name = metrics["distill"]["teacher_test_acc"], f"teacher {metrics['distill']['teacher_model']}"
         chosen = choose.pick(variants, ref_accuracy=ref, ref_name=ref_name, max_drop=float(ccfg.get("max_drop", 1.0)),
-                             optimize=cfg.optimize, engine=engine, precision=cfg.precision, where=f"package: {where}")
+                             optimize=cfg.optimize, engine=engine, precision=cfg.precision, where=f"package: {where}",
+                             maximize=tasks.from_interface(comp.manifest["interface"], iospec.IO.from_interface(
+                                 comp.manifest["interface"]))[0].maximize)
         name, why = chosen.variant, chosen.why
     var = variants[name]
     if not isinstance(var, dict):
@@ -348,9 +358,10 @@ def _lineage_export(comp: artifacts.Artifact) -> artifacts.Artifact:
     return exp
 
 
-def _io(src: artifacts.Artifact, iface: dict[str, Any]) -> iospec.IO:
-    """The interface's tensors, checked servable (`pipeline/serving/spec.py` check_io): dtypes pipe serves,
-    dynamic batch, fixed input dims (text: int64 ids [-1, -1]), float32 [-1, K] logits for K labels."""
+def _io(src: artifacts.Artifact, iface: dict[str, Any]) -> tuple[iospec.IO, Any, tasks.Info]:
+    """The interface's tensors and task, checked servable (`pipeline/serving/spec.py` check_io): dtypes pipe
+    serves, dynamic batch, fixed input dims (text: int64 ids [-1, -1]), float32 [-1, K] logits for K labels
+    (a task with logits)."""
     where = f"{src.path / artifacts.MANIFEST}: interface"
     try:
         ok = isinstance(iface["labels"], list) and isinstance(iface["preprocessing"], dict)
@@ -359,8 +370,14 @@ def _io(src: artifacts.Artifact, iface: dict[str, Any]) -> iospec.IO:
     if not ok:
         raise InputError(f"{where}: needs inputs, outputs, labels and preprocessing")
     desc = iospec.IO.from_interface(iface, where)
-    serving_spec.check_io(desc, iface["labels"], iface["preprocessing"].get("kind") == "text", where)
-    return desc
+    serving_spec.task_section(iface, where)  # the section serving.yaml gets, checked before anything runs
+    try:
+        task, info = tasks.from_interface(iface, desc)
+    except InputError as e:
+        raise InputError(f"{where}: {e}") from None
+    serving_spec.check_io(desc, iface["labels"], iface["preprocessing"].get("kind") == "text", where,
+                          logits=bool(info.logits))
+    return desc, task, info
 
 
 def _renamed(desc: iospec.IO, on: dict[str, str]) -> iospec.IO:
@@ -425,29 +442,36 @@ def _packaged_engine(source: _Source, fp32: Any, threads: int) -> Any | None:
 
 def _reference(src: artifacts.Artifact, source: _Source, cfg: PackageConfig, text: dict[str, Any] | None,
                desc: iospec.IO, fp32: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
-               packaged: tuple[Any, Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]] | None
-               ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, Any]]:
+               packaged: tuple[Any, Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]] | None,
+               task: Any, info: tasks.Info) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, Any]]:
     """The reference set (`pipeline/reference.py`): real inputs, the fp32 program's outputs (every one), and
     the packaged program's agreement with them here, through the engine `pipe serve` runs (`packaged`: the
     engine and its feeds -> outputs; None when this CPU cannot run it). Below the budget (top-1 agreement on
-    the logits under compress.min_agreement, or another float output under compress.min_sqnr_db) nothing is
-    written (exit 4): a package never ships what fails its own check."""
+    the logits under compress.min_agreement, or another float output under compress.min_sqnr_db: every float
+    output of a task without logits) nothing is written (exit 4): a package never ships what fails its own
+    check. The task's metrics on the set's targets (fp32 and packaged) are recorded, not gated."""
     exp = src if src.stage == "export" else _lineage_export(src)
     vocab = serving_spec.check_vocab(source.vocab, text) if text is not None else None
-    x = reference.draw(exp.manifest["config"], exp.manifest["interface"], vocab)
+    x, targets = reference.draw_set(exp.manifest["config"], exp.manifest["interface"], vocab)
     ccfg = (src.manifest.get("config") or {}).get("compress") or {}
     # configs recorded before compress.min_sqnr_db existed get its default
     budget = float(ccfg.get("min_agreement", 0.99))
     min_db = float(ccfg.get("min_sqnr_db", CompressConfig().min_sqnr_db))
     y = reference.run(fp32, x, cfg.max_batch_size, desc)
+
+    def scored(outputs: dict[str, np.ndarray]) -> dict[str, float]:
+        return task.metrics_of({t.public: outputs[t.name] for t in desc.outputs}, targets, info)
+
     out: dict[str, Any] = {"samples": int(iospec.num_rows(x)), "min_agreement": budget, "min_sqnr_db": min_db,
-                           "cpu": cpu.summary()}
+                           "cpu": cpu.summary(), "task_metrics": {"fp32": scored(y)}}
     if packaged is None:
         out["not_run_here"] = runtime.bf16_unsupported()
         print(f"package: reference check not run here ({out['not_run_here']}); pipe serve runs it where it serves")
         return x, y, out
     eng, run_ = packaged
-    result = reference.compare(reference.run(run_, x, cfg.max_batch_size, desc), y, desc, min_db)
+    got = reference.run(run_, x, cfg.max_batch_size, desc)
+    result = reference.compare(got, y, desc, min_db, logits=info.logits)
+    out["task_metrics"]["packaged"] = scored(got)
     out.update(result, engine=eng.describe())
     print(f"package: {reference.describe(result, budget)} on {source.engine} {source.precision} here")
     if not reference.verdict(result, budget):
@@ -470,9 +494,11 @@ def _copy_model(src: Path, dest: Path) -> None:
 
 def _triton(root: Path, name: str, source: _Source, desc: iospec.IO, served: iospec.IO, labels: list[str],
             cfg: PackageConfig, checks: list[dict[str, np.ndarray]], y_refs: list[dict[str, np.ndarray]],
-            threads: int) -> dict[str, Any]:
+            threads: int, logits: str) -> dict[str, Any]:
     """The Triton repository: its ONNX with every tensor under the served name, parity-checked on every
-    output against the fp32 predictor (`y_refs`, by `desc`'s names), and config.pbtxt from the ONNX itself."""
+    output against the fp32 predictor (`y_refs`, by `desc`'s names), and config.pbtxt from the ONNX itself;
+    labels.txt on the logits output (`logits`: its public name) of a task with logits only: Triton serves
+    every task's raw outputs (its classification extension reads labels.txt), the rest is the client's."""
     (root / "1").mkdir(parents=True)
     onnx_path = root / "1" / "model.onnx"
     metrics: dict[str, Any] = {}
@@ -497,8 +523,8 @@ def _triton(root: Path, name: str, source: _Source, desc: iospec.IO, served: ios
         per[t.public] = {"max_abs_diff": max(float(np.abs(y[t.name].astype(np.float64) - ref[t.name]).max())
                                              for y, ref in zip(y_onnx, y_refs)),
                          "max_abs": max(float(np.abs(ref[t.name]).max()) for ref in y_refs)}
-    logits = per[desc.logits().public]
-    metrics.update({"onnx_max_abs_diff": logits["max_abs_diff"], "onnx_max_abs_logit": logits["max_abs"],
+    head = per[logits or desc.main().public]  # the logits, else the first output
+    metrics.update({"onnx_max_abs_diff": head["max_abs_diff"], "onnx_max_abs_logit": head["max_abs"],
                     "onnx_outputs": per, "onnx_source": origin, "onnx_precision": precision})
     if precision == "fp32":  # an int8 ONNX is measured against fp32 by compress, not held to parity
         for out_name, p in per.items():
@@ -510,8 +536,10 @@ def _triton(root: Path, name: str, source: _Source, desc: iospec.IO, served: ios
                                   f"{sum(iospec.num_rows(f) for f in checks)} check samples; nothing written "
                                   "(or pass --no-triton)")
         metrics["onnx_parity_tol"] = cfg.onnx_parity_tol
-    (root / "labels.txt").write_text("".join(f"{lab}\n" for lab in labels), encoding="utf-8")
-    (root / "config.pbtxt").write_text(_triton_config(name, ort_in, ort_out, served.logits().name, cfg),
+    if logits:
+        (root / serving_spec.TRITON_LABELS).write_text("".join(f"{lab}\n" for lab in labels), encoding="utf-8")
+    (root / "config.pbtxt").write_text(_triton_config(name, ort_in, ort_out,
+                                                      served.output(logits).name if logits else None, cfg),
                                        encoding="utf-8")
     return {"model": name, "onnx_source": origin, "onnx_precision": precision, "repository": "triton",
             "metrics": metrics}
@@ -605,9 +633,10 @@ def _run_onnx(sess: Any, path: Path, checks: list[dict[str, np.ndarray]], desc: 
 _ONNX_TYPES = {"tensor(float)": "TYPE_FP32", "tensor(int64)": "TYPE_INT64", "tensor(int32)": "TYPE_INT32"}
 
 
-def _triton_config(name: str, ort_in: list[Any], ort_out: list[Any], logits: str, cfg: PackageConfig) -> str:
+def _triton_config(name: str, ort_in: list[Any], ort_out: list[Any], logits: str | None, cfg: PackageConfig) -> str:
     """config.pbtxt for Triton's onnxruntime backend: an entry per tensor, named, typed and shaped as the ONNX
-    declares it (the first dim is the batch: max_batch_size); labels.txt on the logits output."""
+    declares it (the first dim is the batch: max_batch_size); labels.txt on the logits output (`logits`: its
+    served name; None: a task without logits, no labels file)."""
     def dims(shape: list[Any]) -> str:
         return ", ".join(str(d) if isinstance(d, int) and d > 0 else "-1" for d in shape[1:])
 
@@ -657,6 +686,7 @@ def _serving_spec(name: str, source: _Source, served: iospec.IO,
         "inputs": serving_spec.entries(served.inputs),
         "outputs": serving_spec.entries(served.outputs),
         "labels": [str(lab) for lab in iface["labels"]],
+        "task": serving_spec.task_section(iface, "interface"),
         "preprocessing": iface["preprocessing"],
         "batching": {"max_batch_size": cfg.max_batch_size, "max_wait_ms": cfg.max_wait_ms},
         "server": dict(SERVER_DEFAULTS),

@@ -13,13 +13,18 @@ one thread per predictor forms batches from a bounded queue (`pipeline/serving/b
     POST /v1/predict                    {"inputs": {"img": [...], "feat": [...]}} (every input by name; text:
                                         int64 token ids), an image input also as {"images": {"img": [base64
                                         PNG/JPEG]}}, or {"text": ["...", ...]} (text packages: fills every
-                                        input) -> {"labels", "scores", "logits"} from the logits output, and
-                                        "outputs": {name: [...]} with every other output. A package of one
+                                        input) -> the task's answer (serving.yaml `task:`, pipeline/tasks/):
+                                        classification {"labels", "scores", "logits"} from the logits output,
+                                        and "outputs": {name: [...]} with every other output; detection
+                                        {"detections": [[{"label", "score", "box": [x1, y1, x2, y2]}] per
+                                        image]}, boxes in the sent image's pixels (decoded, thresholded and
+                                        NMS'd with serving.yaml's task settings). A package of one
                                         input also takes the bare value: {"inputs": [[...]]}, {"images": [...]}
     POST /GeneralModelService/inference Paddle Serving's HttpClient: protobuf (application/proto) or JSON
                                         (`pipeline/serving/wire.py`): one feed per input, the fetched outputs
     POST /v2/models/NAME/infer          the Open Inference Protocol (KServe v2, tritonclient.http): JSON or
-                                        binary tensors, every input, every output or those asked for; text
+                                        binary tensors, every input, every output (raw: detection's heads,
+                                        not boxes) or those asked for; text
                                         packages also BYTES (`pipeline/serving/v2.py`);
                                         GET /v2, /v2/health/live|ready, /v2/models/NAME[/ready] (NAME = spec.name)
     GET  /v1/model  /livez  /readyz  /metrics  /openapi.json  /docs (offline Swagger UI, if fastapi-offline
@@ -218,7 +223,7 @@ class _Metrics:
             lambda: state.inflight)
         Gauge("pipe_ready", "1 once warmed up and not draining", registry=r).set_function(
             lambda: float(state.is_ready()))
-        if state.reference is not None:  # measured once at start-up, before serving
+        if state.reference is not None and state.reference.get("top1_agreement") is not None:  # at start-up
             Gauge("pipe_reference_top1_agreement", "Top-1 agreement with the package's fp32 reference outputs, "
                   "measured here at start-up", registry=r).set(state.reference["top1_agreement"])
             Gauge("pipe_reference_max_abs_diff", "max|diff| against the package's fp32 reference outputs, measured "
@@ -250,14 +255,17 @@ class _State:
 
     def model_info(self) -> dict[str, Any]:
         """GET /v1/model. `inputs` and `outputs` list every tensor (program name, public alias, dtype, shape;
-        the logits output's role); `output` is the logits output and, for a package of one input, `input`
-        that input (the fields of packages before names)."""
+        the logits output's role); `output` is the logits output (None for a task without logits) and, for a
+        package of one input, `input` that input (the fields of packages before names); `task` what /v1
+        answers (name, spec, postprocessing settings)."""
         sp, s = self.spec, self.s
         io_ = sp.io
         one = {"input": _tensor_info(io_.inputs[0])} if len(io_.inputs) == 1 else {}
         return {
             "name": sp.name, "precision": sp.precision, "format": sp.fmt, **one,
-            "output": _tensor_info(io_.logits()),
+            "output": _tensor_info(io_.output(sp.info.logits)) if sp.info.logits else None,
+            "task": {"name": sp.task.name, "spec": (sp.doc.get("task") or {}).get("spec", "classification"),
+                     "settings": sp.info.settings},
             "inputs": [_tensor_info(t) for t in io_.inputs],
             "outputs": [{**_tensor_info(t), **({"role": t.role} if t.role else {})} for t in io_.outputs],
             "labels": sp.labels, "preprocessing": sp.preprocessing,
@@ -376,8 +384,8 @@ def _build_app(state: _State) -> Any:
     async def predict_v1(request: Request, deadline: float) -> JSONResponse:
         body = await validate.read_body(request, ("application/json",), s, deadline)
         doc = validate.parse_json(body, s.max_json_depth)
-        feeds = await validate.v1_inputs(doc, spec, s)
-        return JSONResponse(validate.v1_answer(await infer(feeds, deadline), spec))
+        feeds, sizes = await validate.v1_request(doc, spec, s)
+        return JSONResponse(validate.v1_answer(await infer(feeds, deadline), spec, sizes))
 
     async def predict_serving(request: Request, deadline: float) -> Response:
         body = await validate.read_body(request, ("application/json", "application/proto"), s, deadline)
@@ -403,8 +411,9 @@ def _build_app(state: _State) -> Any:
         return v2.answer(await infer(await v2.tensors(inputs, spec, s), deadline), doc, outputs, spec)
 
     what = "text or token ids" if spec.text is not None else "model-input tensors or PNG/JPEG images"
+    summary = f"Classify {what}" if spec.info.logits else f"{str(spec.task.name).capitalize()} on {what}"
 
-    @app.post("/v1/predict", summary=f"Classify {what}")
+    @app.post("/v1/predict", summary=summary)
     async def v1_predict(request: Request) -> Any:
         return await admitted(request, predict_v1)
 

@@ -37,7 +37,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from pipeline import (artifacts, batches, checkpoint, config as config_mod, data as data_mod, distillation, iospec, job,
-                      models, runtime, task, trainlog, weights)
+                      models, runtime, tasks, trainlog, weights)
 from pipeline.config import RunConfig
 from pipeline.errors import DivergedError, InputError, PipeError
 from pipeline.progress import Emit, Tail, View, file_emitter
@@ -159,6 +159,11 @@ def _preflight(cfg: RunConfig) -> tuple[int, int]:
             if d.nnodes == 1:
                 raise InputError(f"--master {d.master}: port {port} is already in use")
             print(f"note: --master {d.master} is already listening; joining it as a peer", file=sys.stderr)
+    task = tasks.get(cfg.model.task)
+    allowed = [*(f"val_{m}" for m in task.metrics), "val_loss"]
+    if cfg.train.monitor and cfg.train.monitor not in allowed:
+        raise InputError(f"train.monitor: must be one of {', '.join(allowed)} for task {task.name}, "
+                         f"got {cfg.train.monitor!r}")
     world = local * d.nnodes
     if cfg.train.batch_size % world:
         raise InputError(f"train.batch_size {cfg.train.batch_size}: must divide evenly over {world} ranks")
@@ -201,7 +206,8 @@ def _resolve_resume(resume: str | None, ckpt_dir: Path, cfg: RunConfig) -> Path 
 def _check_resume_config(saved: dict[str, Any], cfg: RunConfig, path: Path) -> None:
     for name, old, new in _config_changes(saved, cfg, _RESUME_SAFE):
         why = _RESUME_REFUSED_WHY.get(name, "it changes the model or the data")
-        raise InputError(f"--resume {path}: {name} was {old!r}, now {new!r}; {why}, start a new run instead")
+        old, new = (f"{v!r} (the task's metric)" if name == "train.monitor" and v == "" else repr(v) for v in (old, new))
+        raise InputError(f"--resume {path}: {name} was {old}, now {new}; {why}, start a new run instead")
 
 
 def _config_changes(saved: dict[str, Any], cfg: RunConfig, ignore: set[str]) -> Iterator[tuple[str, Any, Any]]:
@@ -407,8 +413,17 @@ class _Trainer:
         paddle, cfg, ctx = self.p, self.cfg, self.ctx
         t = cfg.train
         init = weights.source(cfg.model.init) if cfg.model.init else None  # a bad path fails before any work
+        self.task = tasks.get(cfg.model.task)
         self.data = data_mod.load(cfg.data)
+        tasks.check_data(self.task, self.data.targets, cfg.data.source)
         self.num_classes = len(self.data.labels)
+        if cfg.distill.teacher and not getattr(self.task, "logits", False):
+            raise InputError(f"distill.teacher: knowledge distillation reads logits; task {self.task.name} has "
+                             "none (distill a classifier, or train without distill.teacher)")
+        self.monitor = t.monitor or f"val_{self.task.monitor}"
+        self.epoch_fields = trainlog.epoch_fields(self.task.metrics)
+        # what the best checkpoint is judged by besides val_loss: the monitored metric, or the task's own
+        self.metric_key = self.monitor if self.monitor != "val_loss" else f"val_{self.task.monitor}"
         paddle.seed(t.seed)
         np.random.seed(t.seed)
         random.seed(t.seed)
@@ -419,6 +434,9 @@ class _Trainer:
         where = f"--model {cfg.model.name}"
         self.call = models.calling(net, self.data.input_names, where)
         self.outputs, self.output_tensors = self._probe(net, self.call, cfg.model.logits_output, where)
+        self.info = tasks.Info(self.data.labels, tasks.settings(self.task, cfg.postprocess), t.label_smoothing,
+                               self.outputs.logits)
+        tasks.check_outputs(self.task, self._probe_named(net), self.info, where)
         paddle.seed(t.seed * 1000 + ctx.rank)  # dropout masks differ per rank
         self.net = net
         self.per_rank = t.batch_size // ctx.world
@@ -427,7 +445,7 @@ class _Trainer:
             raise InputError(f"train.batch_size {t.batch_size}: larger than the training split "
                              f"({len(self.data.train)} samples)")
         self.spe = len(self.sampler)
-        dataset = batches.FeedDataset(self.data.train, self.data.preprocessing)
+        dataset = batches.FeedDataset(self.data.train, self.data.preprocessing, self._targets)
         self.loader = paddle.io.DataLoader(
             dataset, batch_sampler=self.sampler, collate_fn=dataset.collate,
             num_workers=cfg.data.num_workers, persistent_workers=cfg.data.persistent_workers and cfg.data.num_workers > 0,
@@ -460,6 +478,21 @@ class _Trainer:
                         if self.teacher is not None and cfg.distill.engine == "paddleslim" else None)
         self._distill_checked = False
 
+    def _targets(self, y: np.ndarray, feeds: dict[str, np.ndarray]) -> Any:
+        return self.task.targets(y, feeds, self.info)
+
+    def _probe_named(self, net: Any) -> dict[str, np.ndarray]:
+        """The model's outputs by name, as numpy, on 2 training samples in eval mode (for the task's check)."""
+        paddle = self.p
+        feeds = self.data.train.feeds(np.arange(min(2, len(self.data.train))), self.data.preprocessing)
+        was = net.training
+        net.eval()
+        with paddle.no_grad():
+            out = self.outputs.named(self.call(net, {k: paddle.to_tensor(v) for k, v in feeds.items()}))
+        if was:
+            net.train()
+        return {k: v.numpy() for k, v in out.items()}
+
     def _model(self, name: str) -> Any:
         shapes = self.data.input_shapes
         return models.build(name, self.num_classes, next(iter(shapes.values())), self.vocab_size, input_shapes=shapes)
@@ -475,7 +508,7 @@ class _Trainer:
         if any(dynamic.values()):
             feeds.append({k: v[tuple(slice(0, max(1, n // 2)) if i in dynamic[k] else slice(None)
                                      for i, n in enumerate(v.shape))] for k, v in full.items()})
-        return models.probe(net, call, feeds, logits_output, self.num_classes, where)
+        return models.probe(net, call, feeds, logits_output if getattr(self.task, "logits", False) else None, where)
 
     def _teacher(self) -> Any:
         """The frozen teacher of knowledge distillation: a verified train artifact on the same data, wrapped so
@@ -566,11 +599,11 @@ class _Trainer:
                         raise
                 else:
                     out = self.call(self.model, feeds)
-                logits = self.outputs.logits_of(out)
+                named = self.outputs.named(out)
             if self.distill is not None and not self._distill_checked:
-                distillation.check_outputs(paddle, self.distill, logits, self.cfg.model.name)
+                distillation.check_outputs(paddle, self.distill, named[self.info.logits], self.cfg.model.name)
                 self._distill_checked = True
-            loss = self._loss(logits.astype("float32"), feeds, y, kd)
+            loss = self._loss(named, feeds, y, kd)
             if st.step + 1 in fault_nan:  # test hook: behave as if this step's loss were NaN
                 loss = loss * float("nan")
             value = self._global_loss(loss)  # [sync] host sync every step: the NaN guard needs it
@@ -602,11 +635,12 @@ class _Trainer:
         st.epoch_loss = float(np.mean(losses)) if losses else float("nan")
         st.epoch_ips = seen / max(1e-9, time.perf_counter() - t0)
 
-    def _loss(self, logits: Any, feeds: dict[str, Any], y: Any, kd: Any = None) -> Any:
-        F, t = self.p.nn.functional, self.cfg.train
-        ce = task.loss(F, logits, y, t.label_smoothing)
+    def _loss(self, named: dict[str, Any], feeds: dict[str, Any], y: Any, kd: Any = None) -> Any:
+        F = self.p.nn.functional
+        ce = self.task.loss(F, named, y, self.info)
         if self.teacher is None:
             return ce
+        logits = named[self.info.logits].astype("float32")
         d = self.cfg.distill
         if kd is not None:  # PaddleSlim Distill: alpha * T^2 * KL (+ feature terms), weighted in its config
             return kd.astype("float32") + (1 - d.alpha) * ce
@@ -636,23 +670,24 @@ class _Trainer:
 
     def _end_epoch(self, epoch: int, st: "_State") -> None:
         self._sync_buffers()
-        val_loss, val_acc = self._evaluate(self.data.val, shard=True)
+        val_loss, val = self._evaluate(self.data.val)
         t = self.cfg.train
-        # every rank decides alike: _evaluate all-reduced the totals
-        improved = task.better(t.monitor, val_acc, val_loss, st.best_acc, st.best_loss)
+        metric = val[self.metric_key.removeprefix("val_")]
+        # every rank decides alike: each evaluated the whole split with the same parameters
+        improved = self._better(metric, val_loss, st.best_metric, st.best_loss)
         if improved:
-            st.best_acc, st.best_loss, st.bad_epochs = val_acc, val_loss, 0
+            st.best_metric, st.best_loss, st.bad_epochs = metric, val_loss, 0
         else:
             st.bad_epochs += 1
         if t.patience and st.bad_epochs >= t.patience:
             st.stopped_early = True
         scale = float(self.scaler._scale) if self.scaler._enable else ""
         row = {"epoch": epoch, "step": st.step, "train_loss": st.epoch_loss, "val_loss": val_loss,
-               "val_acc": val_acc, "lr": self.opt.get_lr(), "img_per_s": st.epoch_ips, "loss_scale": scale,
+               **{f"val_{k}": v for k, v in val.items()}, "lr": self.opt.get_lr(), "img_per_s": st.epoch_ips, "loss_scale": scale,
                "skipped_steps": st.skipped}
         st.epoch_rows.append(row)
         self.ctx.emit({"event": "epoch", **row, "epochs": t.epochs, "ips": st.epoch_ips, "best": improved})
-        self.vdl.epoch(st.step, row, t.monitor)
+        self.vdl.epoch(st.step, row)
         self.vdl.flush()  # [rank0] as in _train_epoch
         self._save(st, best=improved)
 
@@ -667,29 +702,39 @@ class _Trainer:
                 dist.all_reduce(buf)
                 buf.set_value(buf / self.ctx.world)
 
-    def _evaluate(self, split: data_mod.Split, shard: bool) -> tuple[float, float]:
+    def _better(self, metric: float, loss: float, best_metric: float | None, best_loss: float | None) -> bool:
+        """Whether an epoch beats the best so far by train.monitor, a tie going to the other of (val_loss, the
+        task's metric). The best checkpoint and patience both use it."""
+        if best_metric is None or best_loss is None:
+            return True
+        up = metric > best_metric if self.task.maximize else metric < best_metric
+        if self.monitor == "val_loss":
+            return loss < best_loss or (loss == best_loss and up)
+        return up or (metric == best_metric and loss < best_loss)
+
+    def _evaluate(self, split: data_mod.Split) -> tuple[float, dict[str, float]]:
+        """(mean loss, the task's metrics) over the whole split. Every rank evaluates all of it with the same
+        parameters (BatchNorm statistics synced), so every rank takes the same decisions without a collective,
+        and a metric over the whole split (detection's mAP) needs no gathering."""
         paddle, F = self.p, self.p.nn.functional
         pos = np.arange(len(split))
-        pos = pos[self.ctx.rank::self.ctx.world] if shard else pos
         self.net.eval()
-        loss_sum = correct = 0.0
+        info = tasks.Info(self.info.labels, self.info.settings, 0.0, self.info.logits)  # no smoothing in val_loss
+        loss_sum, outs = 0.0, []
         with paddle.no_grad():
             for i in range(0, len(pos), 256):
                 p = pos[i:i + 256]
-                feeds = {k: paddle.to_tensor(v) for k, v in split.feeds(p, self.data.preprocessing).items()}
-                y = paddle.to_tensor(np.asarray(split.y[split.idx[p]]))
-                logits = self.outputs.logits_of(self.call(self.net, feeds)).astype("float32")
-                batch_loss, batch_correct = task.eval_sums(F, logits, y)
-                loss_sum, correct = loss_sum + batch_loss, correct + batch_correct
-        totals = np.array([loss_sum, correct, len(pos)], np.float64)
-        if shard and self.ctx.world > 1:
-            import paddle.distributed as dist
-
-            tt = paddle.to_tensor(totals)
-            dist.all_reduce(tt)
-            totals = tt.numpy()
+                raw = split.feeds(p, self.data.preprocessing)
+                y = np.asarray(split.y[split.idx[p]])
+                feeds = {k: paddle.to_tensor(v) for k, v in raw.items()}
+                named = self.outputs.named(self.call(self.net, feeds))
+                loss_sum += float(self.task.loss(F, named, _tensors(paddle, self.task.targets(y, raw, info)), info)) * len(p)
+                outs.append({k: v.astype("float32").numpy() if "float" in str(v.dtype) else v.numpy()
+                             for k, v in named.items()})
         self.net.train()
-        return float(totals[0] / totals[2]), float(totals[1] / totals[2])
+        joined = {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
+        found = self.task.metrics_of(joined, np.asarray(split.y[split.idx]), self.info)
+        return loss_sum / len(pos), {k: float(found[k]) for k in self.task.metrics}
 
     # ---- checkpoints
     def _save(self, st: "_State", best: bool) -> None:
@@ -721,8 +766,8 @@ class _Trainer:
             paddle.save(opt_tensors, str(w.dir / "optimizer.safetensors"), safetensors=True)
             (w.dir / "state.json").write_text(json.dumps(self._state_doc(st), indent=1))
             trainlog.write_csv(w.dir / "steps.csv", trainlog.STEP_FIELDS, st.step_rows)
-            trainlog.write_csv(w.dir / "metrics.csv", trainlog.EPOCH_FIELDS, st.epoch_rows)
-            w.metrics = {"step": st.step, "epoch": st.epoch, "best_val_acc": st.best_acc,
+            trainlog.write_csv(w.dir / "metrics.csv", self.epoch_fields, st.epoch_rows)
+            w.metrics = {"step": st.step, "epoch": st.epoch, f"best_{self.metric_key}": st.best_metric,
                          "best_val_loss": st.best_loss}
             time.sleep(float(os.environ.get("PIPE_FAULT_SLOW_CHECKPOINT", "0")))  # test hook: widen the window
         artifacts.write_text_atomic(self.ckpt_dir / "last", name)
@@ -733,7 +778,7 @@ class _Trainer:
     def _state_doc(self, st: "_State") -> dict[str, Any]:
         return {
             "step": st.step, "epoch": st.epoch, "batch": st.batch, "skipped": st.skipped,
-            "nonfinite_run": st.nonfinite_run, "best_acc": st.best_acc, "best_loss": st.best_loss,
+            "nonfinite_run": st.nonfinite_run, "best_metric": st.best_metric, "best_loss": st.best_loss,
             "bad_epochs": st.bad_epochs,
             "stopped_early": st.stopped_early, "world_size": self.ctx.world,
             "scheduler": self.sched.state_dict(), "scaler": checkpoint.jsonable(self.scaler.state_dict()),
@@ -760,13 +805,14 @@ class _Trainer:
             self.scaler.load_state_dict(doc["scaler"])
         checkpoint.restore_rng(paddle, doc["rng"])
         st = _State(step=doc["step"], epoch=doc["epoch"], batch=doc["batch"], skipped=doc["skipped"],
-                    nonfinite_run=doc["nonfinite_run"], best_acc=doc["best_acc"], best_loss=doc.get("best_loss"),
+                    nonfinite_run=doc["nonfinite_run"], best_metric=doc.get("best_metric", doc.get("best_acc")),
+                    best_loss=doc.get("best_loss"),
                     bad_epochs=doc["bad_epochs"], stopped_early=doc["stopped_early"])
         st.step_rows = trainlog.read_csv(art.file("steps.csv"))
         st.epoch_rows = trainlog.read_csv(art.file("metrics.csv"))
-        if st.best_loss is None and st.best_acc is not None:
+        if st.best_loss is None and st.best_metric is not None:
             # written before train.monitor: its best was the first epoch to reach best_acc
-            st.best_loss = next(r["val_loss"] for r in st.epoch_rows if r["val_acc"] == st.best_acc)
+            st.best_loss = next(r["val_loss"] for r in st.epoch_rows if r["val_acc"] == st.best_metric)
         return st
 
     # ---- the artifact
@@ -792,21 +838,24 @@ class _Trainer:
             best = checkpoint.read_pointer(self.ckpt_dir, "best")
             best_dir = artifacts.verify(self.ckpt_dir / best, (checkpoint.STAGE,))
             self.net.set_state_dict(runtime.load_safetensors(self.p, best_dir.file("model.safetensors")))
-            test_loss, test_acc = self._evaluate(self.data.test, shard=False)
-            val_loss, val_acc = self._evaluate(self.data.val, shard=False)
+            test_loss, test = self._evaluate(self.data.test)
+            val_loss, val = self._evaluate(self.data.val)
             with artifacts.write_stage(self.out_dir, "train", self.cfg.to_dict()) as w:
                 shutil.copyfile(best_dir.file("model.safetensors"), w.dir / "model.safetensors")
-                trainlog.write_csv(w.dir / "metrics.csv", trainlog.EPOCH_FIELDS, st.epoch_rows)
+                trainlog.write_csv(w.dir / "metrics.csv", self.epoch_fields, st.epoch_rows)
                 trainlog.write_csv(w.dir / "steps.csv", trainlog.STEP_FIELDS, st.step_rows)
-                trainlog.plot(w.dir / "curves.png", st.step_rows, st.epoch_rows)
+                trainlog.plot(w.dir / "curves.png", st.step_rows, st.epoch_rows, self.metric_key)
                 if self.data.is_text:
                     (w.dir / "vocab.json").write_text(json.dumps(self.data.preprocessing["vocab"], ensure_ascii=False),
                                                       encoding="utf-8")
                 # inputs from the data, outputs as the model returned them (the order export sees)
-                w.interface = {**self.data.interface(self.output_tensors), "model": self.cfg.model.name}
+                w.interface = {**self.data.interface(self.output_tensors), "model": self.cfg.model.name,
+                               "task": {"name": self.task.name, "spec": self.cfg.model.task or "classification",
+                                        "settings": self.info.settings}}
                 ips = [r["img_per_s"] for r in st.epoch_rows if r["img_per_s"]]
                 w.metrics = {
-                    "test_acc": test_acc, "test_loss": test_loss, "val_acc": val_acc, "val_loss": val_loss,
+                    **{f"test_{k}": v for k, v in test.items()}, "test_loss": test_loss,
+                    **{f"val_{k}": v for k, v in val.items()}, "val_loss": val_loss,
                     "best_checkpoint": best, "epochs_run": st.epoch, "steps": st.step,
                     "skipped_steps": st.skipped, "stopped_early": st.stopped_early,
                     "img_per_s": float(np.median([float(v) for v in ips])) if ips else None,
@@ -835,7 +884,7 @@ class _State:
     batch: int = 0
     skipped: int = 0
     nonfinite_run: int = 0
-    best_acc: float | None = None
+    best_metric: float | None = None  # of metric_key: train.monitor, or the task's metric when that is val_loss
     best_loss: float | None = None
     bad_epochs: int = 0
     stopped_early: bool = False
@@ -843,6 +892,13 @@ class _State:
     epoch_ips: float = 0.0
     step_rows: list[dict[str, Any]] = field(default_factory=list)
     epoch_rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _tensors(paddle: Any, t: Any) -> Any:
+    """A task's numpy targets (an array or a dict of arrays) as paddle tensors."""
+    if isinstance(t, dict):
+        return {k: paddle.to_tensor(v) for k, v in t.items()}
+    return paddle.to_tensor(t)
 
 
 def _describe(tensors: Any) -> str:

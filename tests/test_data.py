@@ -241,7 +241,7 @@ def test_missing_data_dir(tmp_path):
 def test_unsupported_source_file(tmp_path):
     f = _png(tmp_path / "one.png", 5)
     assert _error(_cfg(tmp_path, f)) == \
-        f"--data {f}: expected 'digits', an ImageFolder directory, an .npz file or module:factory"
+        f"--data {f}: expected 'digits', 'shapes', an ImageFolder or COCO directory, an .npz file or module:factory"
 
 
 def test_channels_other_than_1_or_3(tmp_path):

@@ -102,7 +102,9 @@ def test_md_has_a_row_per_variant_equal_to_the_manifest(reported):
         if not v["supported"]:
             assert r["status"] == f"unsupported: {v['reason']}"
             continue
-        assert r["status"] == "ok"
+        # compress's own status: "ok", or why not shippable (on an AVX2-only CPU int8-paddle may measure slower
+        # than fp32 under load and be marked unreliable there): the report copies it
+        assert r["status"] == (v.get("status") or "ok")
         assert r["accuracy"] == f"{v['accuracy']:.2%}"
         assert r["top-1 agreement"] == f"{v['top1_agreement']:.3f}"
         assert r["size MB"] == f"{v['size_bytes'] / 1e6:.3f}"

@@ -10,6 +10,7 @@ machine is shared and noisy: quote the ratios, not the absolute numbers.
     serving    `pipe serve` under load (HTTP, dynamic batching, /v1 and /v2), versus the engine alone
     text       the text model against a TF-IDF + logistic regression baseline on the same split
     ernie      ernie_tiny (two inputs) through train, export, compress on 3 engines, package, served text
+    detection  centernet_tiny on generated shapes: COCO mAP, int8 mAP drop per engine, auto pick, served PNGs
     finetune   model.init from related data (digits 0-4) against from scratch, side by side
     measure    `pipe bench DIR...`: every servable model in export/compress/package artifacts, measured here
     loadgen    the serving benchmark's HTTP/1.1 load generator
@@ -42,12 +43,13 @@ def run(out_file: Path, quick: bool = False) -> None:
     rows += _train_throughput(repeats)
     rows += _data_parallel(repeats=1)
     rows += _pipe_all()
-    from pipeline.bench import compress, ernie, finetune, serving, text  # each builds its own runs in temp dirs
+    from pipeline.bench import compress, detection, ernie, finetune, serving, text  # each runs in its own temp dirs
 
     rows += compress.rows(quick)
     rows += serving.rows(quick)
     rows += serving.text_rows(quick)
     rows += ernie.rows(quick)
+    rows += detection.rows(quick)
     rows += text.rows(1 if quick else 2)
     rows += finetune.rows()
     _write(out_file, rows, quick)
@@ -130,7 +132,7 @@ def _train_throughput(repeats: int) -> list[tuple[str, str, str, str]]:
             F = paddle.nn.functional
             sampler = batches.GlobalBatchSampler(len(tr), batch, 0, 1, 0)
             if loader_fed:
-                dset = batches.FeedDataset(tr, pre)
+                dset = batches.FeedDataset(tr, pre, lambda y, feeds: np.asarray(y, np.int64))
                 loader = paddle.io.DataLoader(dset, batch_sampler=sampler, collate_fn=dset.collate)
             else:
                 X = {name: paddle.to_tensor(v) for name, v in tr.feeds(np.arange(len(tr)), pre).items()}

@@ -223,10 +223,12 @@ def speed_rows(name: str, runs: list[dict[str, Any]], lost: dict[str, str], samp
                     *_ratio(*_median(runs, key, "speedup_bs1"), f"{lat[key]:.2f} ms")))
         if x.get("status", "ok") != "ok":
             out.append((f"{name}: {label} status{tag}", x["status"], "", "**not shippable**"))
-    int8 = [(k, v[k]) for k in _INT8 if v.get(k, {}).get("supported")]
+    int8 = [(k, v[k]) for k in _INT8 if v.get(k, {}).get("supported") and v[k].get("top1_agreement") is not None]
     agreed = runs[0].get("agreement_samples", runs[0]["test_samples"])
-    out.append((f"{name}: int8 top-1 agreement with fp32 ({agreed} samples of all splits) "
-                f"[{int8_tag(runs[0])}]", ", ".join(f"{k} {x['top1_agreement']:.3f}" for k, x in int8) or "-", "", ""))
+    if int8 or runs[0].get("task", "classification") == "classification":  # a task without logits has none
+        out.append((f"{name}: int8 top-1 agreement with fp32 ({agreed} samples of all splits) "
+                    f"[{int8_tag(runs[0])}]", ", ".join(f"{k} {x['top1_agreement']:.3f}" for k, x in int8) or "-",
+                    "", ""))
     out.append((f"{name}: fastest variant at bs1 / at bs32 (medians)",
                 f"{min(lat, key=lat.__getitem__)} / {max(thr, key=thr.__getitem__)}", "", ""))
     return out

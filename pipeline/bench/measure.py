@@ -6,10 +6,11 @@ Each directory is verified (manifest, stage, every file's sha256) before anythin
 it holds (export: fp32 and bf16 Paddle Inference on the PIR program, `model.onnx` when exported with
 `--onnx`; compress: every variant in `metrics.variants`, fp32/bf16 running the export it came from;
 package: the packaged program at its precision and the Triton ONNX) a row gives format, status
-(`ok`, `unsupported: reason`, `failed: reason`), size, test accuracy on the data the model was trained
-on (the data config in the manifest; text is encoded with the artifact's own `vocab.json`), p50/p99 ms at
-batch 1 and items/s at batch 32. Engines are `pipeline/engines/`, the interleaved timing stages/compress.py's,
-so `pipe bench` and `pipe compress` measure alike. A model met twice (compress fp32 is the export's
+(`ok`, `unsupported: reason`, `failed: reason`), size, the task's monitored test metric (`accuracy`:
+classification's accuracy, detection's COCO mAP; `pipeline/tasks/`, the manifest's interface `task`) on the
+data the model was trained on (the data config in the manifest; text is encoded with the artifact's own
+`vocab.json`), p50/p99 ms at batch 1 and items/s at batch 32. Engines are `pipeline/engines/`, the
+interleaved timing stages/compress.py's, so `pipe bench` and `pipe compress` measure alike. A model met twice (compress fp32 is the export's
 program; a package copies its variant) is built and timed once and its numbers shared.
 
 Nothing here imports paddle at module level; `measure` does, only if a row needs Paddle Inference.
@@ -27,7 +28,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from pipeline import artifacts, config as config_mod, cpu, data as data_mod, iospec, runtime, task
+from pipeline import artifacts, config as config_mod, cpu, data as data_mod, iospec, runtime, tasks
 from pipeline.engines import ENGINES
 from pipeline.serving.spec import MODEL_FILES
 from pipeline.errors import InputError, PipeError
@@ -61,6 +62,8 @@ class BenchRow:
     size_mb: float | None
     """Model files (program + params, or the .onnx), 10^6 bytes."""
     accuracy: float | None = None
+    """The task's monitored test metric (`metric`): classification's accuracy, detection's mAP."""
+    metric: str = ""
     test_samples: int | None = None
     p50_ms: float | None = None
     """Batch 1, copy-in + run + copy-out."""
@@ -84,6 +87,8 @@ class _TestData:
     key: str
     batches: Callable[[], Iterator[Feeds]]
     y: np.ndarray
+    task: Any = None  # the artifact's task and its Info (`pipeline/tasks/`)
+    info: tasks.Info = tasks.Info(())
 
 
 @dataclass
@@ -91,7 +96,7 @@ class _Plan:
     """A row and how to build its engine; `key` identifies the model + engine + precision + test data."""
 
     row: BenchRow
-    build: Callable[[], Callable[[Feeds], np.ndarray]] | None
+    build: Callable[[], Callable[[Feeds], Feeds]] | None
     key: tuple[Any, ...]
     data: _TestData
 
@@ -106,7 +111,7 @@ def measure(dirs: Sequence[Path], quick: bool = False) -> list[BenchRow]:
     threads = runtime.threads_per_process(1)
     data_cache: dict[str, _TestData] = {}
     plans = [p for given, art in arts for p in _plans(given, art, threads, data_cache)]
-    engines: dict[tuple[Any, ...], Callable[[Feeds], np.ndarray]] = {}
+    engines: dict[tuple[Any, ...], Callable[[Feeds], Feeds]] = {}
     first: dict[tuple[Any, ...], _Plan] = {}
     for p in plans:
         if p.build is None or not p.row.ok:
@@ -125,7 +130,7 @@ def measure(dirs: Sequence[Path], quick: bool = False) -> list[BenchRow]:
     for p in plans:
         if p.row.shared_with:
             src = first[p.key].row
-            for f in ("status", "accuracy", "test_samples", "p50_ms", "p99_ms", "items_per_s"):
+            for f in ("status", "accuracy", "metric", "test_samples", "p50_ms", "p99_ms", "items_per_s"):
                 setattr(p.row, f, getattr(src, f))
     return [p.row for p in plans]
 
@@ -202,13 +207,12 @@ def _plans(given: str, art: artifacts.Artifact, threads: int, cache: dict[str, _
         size = sum(a.manifest["files"][f]["bytes"] for a, f in files) / _MB if files else None
         row = BenchRow(given, stage, variant, fmt, engine, precision, status, size)
         if (engine, len(paths)) in (("paddle_inference", 2), ("onnxruntime", 1), ("openvino", 1), ("openvino", 2)):
-            def build() -> Callable[[Feeds], np.ndarray]:  # feeds -> logits, fed and fetched by name
+            def build() -> Callable[[Feeds], Feeds]:  # feeds -> every output by public name, fed and fetched by name
                 from stages import compress as c
 
                 eng = ENGINES[engine].load(paths, threads=threads, precision=precision)
                 desc = iospec.IO.from_interface(m["interface"])
-                run, logits = c.runner(eng, desc, paths[0])["run"], desc.logits().public
-                return lambda feeds: run(feeds)[logits]
+                return c.runner(eng, desc, paths[0])["run"]
         else:
             build = None
             if row.ok:
@@ -311,7 +315,9 @@ def _test_data(art: artifacts.Artifact, cache: dict[str, _TestData]) -> _TestDat
         def batches() -> Iterator[Feeds]:
             for i in range(0, len(split), _EVAL_BATCH):
                 yield split.feeds(np.arange(i, min(i + _EVAL_BATCH, len(split))), pre)
-    cache[key] = _TestData(key, batches, np.asarray(split.y[split.idx]))
+    desc = iospec.IO.from_interface(iface, str(where))
+    task, info = tasks.from_interface(iface, desc)
+    cache[key] = _TestData(key, batches, np.asarray(split.y[split.idx]), task, info)
     return cache[key]
 
 
@@ -337,15 +343,19 @@ def _recorded_test_samples(art: artifacts.Artifact) -> int | None:
 # ------------------------------------------------------------------ accuracy and timing
 
 
-def _accuracy(p: _Plan, run: Callable[[Feeds], np.ndarray]) -> None:
-    logits = np.concatenate([run({k: np.ascontiguousarray(v) for k, v in fb.items()}) for fb in p.data.batches()])
-    if logits.shape[0] != len(p.data.y):
-        raise PipeError(f"returned {logits.shape[0]} rows for {len(p.data.y)} samples")
-    p.row.accuracy = task.accuracy(logits, p.data.y)
+def _accuracy(p: _Plan, run: Callable[[Feeds], Feeds]) -> None:
+    """The row's test metric: the task's monitored one over every output of the test split."""
+    outs = tasks.concat([run({k: np.ascontiguousarray(v) for k, v in fb.items()}) for fb in p.data.batches()])
+    rows = iospec.num_rows(outs)
+    if rows != len(p.data.y):
+        raise PipeError(f"returned {rows} rows for {len(p.data.y)} samples")
+    task = p.data.task
+    p.row.accuracy = float(task.metrics_of(outs, p.data.y, p.data.info)[task.monitor])
+    p.row.metric = str(task.monitor)
     p.row.test_samples = int(len(p.data.y))
 
 
-def _time(first: dict[tuple[Any, ...], _Plan], engines: dict[tuple[Any, ...], Callable[[Feeds], np.ndarray]],
+def _time(first: dict[tuple[Any, ...], _Plan], engines: dict[tuple[Any, ...], Callable[[Feeds], Feeds]],
           quick: bool) -> None:
     """compress's interleaved timing, once per test data set (inputs differ between data sets)."""
     from stages import compress as c

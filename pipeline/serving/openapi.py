@@ -136,6 +136,17 @@ def predict(spec: Spec, s: Settings) -> dict[str, Any]:
                             for k in range(len(imgs) + 1) for sent in itertools.combinations(imgs, k)]
         request["description"] = (f"Every input once ({names(ins)}): in `inputs` as a tensor, or an image input "
                                   f"({names(imgs)}) in `images` as base64 PNG/JPEG; all of one batch size; {limits}")
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
+            "responses": {"200": {"description": "One entry per sample", "content": {
+                "application/json": {"schema": _answer(spec, s)}}}, **errors(spec, "v1")}}
+
+
+def _answer(spec: Spec, s: Settings) -> dict[str, Any]:
+    """/v1's answer: the package's task's (`pipeline/tasks/`): classification's labels, scores and logits
+    (and every other output), detection's boxes per image; another task's, an object."""
+    n, io_ = s.max_batch_size, spec.io
+    if not spec.info.logits:
+        return _TASK_ANSWERS.get(spec.task.name, _any_answer)(spec, s)
     labels = {"type": "array", "minItems": 1, "maxItems": n, "items": {"enum": spec.labels}}
     answer: dict[str, Any] = {
         "type": "object", "required": ["labels", "scores", "logits"], "additionalProperties": False,
@@ -145,15 +156,37 @@ def predict(spec: Spec, s: Settings) -> dict[str, Any]:
                        "description": "softmax probability of each sample's label"},
             "logits": {**labels, "items": {"type": "array", "minItems": len(spec.labels),
                                            "maxItems": len(spec.labels), "items": {"type": "number"}}}}}
-    logits = io_.logits()
+    logits = io_.output(spec.info.logits)
     others = {t.public: _output(t, n) for t in io_.outputs if t.name != logits.name}
     if others:
         answer["required"].append("outputs")
         answer["properties"]["outputs"] = {**_by_name(others), "description": "every output but the logits "
                                                                              f"('{logits.public}'), by name"}
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
-            "responses": {"200": {"description": "One entry per sample", "content": {
-                "application/json": {"schema": answer}}}, **errors(spec, "v1")}}
+    return answer
+
+
+def _detections(spec: Spec, s: Settings) -> dict[str, Any]:
+    """pipeline.tasks.detection's answer, with serving.yaml's settings."""
+    cfg = spec.info.settings
+    box = {"type": "object", "required": ["label", "score", "box"], "additionalProperties": False, "properties": {
+        "label": {"enum": spec.labels},
+        "score": {"type": "number", "minimum": float(cfg.get("score_threshold", 0)), "maximum": 1,
+                  "description": "the class-centre heatmap's sigmoid at the box's centre"},
+        "box": {"type": "array", "minItems": 4, "maxItems": 4, "items": {"type": "number"},
+                "description": "[x1, y1, x2, y2] in the sent image's pixels (tensors: model-input pixels)"}}}
+    per = {"type": "array", "maxItems": int(cfg.get("max_detections", 100)), "items": box,
+           "description": f"score >= {cfg.get('score_threshold')}, class-wise NMS at IoU {cfg.get('nms_iou')}, "
+                          "highest score first"}
+    return {"type": "object", "required": ["detections"], "additionalProperties": False, "properties": {
+        "detections": {"type": "array", "minItems": 1, "maxItems": s.max_batch_size, "items": per,
+                       "description": "one list of boxes per image"}}}
+
+
+def _any_answer(spec: Spec, s: Settings) -> dict[str, Any]:
+    return {"type": "object", "description": f"the answer of task {spec.task.name!r} (its `answer`)"}
+
+
+_TASK_ANSWERS = {"detection": _detections}  # /v1's answer schema of tasks without logits, by task name
 
 
 def _by_name(props: dict[str, Any], required: bool = True) -> dict[str, Any]:
@@ -374,18 +407,20 @@ def v2(spec: Spec, s: Settings) -> dict[tuple[str, str], dict[str, Any]]:
         inputs["description"] = (f"every input once ({names(io_.inputs)}), in any order, of one batch size"
                                  + ("; or BYTES texts alone" if text else ""))
     outs = sorted({k for t in io_.outputs for k in (t.name, t.public)})
-    logits = io_.logits()
+    logits = io_.output(spec.info.logits) if spec.info.logits else None  # None: a task without logits
+    out_params: dict[str, Any] = {"binary_data": {"type": "boolean"}}
+    if logits is not None:
+        out_params["classification"] = {
+            "type": "integer", "minimum": 0, "maximum": v2_mod.MAX_CLASSIFICATION,
+            "description": "Triton's classification extension, on the logits output "
+                           f"('{logits.name}') only: answer each sample's top N classes as "
+                           "BYTES \"<value>:<index>:<label>\" (0: the output)"}
     request = {"type": "object", "required": ["inputs"], "properties": {
         "id": {"type": "string"},
         "inputs": inputs,
         "outputs": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {
             "name": {"enum": outs},
-            "parameters": {"type": "object", "additionalProperties": False, "properties": {
-                "binary_data": {"type": "boolean"},
-                "classification": {"type": "integer", "minimum": 0, "maximum": v2_mod.MAX_CLASSIFICATION,
-                                   "description": "Triton's classification extension, on the logits output "
-                                                  f"('{logits.name}') only: answer each sample's top N classes as "
-                                                  "BYTES \"<value>:<index>:<label>\" (0: the output)"}}}}},
+            "parameters": {"type": "object", "additionalProperties": False, "properties": out_params}}},
             "description": "the outputs to answer (none: every output)"},
         "parameters": {"type": "object", "properties": {"binary_data_output": {
             "type": "boolean", "description": "the default of outputs[].parameters.binary_data (false)"}}}},
@@ -402,7 +437,8 @@ def v2(spec: Spec, s: Settings) -> dict[tuple[str, str], dict[str, Any]]:
                       "maxItems": len(t.shape)},
             "data": {"type": "array", "items": {"type": "number"}}, "parameters": binary_size}}
 
-    classified = {"type": "object", "required": ["name", "datatype", "shape"], "properties": {
+    classified = None if logits is None else {"type": "object", "required": ["name", "datatype", "shape"],
+                                              "properties": {
         "name": {"enum": sorted({logits.name, logits.public})}, "datatype": {"const": "BYTES"},
         "shape": {"type": "array", "prefixItems": [batch, {"type": "integer", "minimum": 1,
                                                            "maximum": len(spec.labels)}], "minItems": 2, "maxItems": 2},
@@ -413,7 +449,7 @@ def v2(spec: Spec, s: Settings) -> dict[tuple[str, str], dict[str, Any]]:
     answer = {"type": "object", "required": ["model_name", "model_version", "outputs"], "properties": {
         "model_name": {"const": spec.name}, "model_version": {"const": v2_mod.VERSION}, "id": {"type": "string"},
         "outputs": {"type": "array", "minItems": 1, "maxItems": len(outs),  # each output by name and by alias
-                    "items": {"oneOf": [*map(answered, io_.outputs), classified]}}}}
+                    "items": {"oneOf": [*map(answered, io_.outputs), *([classified] if classified else [])]}}}}
     binary = {"type": "string", "format": "binary", "description": "the JSON header, then the binary tensors"}
     header = {"name": "Inference-Header-Content-Length", "in": "header", "required": False,
               "schema": {"type": "integer", "minimum": 0},

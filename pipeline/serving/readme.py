@@ -1,8 +1,10 @@
 """The README.md `pipe package` writes into a package: how to serve it and call it (curl, Python, the
 Paddle Serving client, tritonclient on /v2, Triton), generated from the package's serving.yaml so its
 examples match the model's tensors: every input and output is listed, and a model of several inputs is
-called on /v2 (one named tensor each) and through the Paddle Serving client (one feed each). It documents
-`pipe serve`'s API, so it lives beside the server's code.
+called on /v2 (one named tensor each) and through the Paddle Serving client (one feed each). /v1 answers
+for the package's task (serving.yaml `task:`); for a task without logits (detection) it says that /v2 and
+Triton serve the raw outputs and the task's postprocessing, with serving.yaml's settings, runs in the
+client. It documents `pipe serve`'s API, so it lives beside the server's code.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from pipeline import tasks
 from pipeline.serving.spec import check_vocab
 from pipeline.serving.v2 import datatype
 
@@ -50,12 +53,56 @@ def _tensor_lines(spec: dict[str, Any]) -> list[str]:
     return rows
 
 
+def _task(spec: dict[str, Any]) -> dict[str, Any]:
+    """serving.yaml's `task:` section (packages before it: classification)."""
+    return spec.get("task") or {"name": "classification", "spec": "classification", "settings": {}}
+
+
+def _logits(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """The logits output's entry, for a task that reads logits; None otherwise (detection)."""
+    if not getattr(tasks.get(_task(spec)["spec"]), "logits", False):
+        return None
+    return next(t for t in spec["outputs"] if t.get("role") == "logits")
+
+
+def _answer_line(spec: dict[str, Any], text: bool) -> str:
+    """What /v1 answers, in words."""
+    task = _task(spec)
+    errors = ("Errors: `{\"error\": {\"code\": 422, \"type\": \"invalid_tensor\", \"message\": \"...\"}}`"
+              + (" (empty text: 422 `empty_text`; a body that is not UTF-8: 400)." if text else "."))
+    if _logits(spec) is not None:
+        return ("The answer: `{\"labels\": [...], \"scores\": [...], \"logits\": [[...]]}` (one entry per sample; "
+                "`scores` is the softmax probability of the label). " + errors)
+    if task["name"] == "detection":
+        cfg = task["settings"]
+        return ("The answer: `{\"detections\": [[{\"label\": \"...\", \"score\": 0.93, \"box\": [x1, y1, x2, y2]}, "
+                "...], ...]}`, one list per image, highest score first: boxes in the sent image's pixels (a PNG/JPEG "
+                "is resized to the model's input and its boxes scaled back; tensors: model-input pixels), score >= "
+                f"{cfg.get('score_threshold')}, class-wise NMS at IoU {cfg.get('nms_iou')}, at most "
+                f"{cfg.get('max_detections')} per image (serving.yaml `task.settings`). " + errors)
+    return f"The answer is task `{task['spec']}`'s (its `answer`, with serving.yaml `task.settings`). " + errors
+
+
+def _postprocess(spec: dict[str, Any], var: str) -> list[str]:
+    """Python lines: a task without logits' postprocessing of the raw outputs (`var`: by public name), in the
+    client, with serving.yaml's settings."""
+    task = _task(spec)
+    if task["name"] == "detection":
+        return [f"settings = {task['settings']!r}  # serving.yaml task.settings",
+                "from pipeline.tasks import detection",
+                f"boxes = detection.decode({var}, settings)  # per image: [x1, y1, x2, y2, score, class], "
+                "model-input pixels"]
+    return ["from pipeline import tasks",
+            f"task = tasks.get({task['spec']!r})",
+            f"answer = task.answer({var}, tasks.Info({spec['labels']!r}, {task['settings']!r}), None)"]
+
+
 def render(spec: dict[str, Any], ids: list[int] | None) -> str:
     ins, outs = spec["inputs"], spec["outputs"]
     if len(ins) > 1 and spec.get("text") is None:
         return _render_inputs(spec)
     inp = ins[0]
-    outp = next(t for t in outs if t.get("role") == "logits")
+    outp = _logits(spec)  # None: a task without logits
     text = spec.get("text")
     sample = list(inp["shape"][1:])
     if text is not None:
@@ -101,10 +148,7 @@ def render(spec: dict[str, Any], ids: list[int] | None) -> str:
     lines += [
         "```",
         "",
-        "The answer: `{\"labels\": [...], \"scores\": [...], \"logits\": [[...]]}` (one entry per sample; "
-        "`scores` is the softmax probability of the label). Errors: "
-        "`{\"error\": {\"code\": 422, \"type\": \"invalid_tensor\", \"message\": \"...\"}}`"
-        + (" (empty text: 422 `empty_text`; a body that is not UTF-8: 400)." if text is not None else "."),
+        _answer_line(spec, text is not None),
         "",
         "## Python",
         "",
@@ -117,7 +161,8 @@ def render(spec: dict[str, Any], ids: list[int] | None) -> str:
     lines += [
         f"r = httpx.post(\"http://127.0.0.1:8000/v1/predict\", {body_line})",
         "r.raise_for_status()",
-        "print(r.json()[\"labels\"])",
+        "print(r.json()" + ("[\"labels\"]" if outp is not None else
+                            "[\"detections\"][0]" if _task(spec)["name"] == "detection" else "") + ")",
         "```",
         "",
         "Paddle Serving clients (`paddle-serving-client` 0.9.0, Python <= 3.9) work unchanged against "
@@ -132,7 +177,8 @@ def render(spec: dict[str, Any], ids: list[int] | None) -> str:
         "client = HttpClient()",
         "client.load_client_config(\"serving_client_conf.prototxt\")",
         "client.connect([\"127.0.0.1:8000\"])          # dotted IPv4 only",
-        f"out = client.predict(feed={{\"{inp['alias']}\": x}}, fetch=[\"{outp['alias']}\"], batch=True)",
+        f"out = client.predict(feed={{\"{inp['alias']}\": x}}, fetch=["
+        + ", ".join(f"\"{t['alias']}\"" for t in ([outp] if outp is not None else outs)) + "], batch=True)",
         "print(out.outputs[0].tensor[0].float_data)  # after client.set_http_proto(False): a dict",
         "```",
         "",
@@ -155,7 +201,15 @@ def render(spec: dict[str, Any], ids: list[int] | None) -> str:
     lines += [
         "inp.set_data_from_numpy(x)  # binary; binary_data=False sends JSON",
         "client = httpclient.InferenceServerClient(\"127.0.0.1:8000\")",
-        f"print(client.infer(\"{spec['name']}\", [inp]).as_numpy(\"{outp['name']}\").argmax(1))",
+    ]
+    if outp is not None:
+        lines += [f"print(client.infer(\"{spec['name']}\", [inp]).as_numpy(\"{outp['name']}\").argmax(1))"]
+    else:
+        lines += [f"result = client.infer(\"{spec['name']}\", [inp])",
+                  "outputs = {" + ", ".join(f"\"{t['alias']}\": result.as_numpy(\"{t['name']}\")" for t in outs)
+                  + "}  # the raw outputs",
+                  *_postprocess(spec, "outputs")]
+    lines += [
         "```",
         "",
     ]
@@ -208,7 +262,7 @@ def _render_inputs(spec: dict[str, Any]) -> str:
     """A model of several (non-text) inputs: every example names each input (v2 JSON, the Paddle Serving
     client's feed dict, tritonclient's InferInputs) and reads every output."""
     ins, outs = spec["inputs"], spec["outputs"]
-    logits = next(t for t in outs if t.get("role") == "logits")
+    logits = _logits(spec)  # None: a task without logits
     url = f"http://127.0.0.1:8000/v2/models/{spec['name']}/infer"
     body = {"inputs": [{"name": t["name"], "shape": [1, *t["shape"][1:]], "datatype": datatype(t["dtype"]),
                         "data": [0.0 if t["dtype"] == "float32" else 0] * math.prod(t["shape"][1:])} for t in ins]}
@@ -239,7 +293,8 @@ def _render_inputs(spec: dict[str, Any]) -> str:
         f"r = httpx.post(\"{url}\", json=body)",
         "r.raise_for_status()",
         "out = {o[\"name\"]: np.asarray(o[\"data\"]).reshape(o[\"shape\"]) for o in r.json()[\"outputs\"]}",
-        f"print(out[\"{logits['name']}\"].argmax(1))",
+        f"print(out[\"{logits['name']}\"].argmax(1))" if logits is not None else
+        "print({k: v.shape for k, v in out.items()})  # the raw outputs",
         "```",
         "",
         "Paddle Serving clients (`paddle-serving-client` 0.9.0, Python <= 3.9) work unchanged against "
@@ -271,8 +326,8 @@ def _render_inputs(spec: dict[str, Any]) -> str:
           f"inputs[-1].set_data_from_numpy(x_{i})  # binary; binary_data=False sends JSON" for i, t in enumerate(ins)),
         "client = httpclient.InferenceServerClient(\"127.0.0.1:8000\")",
         "result = client.infer(\"" + spec["name"] + "\", inputs)",
-        f"print(result.as_numpy(\"{logits['name']}\").argmax(1))"
-        + "".join(f"\nprint(result.as_numpy(\"{t['name']}\").shape)" for t in outs if t is not logits),
+        (f"print(result.as_numpy(\"{logits['name']}\").argmax(1))\n" if logits is not None else "")
+        + "\n".join(f"print(result.as_numpy(\"{t['name']}\").shape)" for t in outs if t is not logits),
         "```",
         "",
     ]
@@ -308,6 +363,19 @@ def _tail(spec: dict[str, Any]) -> list[str]:
             "Inference Protocol on port 8000); KServe's v2 clients likewise.",
             "",
         ]
+        if _logits(spec) is None:
+            task = _task(spec)
+            how = ("`pipeline.tasks.detection.decode(outputs, settings)` (sigmoid, 3x3 peaks, top max_detections, "
+                   "score_threshold, class-wise NMS at nms_iou; boxes in model-input pixels, to be scaled to the "
+                   "image as /v1 does)" if task["name"] == "detection"
+                   else f"task `{task['spec']}`'s `answer`")
+            lines[-1:-1] = [
+                "",
+                f"A {task['name']} model: Triton (and /v2 on `pipe serve`) serves the raw outputs "
+                "(" + ", ".join(f"`{t['alias']}`" for t in spec["outputs"]) + "), with no labels file and no "
+                f"classification extension; the task's postprocessing runs in the client: {how}, with serving.yaml's "
+                f"`task.settings` ({json.dumps(task['settings'])}). Only `pipe serve`'s /v1 runs it in the server.",
+            ]
         if text is not None:
             others = [i["name"] for i in spec["inputs"][1:]]
             lines[-1:-1] = [

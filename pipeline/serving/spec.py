@@ -5,7 +5,10 @@ with the sha256 of each. `load_package` verifies all of it before anything is lo
 package's defaults with the `pipe serve` flags. serving.yaml lists every tensor (`inputs:`, `outputs:`; each
 a name = the served program's, alias = the public name, dtype, shape with -1 for dynamic axes, and
 `role: logits` on the logits output); `Spec.io` is that description (`pipeline/iospec.py`). Packages made
-before it held one `input:` and one `output:`, read as a one-tensor list each. Text packages also carry the vocabulary
+before it held one `input:` and one `output:`, read as a one-tensor list each. The `task:` section (name,
+spec, postprocessing settings: `pipeline/tasks/`) says what /v1 answers; `Spec.task` and `Spec.info` are
+that task and its Info (labels, settings, the logits output's public name, "" for a task without logits);
+a package without one is classification. Text packages also carry the vocabulary
 (`vocab.json`, a JSON list, id = position) and a `text:` section; `TextSpec.encode` is the training encoder
 itself (`pipeline.data.encode_texts`), so served text gets exactly the ids its model was trained on.
 """
@@ -22,7 +25,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from pipeline import artifacts, data as data_mod, iospec
+from pipeline import artifacts, data as data_mod, iospec, tasks
 from pipeline.errors import InputError
 
 PRECISIONS = ("fp32", "bf16", "int8")
@@ -38,7 +41,8 @@ MODEL_FILES = {"pir": ("model.json", "model.pdiparams"), "legacy": ("model.pdmod
 PARAMS_FILE = "model.pdiparams"
 DEFAULT_ENGINE = "paddle_inference"  # packages made before serving.yaml named an engine
 DOC_FILES = ("serving.yaml", "serving_client_conf.prototxt", "README.md")
-TRITON_FILES = ("config.pbtxt", "1/model.onnx", "labels.txt")
+TRITON_LABELS = "labels.txt"  # the logits output's class names (tasks with logits only)
+TRITON_FILES = ("config.pbtxt", "1/model.onnx", TRITON_LABELS)
 VOCAB_FILE = "vocab.json"  # text packages: the only name `serve` accepts for the vocabulary
 REFERENCE_FILE = "reference.safetensors"  # inputs and their fp32 outputs (pipeline/reference.py)
 SERVING_SCHEMA = 1
@@ -51,16 +55,18 @@ SERVER_DEFAULTS = {
 TEXT_KEYS = ("tokenizer", "max_len", "pad_id", "unk_id", "vocab_file", "vocab_size")
 
 
-def allowlist(fmt: str, triton_name: str | None, vocab_file: str | None = None, reference: bool = False) -> set[str]:
+def allowlist(fmt: str, triton_name: str | None, vocab_file: str | None = None, reference: bool = False,
+              labels: bool = True) -> set[str]:
     """Every file a package holds (manifest.json included): the test and `serve` check against it. Packages
-    made before the reference set existed have none (`serve` says their check cannot run)."""
+    made before the reference set existed have none (`serve` says their check cannot run); the Triton
+    repository has labels.txt for a task with logits only (`labels`)."""
     files = {*MODEL_FILES[fmt], *DOC_FILES, artifacts.MANIFEST}
     if reference:
         files.add(REFERENCE_FILE)
     if vocab_file:
         files.add(vocab_file)
     if triton_name:
-        files |= {f"triton/{triton_name}/{f}" for f in TRITON_FILES}
+        files |= {f"triton/{triton_name}/{f}" for f in TRITON_FILES if labels or f != TRITON_LABELS}
     return files
 
 
@@ -126,6 +132,8 @@ class Spec:
     doc: dict[str, Any]
     manifest_sha256: str
     text: TextSpec | None = None
+    task: Any = None  # the task module (or a user's object) /v1 answers through (`pipeline/tasks/`)
+    info: tasks.Info = tasks.Info(())  # its labels, postprocessing settings and logits output (public name)
 
     @property
     def dir(self) -> Path:
@@ -143,10 +151,34 @@ def entries(tensors: tuple[iospec.Tensor, ...]) -> list[dict[str, Any]]:
     return [_entry(t) for t in tensors]
 
 
-def check_io(io_: iospec.IO, labels: list[str], text: bool, where: str) -> None:
+def task_section(iface: dict[str, Any], where: str) -> dict[str, Any]:
+    """serving.yaml's `task:` section from a manifest's interface: name, spec (what `tasks.get` reads) and
+    the postprocessing settings recorded at training (the task's defaults under them); an interface
+    without a task is classification."""
+    rec = iface.get("task") or {}
+    if not isinstance(rec, dict) or not isinstance(rec.get("settings") or {}, dict):
+        raise InputError(f"{where}: task must be a mapping of name, spec and settings")
+    task = tasks.get(str(rec.get("spec") or "classification"))
+    settings = {**(getattr(task, "settings", {}) or {}), **(rec.get("settings") or {})}
+    return {"name": str(task.name), "spec": str(rec.get("spec") or "classification"), "settings": settings}
+
+
+def read_task(section: Any, io_: iospec.IO, labels: list[str], where: str) -> tuple[Any, tasks.Info]:
+    """serving.yaml's `task:` section (absent: classification) -> (task, Info), its module imported."""
+    if section is not None and not (isinstance(section, dict) and isinstance(section.get("spec"), str)
+                                    and isinstance(section.get("settings") or {}, dict)):
+        raise InputError(f"{where}: task must name a spec and its settings (a mapping)")
+    try:
+        return tasks.from_interface({"task": section, "labels": labels}, io_)
+    except InputError as e:
+        raise InputError(f"{where}: {e}") from None
+
+
+def check_io(io_: iospec.IO, labels: list[str], text: bool, where: str, logits: bool = True) -> None:
     """What a package serves, checked (the package stage and `load_package` alike): every tensor of a
     servable dtype (`DTYPES`) with a dynamic batch and at least one more axis; inputs fixed behind the batch
-    (text: every input int64 ids [-1, -1]); the logits output float32 [-1, len(labels)]. One line otherwise."""
+    (text: every input int64 ids [-1, -1]); for a task with logits (`logits`), the logits output float32
+    [-1, len(labels)]. One line otherwise."""
     for kind, tensors in (("input", io_.inputs), ("output", io_.outputs)):
         for t in tensors:
             if t.dtype not in DTYPES:
@@ -162,10 +194,12 @@ def check_io(io_: iospec.IO, labels: list[str], text: bool, where: str) -> None:
         if not text and min(t.shape[1:]) < 1:
             raise InputError(f"{where}: input {t.public!r} shape must be a dynamic batch and fixed dims, got "
                              f"{list(t.shape)}")
-    logits = io_.logits()
-    if logits.dtype != "float32" or list(logits.shape) != [-1, len(labels)]:
-        raise InputError(f"{where}: the logits output {logits.public!r} must be float32 [-1, {len(labels)}], got "
-                         f"{logits.dtype} {list(logits.shape)}")
+    if not logits:
+        return
+    logits_t = io_.logits()
+    if logits_t.dtype != "float32" or list(logits_t.shape) != [-1, len(labels)]:
+        raise InputError(f"{where}: the logits output {logits_t.public!r} must be float32 [-1, {len(labels)}], "
+                         f"got {logits_t.dtype} {list(logits_t.shape)}")
 
 
 @dataclass(frozen=True)
@@ -209,7 +243,8 @@ def load_package(path: Path) -> Spec:
     if not ok:
         raise InputError(f"{where}: not a serving spec this pipe reads (schema {SERVING_SCHEMA})")
     io_ = iospec.IO.from_interface(tensors, str(where))
-    check_io(io_, labels, is_text, str(where))
+    task, info = read_task(doc.get("task"), io_, labels, str(where))
+    check_io(io_, labels, is_text, str(where), logits=bool(info.logits))
     text = None
     if is_text:
         section = text_section(doc["text"], f"{where}: text")
@@ -226,14 +261,14 @@ def load_package(path: Path) -> Spec:
         raise InputError(f"{where}: reference must name {REFERENCE_FILE}, a min_agreement in 0..1 and, if any, a "
                          "finite min_sqnr_db")
     allowed = allowlist(fmt, triton.get("model") if triton else None, text.section["vocab_file"] if text else None,
-                        reference=ref is not None)
+                        reference=ref is not None, labels=bool(info.logits))
     found = set(art.manifest["files"]) | {artifacts.MANIFEST}
     if found != allowed:
         odd = sorted(found - allowed) or sorted(allowed - found)
         raise InputError(f"{path / artifacts.MANIFEST}: {odd[0]} is not in the package allowlist "
                          "(inference-format files only)")
     return Spec(doc["name"], doc["precision"], fmt, tuple(path / f for f in names), engine, io_, labels,
-                doc["preprocessing"], doc, art.manifest_sha256, text)
+                doc["preprocessing"], doc, art.manifest_sha256, text, task, info)
 
 
 def settings(cfg: Any, spec: Spec) -> Settings:

@@ -10,7 +10,9 @@ Outputs come as JSON `data`, or as binary after the JSON header (the answer's ow
 
 Triton's classification extension: `parameters.classification` N on the logits output answers, instead
 of the output, a BYTES tensor [batch, min(N, classes)] of "<value>:<index>:<label>" strings, each sample's
-top N by value (`classify`); N = 0 is the output itself, as on Triton.
+top N by value (`classify`); N = 0 is the output itself, as on Triton. A task without logits (detection)
+has no such output: every output is answered raw, as Triton answers it (the task's postprocessing,
+e.g. `pipeline.tasks.detection.decode`, is the client's; /v1 runs it in the server).
 
 Every input of the package (`spec.io`), each once by its name or alias, with its datatype (FP32, INT64
 or INT32), all of one batch size; a text package also takes BYTES, UTF-8 strings of shape [N] or [N, 1],
@@ -146,7 +148,7 @@ def _outputs(doc: dict[str, Any], spec: Spec) -> list[tuple[str, iospec.Tensor, 
         return [(t.name, t, default, 0) for t in io_.outputs]
     if not isinstance(requested, list) or not all(isinstance(o, dict) for o in requested):
         raise _bad("outputs must be a list of objects")
-    logits = io_.logits()
+    logits = io_.output(spec.info.logits) if spec.info.logits else None
     out = []
     for i, o in enumerate(requested):
         t = validate.find(io_.outputs, o.get("name"))
@@ -161,6 +163,9 @@ def _outputs(doc: dict[str, Any], spec: Spec) -> list[tuple[str, iospec.Tensor, 
         if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_CLASSIFICATION:
             raise _bad(f"outputs[{i}]: parameters.classification must be an integer 0..{MAX_CLASSIFICATION} "
                        "(the number of top classes; 0: the output itself)")
+        if count and logits is None:
+            raise _bad(f"outputs[{i}]: classification applies to a logits output; this model ({spec.task.name}) "
+                       "has none")
         if count and t.name != logits.name:
             raise _bad(f"outputs[{i}]: classification applies to the logits output '{logits.name}' only")
         out.append((o["name"], t, binary, count))

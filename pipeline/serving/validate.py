@@ -6,7 +6,9 @@ depth before parsing, strict UTF-8 and RFC 8259 numbers (400); then the package'
 (`feeds`: iospec's one-line messages naming the input); base64 PNG/JPEG images of an image input decoded,
 resized and normalised as at training time; text encoded by the training encoder with the package's
 vocabulary and filling every input (`text_feeds`). Text packages feed every sample at max_len
-(`canonical_ids`). What reaches the predictor is a dict of arrays by program name.
+(`canonical_ids`). What reaches the predictor is a dict of arrays by program name; /v1 also keeps each
+image's original (height, width) before the resize (`v1_request`), so a task answering in pixels
+(detection's boxes) answers in the sent image's. /v1's answer is the task's (`v1_answer`, `pipeline/tasks/`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import data as data_mod, iospec, task
+from pipeline import data as data_mod, iospec
 from pipeline.errors import InputError
 from pipeline.serving.spec import Settings, Spec, TextSpec
 
@@ -376,17 +378,27 @@ def _by_name(field: str, value: Any, spec: Spec) -> dict[iospec.Tensor, Any]:
     return out
 
 
+Sizes = list[tuple[int, int]] | None  # each sample's original image (height, width); None: model-input pixels
+
+
 async def v1_inputs(doc: Any, spec: Spec, s: Settings) -> dict[str, np.ndarray]:
-    """A /v1/predict body -> the predictor's feeds by program name. `inputs` (tensors) and `images` (base64
-    PNG/JPEG of an image input) by input name, or, for a package of one input, as the bare value; `text`
-    alone fills every input (`text_feeds`). Each input exactly once."""
+    """A /v1/predict body -> the predictor's feeds by program name (`v1_request` without the sizes)."""
+    return (await v1_request(doc, spec, s))[0]
+
+
+async def v1_request(doc: Any, spec: Spec, s: Settings) -> tuple[dict[str, np.ndarray], Sizes]:
+    """A /v1/predict body -> (the predictor's feeds by program name, each image's original (height, width)
+    when images were sent, else None). `inputs` (tensors) and `images` (base64 PNG/JPEG of an image input) by
+    input name, or, for a package of one input, as the bare value; `text` alone fills every input
+    (`text_feeds`). Each input exactly once. Tensors are model inputs already (fixed dims checked, never
+    resized): their sizes are None. Of several image inputs sent as images, the first one's sizes."""
     kinds = fields(spec)
     if not isinstance(doc, dict) or not doc or not set(doc) <= _FIELDS or ("text" in doc and len(doc) > 1):
         raise ApiError(422, "invalid_request", f"the body must be an object of {kinds}")
     if "text" in doc:
         if spec.text is None:
             raise ApiError(422, "invalid_request", f"this model does not take text; send {kinds}")
-        return text_feeds(_encode_text(doc["text"], spec.text, s), spec)
+        return text_feeds(_encode_text(doc["text"], spec.text, s), spec), None
     tensors = _by_name("inputs", doc["inputs"], spec) if "inputs" in doc else {}
     images = _by_name("images", doc["images"], spec) if "images" in doc else {}
     both = next((t for t in images if t in tensors), None)
@@ -394,12 +406,16 @@ async def v1_inputs(doc: Any, spec: Spec, s: Settings) -> dict[str, np.ndarray]:
         raise ApiError(422, "invalid_request", f"input {both.public!r} is in both 'inputs' and 'images'; "
                                                f"send {kinds}")
     out = {t.name: as_tensor(v, spec, s, t, _where(t)) for t, v in tensors.items()}
+    sizes: Sizes = None
     if images:
-        out.update(await _images(images, spec, s, kinds))
-    return feeds(out, spec)
+        decoded = await _images(images, spec, s, kinds)
+        out.update({name: arr for name, (arr, _) in decoded.items()})
+        sizes = next(iter(decoded.values()))[1]
+    return feeds(out, spec), sizes
 
 
-async def _images(images: dict[iospec.Tensor, Any], spec: Spec, s: Settings, kinds: str) -> dict[str, np.ndarray]:
+async def _images(images: dict[iospec.Tensor, Any], spec: Spec, s: Settings, kinds: str
+                  ) -> dict[str, tuple[np.ndarray, list[tuple[int, int]]]]:
     takes = image_inputs(spec)
     for t, value in images.items():
         if t not in takes:
@@ -421,7 +437,8 @@ async def _images(images: dict[iospec.Tensor, Any], spec: Spec, s: Settings, kin
     return await asyncio.to_thread(_decode_all, raws, spec, s)
 
 
-def _decode_all(raws: dict[iospec.Tensor, list[bytes]], spec: Spec, s: Settings) -> dict[str, np.ndarray]:
+def _decode_all(raws: dict[iospec.Tensor, list[bytes]], spec: Spec, s: Settings
+                ) -> dict[str, tuple[np.ndarray, list[tuple[int, int]]]]:
     return {t.name: _decode_images(rs, spec, s, t) for t, rs in raws.items()}
 
 
@@ -477,13 +494,15 @@ def _encode_text(texts: Any, text: TextSpec, s: Settings) -> np.ndarray:
     return text.encode(texts)
 
 
-def _decode_images(raws: list[bytes], spec: Spec, s: Settings, t: iospec.Tensor) -> np.ndarray:
+def _decode_images(raws: list[bytes], spec: Spec, s: Settings, t: iospec.Tensor
+                   ) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """PNG/JPEG files -> image input `t`: converted to its channels, resized to its size, prepared with its
-    preprocessing, as at training time."""
+    preprocessing, as at training time; and each file's own (height, width) before the resize."""
     from PIL import Image
 
     c, h, w = t.shape[1:]
     out = np.empty((len(raws), c, h, w), np.uint8)
+    sizes = []
     for i, raw in enumerate(raws):
         try:
             with Image.open(io.BytesIO(raw)) as im:
@@ -494,6 +513,7 @@ def _decode_images(raws: list[bytes], spec: Spec, s: Settings, t: iospec.Tensor)
                 if im.mode not in ("1", "L", "LA", "P", "RGB", "RGBA"):
                     raise ApiError(422, "invalid_image", f"images[{i}]: unsupported image mode (need grayscale "
                                                           "or RGB)")
+                sizes.append((im.height, im.width))
                 im = im.convert("L" if c == 1 else "RGB")
                 if im.size != (w, h):
                     im = im.resize((w, h), Image.BILINEAR)  # as `data.image_size` does at training time
@@ -504,17 +524,20 @@ def _decode_images(raws: list[bytes], spec: Spec, s: Settings, t: iospec.Tensor)
             raise ApiError(422, "invalid_image", f"images[{i}]: not a decodable PNG/JPEG") from None
         out[i] = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
     pre = data_mod.input_preprocessing(spec.preprocessing, [u.public for u in spec.io.inputs])[t.public]
-    return data_mod.prepare(out, pre)
+    return data_mod.prepare(out, pre), sizes
 
 
-def v1_answer(outs: dict[str, np.ndarray], spec: Spec) -> dict[str, Any]:
-    """The predictor's outputs (by program name) -> /v1's answer: each sample's label, its softmax score and
-    the logits, from the logits output; a model of several outputs also gets every other one, by public
-    name, under `outputs`."""
-    io_ = spec.io
-    logits = io_.logits()
-    answer = task.answer(outs[logits.name], spec.labels)
-    others = {t.public: outs[t.name].tolist() for t in io_.outputs if t.name != logits.name}
-    if others:
-        answer["outputs"] = others
+def v1_answer(outs: dict[str, np.ndarray], spec: Spec, sizes: Sizes = None) -> dict[str, Any]:
+    """The predictor's outputs (by program name) -> /v1's answer, the package's task's (`spec.task.answer`,
+    on every output by public name, with serving.yaml's settings; `sizes`: each image's original (height,
+    width), or None). Classification: each sample's label, its softmax score and the logits; a model of
+    several outputs also gets every other one, by public name, under `outputs`. Detection:
+    {"detections": [[{"label", "score", "box": [x1, y1, x2, y2]}, ...] per image]}, boxes in the sent
+    image's pixels (model-input pixels for tensors)."""
+    io_, info = spec.io, spec.info
+    answer = spec.task.answer({t.public: outs[t.name] for t in io_.outputs}, info, sizes)
+    if info.logits:
+        others = {t.public: outs[t.name].tolist() for t in io_.outputs if t.public != info.logits}
+        if others:
+            answer["outputs"] = others
     return answer

@@ -155,13 +155,13 @@ def test_changing_monitor_on_resume_is_refused(tmp_path, cli, noisy):
     before = tree_hash(part)
     code, _, err = cli("train", *_args(noisy, 5, "train.monitor=val_loss"), "--run", part, "--resume", "auto")
     assert code == 2 and len(err.strip().splitlines()) == 1
-    assert "train.monitor was 'val_acc', now 'val_loss'; it chose the best checkpoint and counted patience" in err
+    assert "train.monitor was '' (the task's metric), now 'val_loss'; it chose the best checkpoint and counted patience" in err
     assert tree_hash(part) == before
-    # a checkpoint written before the key existed ran at its default, val_acc, keeping the first epoch to
+    # a checkpoint written before the key existed ran at its default, the task's val_acc, keeping the first epoch to
     # reach the best accuracy: it is refused the same way, and resumes on the default as the full run does
     _as_before_monitor(part / "checkpoints" / (part / "checkpoints" / "last").read_text().strip())
     code, _, err = cli("train", *_args(noisy, 5, "train.monitor=val_loss"), "--run", part, "--resume", "auto")
-    assert code == 2 and "train.monitor was 'val_acc', now 'val_loss'" in err
+    assert code == 2 and "train.monitor was '' (the task's metric), now 'val_loss'" in err
     assert cli("train", *_args(noisy, 12, "train.patience=2"), "--run", full)[0] == 0
     code, _, err = cli("train", *_args(noisy, 12, "train.patience=2"), "--run", part, "--resume", "auto")
     assert code == 0, err
@@ -170,5 +170,6 @@ def test_changing_monitor_on_resume_is_refused(tmp_path, cli, noisy):
 
 def test_monitor_choices_are_validated(tmp_path, cli):
     code, _, err = cli("train", "--run", tmp_path, "--set", "train.monitor=val_f1")
-    assert code == 2 and err == "pipe train: error: --set train.monitor: must be one of val_acc, val_loss, got 'val_f1'\n"
+    assert code == 2 and err == ("pipe train: error: train.monitor: must be one of val_acc, val_loss for task classification, "
+                          "got 'val_f1'\n")
     assert not tmp_path.joinpath("train").exists()

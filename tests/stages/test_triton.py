@@ -475,6 +475,74 @@ def test_two_input_repositories_load_unchanged_and_answer_every_output_by_name(t
             (int(k), labels[k]) for k in want[logits].argmax(1)]
 
 
+@pytest.fixture(scope="module")
+def detection_triton(tritonserver, tmp_path_factory):
+    """A detection package (examples/detection.yaml, 1 epoch on 60 generated images, fp32) and one
+    tritonserver on its repository, unchanged. Yields (client, model name, repository model dir, package)."""
+    tmp = tmp_path_factory.mktemp("triton-detection")
+    run = tmp / "run"
+    assert main(["train", "--config", str(REPO / "examples/detection.yaml"), "--run", str(run), "--epochs", "1",
+                 "--set", "data.shapes_images=60", "--set", f"data.cache_dir={tmp / 'cache'}",
+                 # a 1-epoch model scores below the example's 0.3: keep low-scoring boxes so there are some
+                 "--set", "postprocess.score_threshold=0.01", "--set", "postprocess.max_detections=10"]) == 0
+    assert main(["export", str(run / "train")]) == 0
+    assert main(["package", str(run / "export")]) == 0
+    package = run / "package"
+    name = yaml.safe_load((package / "serving.yaml").read_text(encoding="utf-8"))["triton"]["model"]
+    before = tree_hash(package / "triton")
+    triton = start_triton(tritonserver, package / "triton", tmp / "triton.log")
+    client = tritonclient_http.InferenceServerClient(triton.url)
+    try:
+        yield client, name, package / "triton" / name, package
+    finally:
+        client.close()
+        code = triton.stop()
+    assert code == 0, triton.tail()
+    assert tree_hash(package / "triton") == before, "tritonserver changed the package"
+
+
+def test_detection_repository_serves_the_raw_heads(detection_triton):
+    """A detector's repository loads unchanged and answers its three raw heads by name, exactly as
+    onnxruntime runs the repository's model.onnx here (no labels file: Triton serves no classification for
+    a model without logits); decoded with serving.yaml's settings as the package README tells a Triton
+    client, they give the boxes `pipe serve` answers on /v1 for the same tensors."""
+    from pipeline.tasks import detection as det
+
+    client, name, root, package = detection_triton
+    assert client.is_model_ready(name)
+    assert not (root / "labels.txt").exists() and "label_filename" not in (root / "config.pbtxt").read_text()
+    doc = yaml.safe_load((package / "serving.yaml").read_text(encoding="utf-8"))
+    outs = [o["name"] for o in doc["outputs"]]
+    aliases = {o["name"]: o.get("alias") or o["name"] for o in doc["outputs"]}
+    assert sorted(aliases.values()) == ["heatmap", "offset", "size"]
+    meta = client.get_model_metadata(name)
+    assert [(o["name"], o["shape"]) for o in meta["outputs"]] == [
+        (o, [-1, 3 if aliases[o] == "heatmap" else 2, 16, 16]) for o in outs]
+    x = np.random.RandomState(0).standard_normal((3, 3, 64, 64)).astype(np.float32)
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(str(root / "1/model.onnx"), so, providers=["CPUExecutionProvider"])
+    want = dict(zip(outs, sess.run(outs, {meta["inputs"][0]["name"]: x})))
+    inp = tritonclient_http.InferInput(meta["inputs"][0]["name"], list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    result = client.infer(name, [inp])
+    for out in outs:
+        np.testing.assert_array_equal(result.as_numpy(out), want[out])
+    settings = doc["task"]["settings"]
+    assert settings == {"score_threshold": 0.01, "nms_iou": 0.6, "max_detections": 10}
+    srv = start_server(package)
+    try:
+        v1 = _v1(srv.url, {"inputs": x.tolist()})
+    finally:
+        assert srv.stop() == 0
+    mine = det.decode({aliases[o]: result.as_numpy(o) for o in outs}, settings)
+    assert all(len(b) > 0 for b in mine)
+    assert [[d["box"] for d in image] for image in v1["detections"]] == [
+        np.round(b[:, :4].astype(np.float64), 2).tolist() for b in mine]
+
+
 # ------------------------------------------------------------------ edited copies: the backend's own checks
 
 

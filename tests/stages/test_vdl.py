@@ -167,8 +167,8 @@ def test_a_rewrite_cut_short_by_a_crash_loses_nothing(tmp_path):
 def test_loss_scale_only_when_the_scaler_is_on(tmp_path):
     d = tmp_path / "vdl"
     s = vdl.open_run(d, None, lambda ev: None)
-    s.epoch(19, {"val_loss": 0.5, "val_acc": 0.75, "loss_scale": ""}, "val_acc")
-    s.epoch(38, {"val_loss": 0.25, "val_acc": 0.875, "loss_scale": 32768.0}, "val_loss")
+    s.epoch(19, {"val_loss": 0.5, "val_acc": 0.75, "loss_scale": ""})
+    s.epoch(38, {"val_loss": 0.25, "val_acc": 0.875, "loss_scale": 32768.0})
     s.close()
     recs = _records(tmp_path)
     assert _curve(recs, "val/loss") == {19: 0.5, 38: 0.25} and _curve(recs, "val/acc") == {19: 0.75, 38: 0.875}

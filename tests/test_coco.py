@@ -1,0 +1,368 @@
+"""pipeline/coco.py: the seeded shapes generator, the COCO reader, its cache and its one-line errors."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from pipeline import coco
+from pipeline.errors import InputError
+
+CATS = [{"id": 1, "name": "rectangle"}, {"id": 2, "name": "ellipse"}, {"id": 3, "name": "triangle"}]
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _cache_files(cache: Path) -> list[Path]:
+    return [p for p in cache.rglob("*") if p.is_file()] if cache.exists() else []
+
+
+def _write(root: Path, split: str, doc: dict, colours: dict[str, tuple[int, int, int]] | None = None) -> None:
+    """Write one split file and a flat-colour PNG of the declared size for each of its images."""
+    (root / "annotations").mkdir(parents=True, exist_ok=True)
+    (root / "annotations" / f"instances_{split}.json").write_text(json.dumps(doc))
+    for im in doc["images"]:
+        path = root / "images" / im["file_name"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        colour = (colours or {}).get(im["file_name"], (90, 120, 150))
+        Image.new("RGB", (im["width"], im["height"]), colour).save(path)
+
+
+def _doc(w: int = 64, h: int = 64) -> dict:
+    """A valid two-image train file: image 5 (annotation 17), image 6 (annotations 18, 19)."""
+    return {
+        "images": [{"id": 5, "file_name": "a.png", "width": w, "height": h},
+                   {"id": 6, "file_name": "sub/b.png", "width": w, "height": h}],
+        "annotations": [
+            {"id": 17, "image_id": 5, "category_id": 1, "bbox": [2, 3, 10, 12], "area": 120, "iscrowd": 0},
+            {"id": 18, "image_id": 6, "category_id": 2, "bbox": [0, 0, w, h], "area": w * h, "iscrowd": 0},
+            {"id": 19, "image_id": 6, "category_id": 3, "bbox": [1.5, 2.25, 4, 5.5], "area": 22, "iscrowd": 0},
+        ],
+        "categories": copy.deepcopy(CATS),
+    }
+
+
+# ---------------------------------------------------------------- generate
+
+
+def test_generate_is_deterministic_and_atomic(tmp_path):
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    coco.generate(a, (12, 4, 4), 64, seed=3)
+    coco.generate(b, (12, 4, 4), 64, seed=3)
+    coco.generate(c, (12, 4, 4), 64, seed=4)
+    files = _files(a)
+    assert files == _files(b)
+    assert files != _files(c)
+    assert sum(name.endswith(".png") for name in files) == 20
+    assert {"annotations/instances_train.json", "annotations/instances_val.json",
+            "annotations/instances_test.json", "shapes.json"} <= set(files)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "c"]  # no .tmp-<pid> left
+    mtime = (a / "images" / "train" / "000000.png").stat().st_mtime_ns
+    coco.generate(a, (12, 4, 4), 64, seed=3)  # complete: left alone
+    assert (a / "images" / "train" / "000000.png").stat().st_mtime_ns == mtime
+    with pytest.raises(InputError, match=r"is not a shapes dataset with counts=\[12, 4, 4\], size=64, seed=5"):
+        coco.generate(a, (12, 4, 4), 64, seed=5)
+    assert _files(a) == files
+
+
+def test_generate_interrupted_leaves_nothing(tmp_path, monkeypatch):
+    real, calls = coco._shapes_image, []
+
+    def flaky(rng, s):
+        calls.append(1)
+        if len(calls) == 5:
+            raise RuntimeError("killed")
+        return real(rng, s)
+
+    monkeypatch.setattr(coco, "_shapes_image", flaky)
+    with pytest.raises(RuntimeError):
+        coco.generate(tmp_path / "d", (12, 0, 0), 64)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_generate_boxes_are_tight_disjoint_and_in_bounds(tmp_path):
+    root = tmp_path / "shapes"
+    coco.generate(root, (12, 4, 4), 64, seed=0)
+    assert not (root / "annotations" / "instances_none.json").exists()
+    classes = set()
+    for split in ("train", "val", "test"):
+        doc = json.loads((root / "annotations" / f"instances_{split}.json").read_text())
+        assert doc["categories"] == CATS
+        for im in doc["images"]:
+            anns = [a for a in doc["annotations"] if a["image_id"] == im["id"]]
+            assert 1 <= len(anns) <= 4
+            pixels = np.asarray(Image.open(root / "images" / im["file_name"]).convert("RGB"), np.float64)
+            assert pixels.shape == (64, 64, 3)
+            boxes = [a["bbox"] for a in anns]
+            for i, (x, y, w, h) in enumerate(boxes):
+                assert x >= 0 and y >= 0 and x + w <= 64 and y + h <= 64 and 4 <= min(w, h) and max(w, h) <= 32
+                for x2, y2, w2, h2 in boxes[i + 1:]:
+                    assert x + w <= x2 or x2 + w2 <= x or y + h <= y2 or y2 + h2 <= y, (im, boxes)
+                cy, cx = y + h // 2, x + w // 2
+                colour = np.median(pixels[cy - 1:cy + 2, cx - 1:cx + 2].reshape(-1, 3), 0)
+                obj = np.sqrt(((pixels - colour) ** 2).sum(-1)) < 40
+                # tight: the object reaches all four edges of its box ...
+                assert obj[y, x:x + w].any() and obj[y + h - 1, x:x + w].any(), (im, x, y, w, h)
+                assert obj[y:y + h, x].any() and obj[y:y + h, x + w - 1].any(), (im, x, y, w, h)
+                # ... and nothing of it lies in the one-pixel ring around the box
+                ring = np.zeros((66, 66), bool)
+                ring[y:y + h + 2, x:x + w + 2] = True
+                ring[y + 1:y + h + 1, x + 1:x + w + 1] = False
+                assert not (np.pad(obj, 1) & ring).any(), (im, x, y, w, h)
+            classes |= {a["category_id"] for a in anns}
+    assert classes == {1, 2, 3}
+
+
+def test_generate_then_read_round_trips(tmp_path):
+    root, cache = tmp_path / "shapes", tmp_path / "cache"
+    coco.generate(root, (12, 4, 4), 64, seed=1)
+    d = coco.read(root, 64, cache)
+    assert d.labels == ("rectangle", "ellipse", "triangle") and d.category_ids == (1, 2, 3)
+    assert d.images.shape == (20, 3, 64, 64) and d.images.dtype == np.uint8
+    assert d.split.tolist() == [0] * 12 + [1] * 4 + [2] * 4 and d.split.dtype == np.uint8
+    assert d.sizes.tolist() == [[64, 64]] * 20
+    assert d.boxes.dtype == np.float32 and d.boxes.shape[2] == 5
+    n = 0
+    for k, split in enumerate(("train", "val", "test")):
+        doc = json.loads((root / "annotations" / f"instances_{split}.json").read_text())
+        for im in doc["images"]:
+            assert d.files[n] == im["file_name"]
+            want = [[x, y, x + w, y + h, a["category_id"] - 1] for a in doc["annotations"]
+                    if a["image_id"] == im["id"] for x, y, w, h in [a["bbox"]]]
+            got = d.boxes[n]
+            np.testing.assert_allclose(got[:len(want)], want, atol=1e-5)
+            assert (got[len(want):, 4] == -1).all() and (got[len(want):, :4] == 0).all()
+            pil = np.asarray(Image.open(root / "images" / im["file_name"]).convert("RGB")).transpose(2, 0, 1)
+            assert np.array_equal(d.images[n], pil)
+            n += 1
+    assert n == 20 and d.boxes.shape[1] == max((b[:, 4] >= 0).sum() for b in d.boxes)
+    assert len(_cache_files(cache)) == 1
+
+
+# ---------------------------------------------------------------- read
+
+
+def test_resize_scales_boxes_and_keeps_sizes(tmp_path):
+    root = tmp_path / "r"
+    doc = _doc(w=48, h=32)
+    doc["annotations"][0]["bbox"] = [6, 4, 12, 8]
+    _write(root, "train", doc, {"a.png": (200, 10, 30)})
+    d = coco.read(root, 64, tmp_path / "cache")
+    assert d.images.shape == (2, 3, 64, 64)
+    assert d.sizes.tolist() == [[32, 48], [32, 48]]
+    np.testing.assert_allclose(d.boxes[0, 0], [8, 8, 24, 24, 0], atol=1e-5)  # x * 64/48, y * 64/32
+    np.testing.assert_allclose(d.boxes[1, :2], [[0, 0, 64, 64, 1], [2, 4.5, 7.3333333, 15.5, 2]], atol=1e-5)
+    assert (d.images[0].reshape(3, -1).T == (200, 10, 30)).all()
+    kept = coco.read(root, 0, tmp_path / "cache")
+    assert kept.images.shape == (2, 3, 32, 48)
+    np.testing.assert_allclose(kept.boxes[0, 0], [6, 4, 18, 12, 0])
+
+
+def test_size_zero_needs_one_image_size(tmp_path):
+    root = tmp_path / "mixed"
+    doc = _doc()
+    doc["images"][1].update(width=48, height=32)
+    doc["annotations"][1]["bbox"] = [0, 0, 48, 32]
+    _write(root, "train", doc)
+    with pytest.raises(InputError, match=r"images/a.png is 64x64, images/sub/b.png is 48x32\); set data.image_size"):
+        coco.read(root, 0, tmp_path / "cache")
+    assert _cache_files(tmp_path / "cache") == []
+    assert coco.read(root, 16, tmp_path / "cache").images.shape == (2, 3, 16, 16)
+
+
+def test_category_ids_map_to_class_indices_in_id_order(tmp_path):
+    root = tmp_path / "ids"
+    doc = _doc()
+    doc["categories"] = [{"id": 12, "name": "dog"}, {"id": 7, "name": "cat"}]
+    for a, cat in zip(doc["annotations"], (12, 7, 12)):
+        a["category_id"] = cat
+    _write(root, "train", doc)
+    d = coco.read(root, 64, tmp_path / "cache")
+    assert d.labels == ("cat", "dog") and d.category_ids == (7, 12)
+    assert d.boxes[0, 0, 4] == 1 and d.boxes[1, :, 4].tolist() == [0, 1]
+
+
+def test_crowd_dropped_empty_images_and_missing_splits(tmp_path):
+    root = tmp_path / "crowd"
+    doc = _doc()
+    doc["images"].append({"id": 8, "file_name": "empty.png", "width": 64, "height": 64})
+    doc["annotations"][0]["iscrowd"] = 1
+    del doc["annotations"][2]["iscrowd"]  # absent means 0
+    _write(root, "train", doc)
+    d = coco.read(root, 64, tmp_path / "cache")
+    assert d.split.tolist() == [0, 0, 0]  # no val/test file: nothing invented
+    assert d.boxes.shape == (3, 2, 5)
+    assert d.boxes[0, :, 4].tolist() == [-1, -1] and not d.boxes[0, :, :4].any()  # only a crowd box
+    assert d.boxes[1, :, 4].tolist() == [1, 2]
+    assert d.boxes[2, :, 4].tolist() == [-1, -1]
+    val = {"images": [{"id": 5, "file_name": "v.png", "width": 64, "height": 64}], "annotations": [],
+           "categories": copy.deepcopy(CATS)}  # image ids may repeat across split files
+    _write(root, "val", val)
+    d = coco.read(root, 64, tmp_path / "cache")
+    assert d.split.tolist() == [0, 0, 0, 1] and d.files[3] == "v.png"
+
+
+def test_no_annotations_at_all_gives_one_padding_row(tmp_path):
+    root = tmp_path / "bare"
+    doc = _doc()
+    doc["annotations"] = []
+    _write(root, "train", doc)
+    d = coco.read(root, 64, None)
+    assert d.boxes.shape == (2, 1, 5) and (d.boxes[..., 4] == -1).all()
+
+
+def test_cache_is_content_keyed_and_reused(tmp_path, monkeypatch):
+    root, cache = tmp_path / "c", tmp_path / "cache"
+    _write(root, "train", _doc(), {"a.png": (10, 20, 30)})
+    first = coco.read(root, 32, cache)
+    assert len(_cache_files(cache)) == 1
+    moved = tmp_path / "moved"
+    shutil.copytree(root, moved)
+
+    def no_decode(*args):
+        raise AssertionError("decoded although cached")
+
+    with monkeypatch.context() as m:
+        m.setattr(coco, "_decode", no_decode)
+        again = coco.read(moved, 32, cache)  # same bytes elsewhere: same cache entry
+    assert np.array_equal(first.images, again.images) and np.array_equal(first.boxes, again.boxes)
+    Image.new("RGB", (64, 64), (1, 2, 3)).save(moved / "images" / "a.png")
+    changed = coco.read(moved, 32, cache)
+    assert (changed.images[0].reshape(3, -1).T == (1, 2, 3)).all()
+    coco.read(moved, 16, cache)
+    assert len(_cache_files(cache)) == 3  # new image bytes, new image_size: new keys
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _ann(doc, i=0):
+    return doc["annotations"][i]
+
+
+BAD = {
+    "box_outside": (lambda d, r: _ann(d).update(bbox=[60, 2, 10, 5]),
+                    "annotation 17: box [60, 2, 10, 5] lies outside image 5 (64x64)"),
+    "box_negative": (lambda d, r: _ann(d).update(bbox=[-0.01, 2, 10, 5]),
+                     "annotation 17: box [-0.01, 2, 10, 5] lies outside image 5 (64x64)"),
+    "box_empty": (lambda d, r: _ann(d).update(bbox=[2, 2, 0, 5]),
+                  "annotation 17: box [2, 2, 0, 5] is empty (w and h must be > 0)"),
+    "box_not_numbers": (lambda d, r: _ann(d).update(bbox=[2, 2, "5", 5]),
+                        'annotation 17: "bbox" must be 4 finite numbers [x, y, w, h], got [2, 2, "5", 5]'),
+    "unknown_category": (lambda d, r: _ann(d).update(category_id=9),
+                         "annotation 17: unknown category_id 9 (categories: 1, 2, 3)"),
+    "unknown_image": (lambda d, r: _ann(d).update(image_id=99), "annotation 17: image_id 99 is not in images"),
+    "bad_crowd": (lambda d, r: _ann(d).update(iscrowd=2), 'annotation 17: "iscrowd" must be 0 or 1, got 2'),
+    "missing_bbox": (lambda d, r: _ann(d).pop("bbox"), 'annotation 17: missing "bbox"'),
+    "missing_ann_id": (lambda d, r: _ann(d, 1).pop("id"), 'annotations[1]: missing "id"'),
+    "missing_width": (lambda d, r: d["images"][0].pop("width"), 'image 5: missing "width"'),
+    "missing_key": (lambda d, r: d.pop("categories"),
+                    'missing "categories" (a COCO file has images, annotations and categories)'),
+    "no_categories": (lambda d, r: d.update(categories=[]), "no categories"),
+    "duplicate_image": (lambda d, r: d["images"][1].update(id=5), "image id 5 appears twice"),
+    "duplicate_annotation": (lambda d, r: _ann(d, 2).update(id=17), "annotation id 17 appears twice"),
+    "duplicate_category": (lambda d, r: d["categories"][2].update(id=1), "category id 1 appears twice"),
+    "duplicate_file": (lambda d, r: d["images"][1].update(file_name="a.png"), "image 6: images/a.png is also image 5"),
+    "escaping_file": (lambda d, r: d["images"][0].update(file_name="../a.png"),
+                      'image 5: "file_name" "../a.png" must be a relative path inside images/'),
+    "missing_image": (lambda d, r: (r / "images" / "a.png").unlink(),
+                      "image 5 (annotation 17): images/a.png is missing"),
+    "unreadable_image": (lambda d, r: (r / "images" / "a.png").write_bytes(b"not a png"),
+                         "image 5 (annotation 17): images/a.png is not a readable PNG/JPEG image"),
+    "wrong_size": (lambda d, r: Image.new("RGB", (40, 32)).save(r / "images" / "a.png"),
+                   "image 5 (annotation 17): images/a.png is 40x32, the file says 64x64"),
+    "truncated_image": (lambda d, r: (r / "images" / "sub" / "b.png").write_bytes(
+                            (r / "images" / "sub" / "b.png").read_bytes()[:60]),
+                        "image 6 (annotation 18): images/sub/b.png is not a readable PNG/JPEG image"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_invalid_folder_names_file_and_id_and_writes_nothing(tmp_path, case):
+    mutate, fragment = BAD[case]
+    root, cache = tmp_path / "bad", tmp_path / "cache"
+    _write(root, "train", _doc())
+    # a valid read first: proves the cache directory is where entries would go
+    coco.read(root, 32, tmp_path / "ok-cache")
+    assert len(_cache_files(tmp_path / "ok-cache")) == 1
+    doc = _doc()
+    mutate(doc, root)
+    (root / "annotations" / "instances_train.json").write_text(json.dumps(doc))
+    with pytest.raises(InputError) as e:
+        coco.read(root, 32, cache)
+    msg = str(e.value)
+    assert msg.startswith(f"data.source {root / 'annotations' / 'instances_train.json'}: ")
+    assert fragment in msg and "\n" not in msg, msg
+    assert _cache_files(cache) == []
+
+
+def test_box_touching_the_edge_within_tolerance_is_fine(tmp_path):
+    root = tmp_path / "edge"
+    doc = _doc()
+    doc["annotations"][0]["bbox"] = [54, -0.0005, 10, 64.0009]
+    _write(root, "train", doc)
+    d = coco.read(root, 64, None)
+    np.testing.assert_allclose(d.boxes[0, 0], [54, 0, 64, 64, 0], atol=1e-5)
+
+
+def test_malformed_json_names_the_file(tmp_path):
+    root = tmp_path / "j"
+    _write(root, "train", _doc())
+    _write(root, "val", _doc())
+    (root / "annotations" / "instances_val.json").write_text('{"images": [')
+    with pytest.raises(InputError, match=r"instances_val.json: not valid JSON \(Expecting value at line 1 column 13\)"):
+        coco.read(root, 32, tmp_path / "cache")
+    (root / "annotations" / "instances_val.json").write_text("[]")
+    with pytest.raises(InputError, match=r"instances_val.json: top level is not an object"):
+        coco.read(root, 32, tmp_path / "cache")
+    assert _cache_files(tmp_path / "cache") == []
+
+
+def test_errors_in_val_and_test_name_their_file(tmp_path):
+    root = tmp_path / "v"
+    _write(root, "train", _doc())
+    val = {"images": [{"id": 1, "file_name": "v.png", "width": 64, "height": 64}],
+           "annotations": [{"id": 3, "image_id": 1, "category_id": 1, "bbox": [0, 0, 65, 5]}],
+           "categories": copy.deepcopy(CATS)}
+    _write(root, "val", val)
+    with pytest.raises(InputError, match=r"instances_val.json: annotation 3: box \[0, 0, 65, 5\] lies outside image 1"):
+        coco.read(root, 32, None)
+    val["annotations"] = []
+    _write(root, "val", val)
+    test = {"images": [{"id": 1, "file_name": "a.png", "width": 64, "height": 64}], "annotations": [],
+            "categories": copy.deepcopy(CATS)}
+    _write(root, "test", test)
+    with pytest.raises(InputError, match=r"instances_test.json: image 1: images/a.png is also image 5 of "
+                                         r"instances_train.json"):
+        coco.read(root, 32, None)
+    test["images"][0]["file_name"] = "t.png"
+    test["categories"][1]["name"] = "circle"
+    _write(root, "test", test)
+    with pytest.raises(InputError, match=r"instances_test.json: categories \(1 rectangle, 2 circle, 3 triangle\) "
+                                         r"differ from .*train.json.s \(1 rectangle, 2 ellipse, 3 triangle\)"):
+        coco.read(root, 32, None)
+    test["categories"] = [{"id": 1, "name": "rectangle"}, {"id": 2, "name": "ellipse"}]
+    _write(root, "test", test)
+    with pytest.raises(InputError, match=r"instances_test.json: categories"):
+        coco.read(root, 32, None)
+
+
+def test_no_train_file(tmp_path):
+    root = tmp_path / "empty"
+    (root / "images").mkdir(parents=True)
+    with pytest.raises(InputError) as e:
+        coco.read(root, 32, tmp_path / "cache")
+    assert str(e.value) == (f"data.source {root}: no annotations/instances_train.json "
+                            "(a COCO folder: annotations/instances_{train,val,test}.json and images/)")
+    _write(root, "val", _doc())  # val alone is not enough
+    with pytest.raises(InputError, match="no annotations/instances_train.json"):
+        coco.read(root, 32, tmp_path / "cache")
+    assert _cache_files(tmp_path / "cache") == []
