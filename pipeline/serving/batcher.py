@@ -19,6 +19,7 @@ import asyncio
 import logging
 import os
 import queue
+import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ import numpy as np
 from pipeline.errors import PipeError
 from pipeline.serving.predictor import START_S, PredictorProcess
 from pipeline.serving.spec import Settings, Spec
+
+_EXIT_WAIT_S = 5.0  # how long a predictor whose pipe closed gets to finish exiting before it is judged alive
 
 HOLD_ENV = "PIPE_FAULT_HOLD_PREDICTOR"
 log = logging.getLogger("pipe.serve")
@@ -173,6 +176,14 @@ class Batcher:
             log.error("pipe serve: predictor run failed: %s: %s", e.__class__.__name__, e)
             for j in batch:
                 j.loop.call_soon_threadsafe(settle, j.future, None, e)
+            # The pipe closed: the child is exiting. A killed process closes its pipes before it can be reaped,
+            # so poll() may still say "running" here, and without the wait the next batch failed too (a
+            # fresh clone's make test: a second 500 after SIGKILL in test_a_dead_predictor_process_is_replaced).
+            if isinstance(e, (EOFError, OSError)):
+                try:
+                    pred.proc.wait(_EXIT_WAIT_S)
+                except subprocess.TimeoutExpired:
+                    pass
             if pred.proc.poll() is not None:
                 self._restart(pred)
             return
