@@ -12,7 +12,7 @@ PY39 ?= $(shell for p in $$HOME/.pyenv/versions/3.9.*/bin/python3.9 $$(command -
 	  "$$p" -c 'import sys; assert sys.version_info[:2] == (3, 9)' 2>/dev/null && { echo "$$p"; break; }; done)
 STAMP39 := $(VENV39)/.installed-serving-client
 # A real tritonserver (2.51, python backend only) for tests/stages/test_triton.py, from the nvidia-pytriton
-# wheel: its files only, in .venv/pytriton, never imported (the wheel pins protobuf<7, pipe pins 7.x);
+# wheel: its files only, in .venv/pytriton, never imported (its own pins are not the venv's: --no-deps);
 # without it that test is skipped and says why.
 
 .PHONY: demo test bench venv clean

@@ -169,6 +169,8 @@ def serve(
     package_dir: Path = typer.Argument(..., help="A package directory (pipe package)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; anything but 127.0.0.1 warns."),
     port: int = typer.Option(8000, "--port", help="TCP port (0 = any free port, printed at start)."),
+    grpc_port: int = typer.Option(0, "--grpc-port", help="Also serve the Open Inference Protocol over gRPC "
+                                                         "(tritonclient.grpc) on this port; 0 = off."),
     engine: Optional[str] = typer.Option(None, "--engine", help="Run the package on this engine (paddle, onnxruntime, "
                                                                 "openvino) if it holds files it runs; default: the package's."),
     device: str = typer.Option("cpu", "--device", help="cpu, or gpu / gpu:N (the same code path; not run on a GPU "
@@ -185,7 +187,7 @@ def serve(
     """Serve a package over HTTP (FastAPI + uvicorn) with dynamic batching; 127.0.0.1 unless --host."""
     from stages import serve as stage
 
-    cfg = stage.ServeConfig(host=host, port=port, engine=engine or "", device=device, predictors=predictors,
+    cfg = stage.ServeConfig(host=host, port=port, grpc_port=grpc_port, engine=engine or "", device=device, predictors=predictors,
                             threads=threads,
                             max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, queue_size=queue_size,
                             timeout_s=timeout_s, max_body_bytes=max_body_bytes, drain_s=drain_s)

@@ -26,7 +26,12 @@ one thread per predictor forms batches from a bounded queue (`pipeline/serving/b
                                         binary tensors, every input, every output (raw: detection's heads,
                                         not boxes) or those asked for; text
                                         packages also BYTES (`pipeline/serving/v2.py`);
-                                        GET /v2, /v2/health/live|ready, /v2/models/NAME[/ready] (NAME = spec.name)
+                                        GET /v2, /v2/health/live|ready, /v2/models/NAME[/ready] (NAME = spec.name),
+                                        /v2/models/NAME/config and /stats (Triton's model configuration and
+                                        statistics extensions: `v2.model_config`, `pipeline/serving/stats.py`)
+    gRPC on --grpc-port (off by default)  the Open Inference Protocol's GRPCInferenceService, Triton's, for
+                                        tritonclient.grpc (`pipeline/serving/grpcv2.py`): the same checks, limits,
+                                        batching and statistics
     GET  /v1/model  /livez  /readyz  /metrics  /openapi.json  /docs (offline Swagger UI, if fastapi-offline
                                         is installed; see `pipeline/serving/openapi.py`)
 
@@ -51,7 +56,8 @@ reference set (`pipeline/reference.py`): below the package's agreement budget it
 engine, this CPU's int8 capability, the numbers, the fp32 re-package command). `/readyz` is 200 only after
 every predictor ran a warm-up batch of each bucket size (batches run padded to 1, 2, 4, ... max_batch_size samples: see
 `pipeline/serving/predictor.py`), and 503 while draining. SIGTERM (or Ctrl-C): stop admitting requests,
-finish the in-flight ones (at most `drain_s`), exit 0; a second signal exits at once.
+finish the in-flight ones (at most `drain_s`), exit 0; a second signal exits at once. After warm-up every
+process freezes its start-up objects for the garbage collector (`pipeline/serving/gcpause.py`).
 """
 
 import asyncio
@@ -69,9 +75,10 @@ import numpy as np
 
 from pipeline import __version__, runtime
 from pipeline.errors import GateError, InputError
-from pipeline.serving import openapi, spec as spec_mod, v2, validate, wire
+from pipeline.serving import gcpause, openapi, spec as spec_mod, v2, validate, wire
 from pipeline.serving.batcher import Batcher, Job
 from pipeline.serving.predictor import PredictorProcess, engine_for, start_predictors
+from pipeline.serving import stats as stats_mod
 from pipeline.serving.spec import Settings, Spec
 from pipeline.serving.validate import ApiError
 
@@ -90,6 +97,8 @@ class ServeConfig:
     """Address to bind. Anything but 127.0.0.1 is reachable from elsewhere and warns."""
     port: int = 8000
     """TCP port; 0 picks a free one (printed at start)."""
+    grpc_port: int = 0
+    """The Open Inference Protocol over gRPC (`pipeline/serving/grpcv2.py`) on this port, beside HTTP; 0 = off."""
     engine: str = ""
     """The engine to run the package on; '' = serving.yaml's `model.engine`. It must run the package's files."""
     device: str = "cpu"
@@ -124,6 +133,15 @@ def run(cfg: ServeConfig, package_dir: Path) -> None:
         print(f"pipe serve: warning: listening on {cfg.host}, reachable from other machines; this server has "
               "no authentication or TLS (put a proxy in front of it)", file=sys.stderr)
     sock = _bind(cfg.host, cfg.port)
+    if cfg.grpc_port:
+        if cfg.grpc_port == cfg.port:
+            sock.close()
+            raise InputError(f"--grpc-port {cfg.grpc_port}: the same port as --port")
+        try:
+            _bind(cfg.host, cfg.grpc_port, "--grpc-port").close()  # free now (exit 2 if not); gRPC binds it later
+        except InputError:
+            sock.close()
+            raise
     # [signal] Until uvicorn installs its handlers nothing is in flight: a SIGTERM while loading exits 0.
     previous = signal.signal(signal.SIGTERM, _exit_while_loading)
     preds: list[PredictorProcess] = []
@@ -132,8 +150,11 @@ def run(cfg: ServeConfig, package_dir: Path) -> None:
                                  cfg.device)
         checked = _reference_check(spec, settings, preds)
         state = _State(spec, settings, preds, checked)
+        state.grpc_address = (cfg.host, cfg.grpc_port) if cfg.grpc_port else None
         server = _make_server(state, sock)
         host, port = sock.getsockname()[:2]
+        if cfg.grpc_port:
+            print(f"pipe serve: gRPC (Open Inference Protocol) on {_url_host(host)}:{cfg.grpc_port}", flush=True)
         print(f"pipe serve: {spec.name} ({engine} {spec.precision}, {settings.predictors} predictor(s) x "
               f"{settings.threads} thread(s), batch <= {settings.max_batch_size}, wait {settings.max_wait_ms:g} ms) "
               f"listening on http://{_url_host(host)}:{port}", flush=True)
@@ -173,9 +194,9 @@ def _exit_while_loading(sig: int, frame: Any) -> None:
 # ------------------------------------------------------------------ socket
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, flag: str = "--port") -> socket.socket:
     if not 0 <= port <= 65535:
-        raise InputError(f"--port: must be 0..65535, got {port}")
+        raise InputError(f"{flag}: must be 0..65535, got {port}")
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                           flags=socket.AI_PASSIVE)[0]
@@ -188,7 +209,7 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.listen(128)
     except OSError as e:
         sock.close()
-        raise InputError(f"--port {port}: cannot listen on {host}:{port} ({e.strerror})") from None
+        raise InputError(f"{flag} {port}: cannot listen on {host}:{port} ({e.strerror})") from None
     return sock
 
 
@@ -229,10 +250,36 @@ class _Metrics:
             Gauge("pipe_reference_max_abs_diff", "max|diff| against the package's fp32 reference outputs, measured "
                   "here at start-up", registry=r).set(state.reference["max_abs_diff"])
 
+        r.register(_GcCollector(state))
+
     def observe_batch(self, samples: int, requests: int, seconds: float) -> None:
         self.batch.observe(samples)
         self.batch_requests.observe(requests)
         self.infer.observe(seconds)
+
+
+class _GcCollector:
+    """The cyclic collector's pauses (`pipeline/serving/gcpause.py`) of this process ("server") and of each
+    predictor process (as of its last batch), by generation."""
+
+    def __init__(self, state: "_State"):
+        self.state = state
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        count = CounterMetricFamily("pipe_gc_collections", "Garbage collections by process and generation",
+                                    labels=["process", "generation"])
+        seconds = CounterMetricFamily("pipe_gc_pause_seconds", "Seconds spent in garbage collection by process "
+                                      "and generation", labels=["process", "generation"])
+        pauses = [("server", self.state.pauses.snapshot())]
+        pauses += [(f"predictor-{i}", p.gc) for i, p in enumerate(self.state.batcher.preds) if p.gc]
+        for process, gens in pauses:
+            for g, (c, s) in enumerate(gens):
+                count.add_metric([process, str(g)], c)
+                seconds.add_metric([process, str(g)], s)
+        yield count
+        yield seconds
 
 
 # ------------------------------------------------------------------ the application
@@ -243,15 +290,62 @@ class _State:
         self.spec, self.s = spec, s
         self.reference = reference
         self.engine = preds[0].engine if preds else {}
+        self.model_config = v2.model_config(spec, s, self.engine.get("engine", spec.engine))
         self.inflight = 0
         self.handled = 0
         self.drain_started: float | None = None
+        self.grpc_address: tuple[str, int] | None = None  # (host, port) of the gRPC server, if one
+        self.pauses = gcpause.Pauses()
+        self.stats = stats_mod.Stats()
         self.metrics = _Metrics(self)
-        self.batcher = Batcher(preds, spec, s, self.metrics, lambda: self.inflight)
+        # Once every predictor is warm, before /readyz says so: start-up's objects frozen (gcpause)
+        self.batcher = Batcher(preds, spec, s, self.metrics, lambda: self.inflight, on_ready=gcpause.settle,
+                               stats=self.stats)
         self.messages = wire.messages()
 
     def is_ready(self) -> bool:
         return self.batcher.ready.is_set() and self.drain_started is None
+
+    async def admitted(self, work: Any) -> Any:
+        """Everything that runs a predictor, on any protocol: admission (ready, not draining), the in-flight
+        count, the request's deadline (`work(deadline)`), Triton's success/fail statistics."""
+        if self.drain_started is not None:
+            raise ApiError(503, "draining", "the server is shutting down; retry on another instance",
+                           {"Retry-After": "1", "Connection": "close"})
+        if not self.batcher.ready.is_set():
+            raise ApiError(503, "not_ready", "the model is warming up; retry shortly", {"Retry-After": "1"})
+        self.inflight += 1
+        t0 = time.perf_counter_ns()
+        ok = False
+        try:
+            answer = await work(time.monotonic() + self.s.timeout_s)
+            ok = True
+            return answer
+        finally:
+            self.stats.request(ok, time.perf_counter_ns() - t0)
+            self.inflight -= 1
+            self.handled += 1
+
+    async def infer(self, feeds: dict[str, np.ndarray], deadline: float) -> dict[str, np.ndarray]:
+        """Checked feeds (every input by program name, one batch size) -> every output by program name."""
+        s = self.s
+        loop = asyncio.get_running_loop()
+        job = Job(feeds, len(next(iter(feeds.values()))), loop.create_future(), loop)
+        try:
+            self.batcher.submit(job)
+        except queue.Full:
+            raise ApiError(503, "overloaded", f"{s.queue_size} requests are already waiting; retry later",
+                           {"Retry-After": "1"}) from None
+        try:
+            ys = await asyncio.wait_for(job.future, max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            raise ApiError(504, "timeout", f"no result within the {s.timeout_s:g} s request timeout") from None
+        bad = next((name for name, y in ys.items() if y.dtype.kind == "f" and not np.isfinite(y).all()), None)
+        if bad is not None:
+            public = next(t.public for t in self.spec.io.outputs if t.name == bad)
+            raise ApiError(422, "non_finite_output", f"the model's output {public!r} is not finite for these "
+                                                      "inputs (values far outside the training range?)")
+        return ys
 
     def model_info(self) -> dict[str, Any]:
         """GET /v1/model. `inputs` and `outputs` list every tensor (program name, public alias, dtype, shape;
@@ -307,12 +401,18 @@ def _build_app(state: _State) -> Any:
     from starlette.requests import ClientDisconnect
 
     spec, s = state.spec, state.s
-    public = {t.name: t.public for t in spec.io.outputs}
 
     @asynccontextmanager
     async def lifespan(app: Any):
         state.batcher.start()
+        grpc_server = None
+        if state.grpc_address is not None:
+            from pipeline.serving import grpcv2
+
+            grpc_server = await grpcv2.start(state, *state.grpc_address)
         yield
+        if grpc_server is not None:  # drained already (in-flight gRPC calls count): stop at once
+            await grpc_server.stop(_SHUTDOWN_GRACE_S)
         await asyncio.to_thread(state.batcher.stop, 5.0)
 
     app = FastAPI(title=f"pipe serve: {spec.name}", version=__version__, lifespan=lifespan, redoc_url=None,
@@ -347,39 +447,13 @@ def _build_app(state: _State) -> Any:
         return error(500, "internal", "internal error", None, request)
 
     async def admitted(request: Request, handler: Any) -> Any:
-        """Everything that runs a predictor: admission (ready, not draining), in-flight count, deadline."""
-        if state.drain_started is not None:
-            raise ApiError(503, "draining", "the server is shutting down; retry on another instance",
-                            {"Retry-After": "1", "Connection": "close"})
-        if not state.batcher.ready.is_set():
-            raise ApiError(503, "not_ready", "the model is warming up; retry shortly", {"Retry-After": "1"})
-        state.inflight += 1
+        """Everything that runs a predictor (`_State.admitted`), with the request's own body to read."""
         try:
-            return await handler(request, time.monotonic() + s.timeout_s)
+            return await state.admitted(lambda deadline: handler(request, deadline))
         except ClientDisconnect:
             raise ApiError(400, "client_disconnected", "the client went away before the body was read") from None
-        finally:
-            state.inflight -= 1
-            state.handled += 1
 
-    async def infer(feeds: dict[str, np.ndarray], deadline: float) -> dict[str, np.ndarray]:
-        """Checked feeds (every input by program name, one batch size) -> every output by program name."""
-        loop = asyncio.get_running_loop()
-        job = Job(feeds, len(next(iter(feeds.values()))), loop.create_future(), loop)
-        try:
-            state.batcher.submit(job)
-        except queue.Full:
-            raise ApiError(503, "overloaded", f"{s.queue_size} requests are already waiting; retry later",
-                            {"Retry-After": "1"}) from None
-        try:
-            ys = await asyncio.wait_for(job.future, max(0.0, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
-            raise ApiError(504, "timeout", f"no result within the {s.timeout_s:g} s request timeout") from None
-        bad = next((name for name, y in ys.items() if y.dtype.kind == "f" and not np.isfinite(y).all()), None)
-        if bad is not None:
-            raise ApiError(422, "non_finite_output", f"the model's output {public[bad]!r} is not finite for these "
-                                                      "inputs (values far outside the training range?)")
-        return ys
+    infer = state.infer
 
     async def predict_v1(request: Request, deadline: float) -> JSONResponse:
         body = await validate.read_body(request, ("application/json",), s, deadline)
@@ -459,6 +533,26 @@ def _build_app(state: _State) -> Any:
     async def v2_version_metadata(model_name: str, model_version: str) -> dict[str, Any]:
         return v2_model(model_name, model_version)
 
+    @app.get(model_path + "/config", summary="Triton's model configuration extension: config.pbtxt's JSON")
+    async def v2_model_config(model_name: str) -> dict[str, Any]:
+        v2.check_model(spec, model_name)
+        return state.model_config
+
+    @app.get(version_path + "/config", summary="Triton's model configuration extension: config.pbtxt's JSON")
+    async def v2_version_config(model_name: str, model_version: str) -> dict[str, Any]:
+        v2.check_model(spec, model_name, model_version)
+        return state.model_config
+
+    @app.get(model_path + "/stats", summary="Triton's statistics extension: counts and ns per stage")
+    async def v2_model_stats(model_name: str) -> dict[str, Any]:
+        v2.check_model(spec, model_name)
+        return state.stats.doc(spec.name, v2.VERSION)
+
+    @app.get(version_path + "/stats", summary="Triton's statistics extension: counts and ns per stage")
+    async def v2_version_stats(model_name: str, model_version: str) -> dict[str, Any]:
+        v2.check_model(spec, model_name, model_version)
+        return state.stats.doc(spec.name, v2.VERSION)
+
     @app.get(model_path + "/ready", summary="Open Inference Protocol: 200 when /readyz is")
     async def v2_model_is_ready(model_name: str) -> dict[str, Any]:
         return v2_model_ready(model_name)
@@ -522,7 +616,7 @@ class _Observe:
         self.app, self.state = app, state
         model = f"/v2/models/{state.spec.name}"
         self.paths = {*_PATHS, "/v2", "/v2/health/live", "/v2/health/ready",
-                      *(m + end for m in (model, f"{model}/versions/{v2.VERSION}") for end in ("", "/ready", "/infer"))}
+                      *(m + end for m in (model, f"{model}/versions/{v2.VERSION}") for end in ("", "/ready", "/infer", "/config", "/stats"))}
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":

@@ -104,18 +104,11 @@ def client_config_class():
 
 
 def triton_model_config_class():
-    """Triton's ModelConfig message from tritonclient, loaded by file path (`import tritonclient.grpc` needs
-    the grpc extra, whose protobuf pin conflicts with paddle's); None without tritonclient."""
-    import importlib.util
+    """Triton's ModelConfig message, from tritonclient's generated modules (the grpc extra, a dependency of
+    `pipe serve --grpc-port`)."""
+    from tritonclient.grpc import model_config_pb2
 
-    tc = importlib.util.find_spec("tritonclient")
-    if tc is None:
-        return None
-    path = Path(tc.submodule_search_locations[0]) / "grpc" / "model_config_pb2.py"
-    spec = importlib.util.spec_from_file_location("pipe_test_triton_model_config_pb2", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.ModelConfig
+    return model_config_pb2.ModelConfig
 
 
 @dataclass

@@ -43,6 +43,7 @@ class Job:
     n: int
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
+    queued: float = 0.0  # time.perf_counter() when it entered the queue
 
 
 def settle(fut: asyncio.Future, result: Any, exc: BaseException | None) -> None:
@@ -59,8 +60,11 @@ class Batcher:
     else is queued (waiting up to max_wait while admitted requests are still on their way) until
     max_batch_size samples, and runs them as one batch; it waits on the pipe with the GIL released."""
 
-    def __init__(self, preds: list[Any], spec: Spec, s: Settings, metrics: Any, inflight: Any):
+    def __init__(self, preds: list[Any], spec: Spec, s: Settings, metrics: Any, inflight: Any,
+                 on_ready: Any = None, stats: Any = None):
         self.preds, self.spec, self.s, self.metrics = preds, spec, s, metrics
+        self.stats = stats  # pipeline.serving.stats.Stats: Triton's per-model statistics, or None
+        self.on_ready = on_ready  # () -> None, run once every predictor is warm, before `ready` is set
         self.inflight = inflight  # () -> requests admitted and not answered (some still reading their body)
         self.taken = 0  # jobs out of the queue, in a batch being formed or run
         self.q: queue.Queue = queue.Queue(maxsize=s.queue_size)
@@ -86,6 +90,7 @@ class Batcher:
             t.join(timeout)
 
     def submit(self, job: Job) -> None:
+        job.queued = time.perf_counter()
         self.q.put_nowait(job)  # raises queue.Full: the caller answers 503
 
     def _wait_hold(self) -> None:
@@ -98,6 +103,8 @@ class Batcher:
         with self._lock:
             self.warm += 1
             if self.warm == len(self.preds):
+                if self.on_ready is not None:
+                    self.on_ready()
                 self.ready.set()
 
     def _worker(self, pred: Any) -> None:
@@ -164,6 +171,7 @@ class Batcher:
     def _run_batch(self, pred: PredictorProcess, batch: list[Job]) -> None:
         if not batch:
             return
+        t_in = time.perf_counter()
         if len(batch) == 1:
             feeds, rows = batch[0].feeds, batch[0].n
         else:  # every input along axis 0, in the jobs' order
@@ -187,11 +195,16 @@ class Batcher:
             if pred.proc.poll() is not None:
                 self._restart(pred)
             return
-        self.metrics.observe_batch(rows, len(batch), time.perf_counter() - t0)
+        t1 = time.perf_counter()
+        self.metrics.observe_batch(rows, len(batch), t1 - t0)
         if len(batch) == 1:
             batch[0].loop.call_soon_threadsafe(settle, batch[0].future, ys, None)
-            return
-        at = 0
-        for j in batch:  # every output split back, each request its own rows
-            j.loop.call_soon_threadsafe(settle, j.future, {k: y[at:at + j.n] for k, y in ys.items()}, None)
-            at += j.n
+        else:
+            at = 0
+            for j in batch:  # every output split back, each request its own rows
+                j.loop.call_soon_threadsafe(settle, j.future, {k: y[at:at + j.n] for k, y in ys.items()}, None)
+                at += j.n
+        if self.stats is not None:
+            ns = 1e9
+            self.stats.batch([int((t_in - j.queued) * ns) for j in batch], rows, int((t0 - t_in) * ns),
+                             int((t1 - t0) * ns), int((time.perf_counter() - t1) * ns))

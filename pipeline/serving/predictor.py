@@ -39,6 +39,7 @@ import numpy as np
 
 from pipeline import engines, runtime
 from pipeline.errors import InputError, PipeError
+from pipeline.serving import gcpause
 from pipeline.serving.spec import Spec
 
 START_S = 600.0  # a big program on a busy machine can take minutes to load
@@ -55,6 +56,7 @@ class PredictorProcess:
                     "precision": spec.precision, "threads": threads, "warm": warm, "buckets": buckets(max_batch)}
         self.proc: subprocess.Popen | None = None
         self.engine: dict[str, Any] = {}  # the child's engine, as it describes itself (after `hello`)
+        self.gc: list[list[float]] = []  # the child's collections and seconds per generation (`gcpause`)
 
     def start(self) -> None:
         env = dict(os.environ, GLOG_minloglevel="2", OMP_NUM_THREADS=str(self.doc["threads"]),
@@ -87,6 +89,7 @@ class PredictorProcess:
         """A batch of named inputs (program names; one batch size) -> every output by program name."""
         head, payload = pack("run", feeds)
         reply, data = self.call(head, payload)
+        self.gc = reply.get("gc", self.gc)
         return unpack(reply["tensors"], data)
 
     def warm_up(self) -> None:
@@ -240,6 +243,7 @@ def _predictor_main(doc: dict[str, Any]) -> int:
         write_frame(channel, {"ok": False, "error": str(e), "input_error": isinstance(e, InputError)})
         return 2
     fetch = [(t.name, on[t.name]) for t in io_.outputs]
+    pauses = gcpause.Pauses()
 
     def infer(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         n = len(next(iter(feeds.values())))
@@ -260,10 +264,11 @@ def _predictor_main(doc: dict[str, Any]) -> int:
                 # oneDNN builds its kernels per input shape on first sight: pay it before /readyz.
                 for n in doc["buckets"]:
                     infer({name: np.zeros((n, *shape), dtype) for name, dtype, shape in doc["warm"]})
+                gcpause.settle()  # loaded and warm: nothing of start-up is walked by a collection again
                 write_frame(channel, {"ok": True})
             else:
                 head, data = pack("ok", infer(unpack(head["tensors"], payload)))
-                write_frame(channel, {**head, "ok": True}, data)
+                write_frame(channel, {**head, "ok": True, "gc": pauses.snapshot()}, data)
         except Exception as e:  # reported to the parent as this batch's failure; the child keeps serving
             write_frame(channel, {"ok": False, "error": f"{e.__class__.__name__}: {str(e)[:300]}"})
 

@@ -1,6 +1,8 @@
 """The Open Inference Protocol (KServe v2) over HTTP, as Triton's `tritonclient.http` speaks it: `/v2/...`.
 
-One model, named by the package's `spec.name`, version "1" (the Triton repository's). An inference
+One model, named by the package's `spec.name`, version "1" (the Triton repository's). Triton's model
+configuration and statistics extensions answer `GET /v2/models/NAME[/versions/1]/config` (`model_config`)
+and `.../stats` (`pipeline/serving/stats.py`), which tritonclient and perf_analyzer read. An inference
 request is a JSON header, optionally followed by the binary tensor data extension: its length in the
 `Inference-Header-Content-Length` header, each binary input's bytes in `parameters.binary_data_size`
 (little-endian, C order; BYTES elements as a 4-byte little-endian length and the bytes), in input order.
@@ -35,11 +37,11 @@ import numpy as np
 
 from pipeline import __version__, iospec
 from pipeline.serving import validate
-from pipeline.serving.spec import DTYPES, Settings, Spec
+from pipeline.serving.spec import DTYPES, TRITON_LABELS, Settings, Spec
 from pipeline.serving.validate import ApiError
 
 VERSION = "1"  # the Triton repository's model version (`triton/<name>/1/`)
-EXTENSIONS = ["classification", "binary_tensor_data"]  # in Triton's order
+EXTENSIONS = ["classification", "model_configuration", "binary_tensor_data", "statistics"]  # in Triton's order
 HEADER_LENGTH = "inference-header-content-length"
 ACCEPTED = ("application/json", "application/octet-stream", "")  # tritonclient sends no Content-Type
 # Every datatype of the protocol, with its element size in bytes (BYTES: variable).
@@ -81,6 +83,29 @@ def model_metadata(spec: Spec) -> dict[str, Any]:
     io_ = spec.io
     return {"name": spec.name, "versions": [VERSION], "platform": "paddle_inference",
             "inputs": [_meta(t) for t in io_.inputs], "outputs": [_meta(t) for t in io_.outputs]}
+
+
+def model_config(spec: Spec, s: Settings, engine: str) -> dict[str, Any]:
+    """Triton's model configuration extension (`GET /v2/models/NAME/config`, gRPC ModelConfig): the model as
+    this server serves it, in the fields and JSON of the package's `triton/NAME/config.pbtxt` (numbers as
+    numbers, as Triton answers): every tensor by program name, datatype and per-sample dims (-1: any
+    length), labels.txt on the logits output, and the served batching (`--max-batch-size`, `--max-wait-ms`)
+    and predictor count. The backend is the engine serving it (onnxruntime and openvino are Triton's
+    backend names too)."""
+    logits = spec.io.output(spec.info.logits).name if spec.info.logits and spec.labels else None
+
+    def entry(t: iospec.Tensor, output: bool) -> dict[str, Any]:
+        e = {"name": t.name, "data_type": DTYPES[t.dtype][2],
+             "dims": [d if isinstance(d, int) and d > 0 else -1 for d in t.shape[1:]]}
+        if output and t.name == logits:
+            e["label_filename"] = TRITON_LABELS
+        return e
+
+    return {"name": spec.name, "backend": engine, "max_batch_size": s.max_batch_size,
+            "input": [entry(t, False) for t in spec.io.inputs],
+            "output": [entry(t, True) for t in spec.io.outputs],
+            "dynamic_batching": {"max_queue_delay_microseconds": int(round(s.max_wait_ms * 1000))},
+            "instance_group": [{"count": s.predictors, "kind": "KIND_CPU"}]}
 
 
 def _meta(t: iospec.Tensor) -> dict[str, Any]:
@@ -304,6 +329,19 @@ def classify(y: np.ndarray, count: int, labels: list[str]) -> list[bytes]:
     return out
 
 
+def encode(y: np.ndarray, out: iospec.Tensor, count: int, spec: Spec) -> tuple[str, list[int], bytes]:
+    """One output as the binary extension and gRPC's raw_output_contents carry it: (datatype, shape, bytes),
+    little-endian C order; classified (`count` > 0), BYTES [batch, min(count, classes)], each element a
+    4-byte little-endian length and the UTF-8 string, as Triton serializes it."""
+    if count:
+        classes = classify(y, count, spec.labels)
+        return ("BYTES", [len(y), min(count, math.prod(y.shape[1:]))],
+                b"".join(struct.pack("<I", len(c)) + c for c in classes))
+    dt = datatype(out.dtype)
+    y = np.ascontiguousarray(y, _NUMPY[dt])
+    return dt, list(y.shape), y.tobytes()
+
+
 def answer(outs: dict[str, np.ndarray], doc: dict[str, Any], outputs: Outputs, spec: Spec) -> Any:
     """The inference response: each requested output (`outs`: every output by program name) under the name
     it was asked by, as JSON, or the JSON header and the binary outputs after it. A classified output is
@@ -317,16 +355,19 @@ def answer(outs: dict[str, np.ndarray], doc: dict[str, Any], outputs: Outputs, s
         resp["id"] = doc["id"]
     tensors, blobs = [], []
     for name, out, binary, count in outputs:
-        y = np.ascontiguousarray(outs[out.name], _NUMPY[datatype(out.dtype)])
-        t: dict[str, Any] = {"name": name, "datatype": datatype(out.dtype), "shape": list(y.shape)}
-        classes = classify(y, count, spec.labels) if count else []
-        if count:
-            t.update(datatype="BYTES", shape=[len(y), min(count, math.prod(y.shape[1:]))])
+        y = outs[out.name]
         if binary:
-            blobs.append(b"".join(struct.pack("<I", len(c)) + c for c in classes) if count else y.tobytes())
-            t["parameters"] = {"binary_data_size": len(blobs[-1])}
+            dt, shape, raw = encode(y, out, count, spec)
+            blobs.append(raw)
+            t: dict[str, Any] = {"name": name, "datatype": dt, "shape": shape,
+                                 "parameters": {"binary_data_size": len(raw)}}
+        elif count:
+            classes = classify(y, count, spec.labels)
+            t = {"name": name, "datatype": "BYTES", "shape": [len(y), min(count, math.prod(y.shape[1:]))],
+                 "data": [c.decode("utf-8") for c in classes]}
         else:
-            t["data"] = [c.decode("utf-8") for c in classes] if count else y.ravel().tolist()
+            t = {"name": name, "datatype": datatype(out.dtype), "shape": list(y.shape),
+                 "data": np.asarray(y, _NUMPY[datatype(out.dtype)]).ravel().tolist()}
         tensors.append(t)
     resp["outputs"] = tensors
     head = orjson.dumps(resp)

@@ -95,7 +95,7 @@ def test_health_readiness_and_metadata(triton, client):
     assert triton.is_model_ready(MODEL) and triton.is_model_ready(MODEL, "1")
     assert not triton.is_model_ready("other") and not triton.is_model_ready(MODEL, "2")
     meta = triton.get_server_metadata()
-    assert meta["name"] == "pipe" and meta["extensions"] == ["classification", "binary_tensor_data"] and meta["version"]
+    assert meta["name"] == "pipe" and meta["extensions"] == ["classification", "model_configuration", "binary_tensor_data", "statistics"] and meta["version"]
     want = {"name": MODEL, "versions": ["1"], "platform": "paddle_inference",
             "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 1, 8, 8]}],
             "outputs": [{"name": OUT, "datatype": "FP32", "shape": [-1, 10]}]}

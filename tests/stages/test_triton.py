@@ -12,7 +12,7 @@ never becomes ready, and the server says why. A package of two named inputs and 
 (inputs in reversed order), and answers every output, by name, as onnxruntime does here.
 
 tritonserver 2.51 comes from the nvidia-pytriton 0.7.0 wheel, which the Makefile installs beside the venv
-(it pins protobuf<7, pipe pins 7.x, so it is never imported, only its files used):
+(--no-deps: never imported, only its files are used):
 
     pip install --no-deps --target .venv/pytriton nvidia-pytriton==0.7.0
 
