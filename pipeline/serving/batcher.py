@@ -205,6 +205,6 @@ class Batcher:
                 j.loop.call_soon_threadsafe(settle, j.future, {k: y[at:at + j.n] for k, y in ys.items()}, None)
                 at += j.n
         if self.stats is not None:
-            ns = 1e9
+            ns = 1e9  # per second
             self.stats.batch([int((t_in - j.queued) * ns) for j in batch], rows, int((t0 - t_in) * ns),
                              int((t1 - t0) * ns), int((time.perf_counter() - t1) * ns))

@@ -18,8 +18,8 @@ from __future__ import annotations
 import gc
 import time
 
-# gen0 after 10,000 net allocations instead of 700; gen1 and gen2 at CPython's defaults (10, 10): the
-# collections are ~15x rarer and each young one walks at most ~10,000 objects (a fraction of a ms).
+# gen0 after 10,000 net allocations instead of CPython's 700, gen1 and gen2 at its defaults (10, 10):
+# ~14x fewer collections, each young one walking at most ~10,000 objects.
 THRESHOLDS = (10_000, 10, 10)
 
 

@@ -3,7 +3,8 @@ so `tritonclient.grpc` works against `pipe serve --grpc-port PORT`.
 
 The service and its messages are tritonclient's generated modules (`tritonclient.grpc.service_pb2`,
 `model_config_pb2`: Triton's protobuf/grpc_service.proto and model_config.proto, BSD-3, NVIDIA), served by
-grpcio's asyncio server on the HTTP server's event loop, beside it on its own port. A request is checked
+grpcio's asyncio server on the HTTP server's event loop, beside it on its own port (this module is
+imported only with `--grpc-port`). A request is checked
 and run by the code /v2 over HTTP uses: its inputs become the same tensor entries (`raw_input_contents`
 as binary data, or the typed `contents`), `v2.request` and `v2.tensors` check them and the batcher runs
 them (`_State.admitted` / `_State.infer`: the same admission, limits, in-flight count, deadline and
@@ -22,6 +23,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import grpc
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2, service_pb2 as pb, service_pb2_grpc
+
 from pipeline import __version__
 from pipeline.serving import v2
 from pipeline.serving.validate import ApiError
@@ -29,16 +34,11 @@ from pipeline.serving.validate import ApiError
 log = logging.getLogger("pipe.serve")
 # The typed contents field of each datatype the package's tensors can have (InferTensorContents).
 _CONTENTS = {"FP32": "fp32_contents", "INT64": "int64_contents", "INT32": "int_contents", "BYTES": "bytes_contents"}
-
-
-def _status(code: int) -> Any:
-    import grpc
-
-    return {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
-            408: grpc.StatusCode.DEADLINE_EXCEEDED, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-            415: grpc.StatusCode.INVALID_ARGUMENT, 422: grpc.StatusCode.INVALID_ARGUMENT,
-            503: grpc.StatusCode.UNAVAILABLE, 504: grpc.StatusCode.DEADLINE_EXCEEDED}.get(
-        code, grpc.StatusCode.INTERNAL)
+# The server's HTTP statuses (ApiError.code) as gRPC status codes; anything else is INTERNAL.
+_STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
+           408: grpc.StatusCode.DEADLINE_EXCEEDED, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+           415: grpc.StatusCode.INVALID_ARGUMENT, 422: grpc.StatusCode.INVALID_ARGUMENT,
+           503: grpc.StatusCode.UNAVAILABLE, 504: grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
 def request_doc(req: Any) -> tuple[dict[str, Any], bytes]:
@@ -78,82 +78,63 @@ def request_doc(req: Any) -> tuple[dict[str, Any], bytes]:
     return doc, b"".join(parts)
 
 
-class Service:
-    """The servicer (built on tritonclient's generated base class in `service`)."""
+class Service(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """The calls of the service this server has; the base class answers the others UNIMPLEMENTED."""
 
     def __init__(self, state: Any):
-        from tritonclient.grpc import model_config_pb2, service_pb2
-
-        self.state, self.spec, self.pb = state, state.spec, service_pb2
-        from google.protobuf import json_format
-
+        self.state, self.spec = state, state.spec
         self.config = json_format.ParseDict(state.model_config, model_config_pb2.ModelConfig())
-        self.json_format = json_format
 
-    async def _abort(self, context: Any, e: ApiError) -> None:
-        await context.abort(_status(e.code), e.message)
+    async def _model(self, context: Any, name: str, version: str) -> None:
+        """NOT_FOUND unless `name` (and `version`, when given) is the served model (`v2.check_model`)."""
+        try:
+            v2.check_model(self.spec, name, version or None)
+        except ApiError as e:
+            await context.abort(_STATUS[e.code], e.message)
 
     async def ServerLive(self, request: Any, context: Any) -> Any:
-        return self.pb.ServerLiveResponse(live=True)
+        return pb.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: Any, context: Any) -> Any:
-        return self.pb.ServerReadyResponse(ready=self.state.is_ready())
+        return pb.ServerReadyResponse(ready=self.state.is_ready())
 
     async def ModelReady(self, request: Any, context: Any) -> Any:
-        try:
-            v2.check_model(self.spec, request.name, request.version or None)
-        except ApiError as e:
-            await self._abort(context, e)
-        return self.pb.ModelReadyResponse(ready=self.state.is_ready())
+        await self._model(context, request.name, request.version)
+        return pb.ModelReadyResponse(ready=self.state.is_ready())
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
-        return self.pb.ServerMetadataResponse(name="pipe", version=__version__, extensions=v2.EXTENSIONS)
+        return pb.ServerMetadataResponse(name="pipe", version=__version__, extensions=v2.EXTENSIONS)
 
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
-        try:
-            v2.check_model(self.spec, request.name, request.version or None)
-        except ApiError as e:
-            await self._abort(context, e)
-        meta = v2.model_metadata(self.spec)
-        tensor = self.pb.ModelMetadataResponse.TensorMetadata
-        return self.pb.ModelMetadataResponse(
-            name=meta["name"], versions=meta["versions"], platform=meta["platform"],
-            inputs=[tensor(**t) for t in meta["inputs"]], outputs=[tensor(**t) for t in meta["outputs"]])
+        await self._model(context, request.name, request.version)
+        return json_format.ParseDict(v2.model_metadata(self.spec), pb.ModelMetadataResponse())
 
     async def ModelConfig(self, request: Any, context: Any) -> Any:
-        try:
-            v2.check_model(self.spec, request.name, request.version or None)
-        except ApiError as e:
-            await self._abort(context, e)
-        return self.pb.ModelConfigResponse(config=self.config)
+        await self._model(context, request.name, request.version)
+        return pb.ModelConfigResponse(config=self.config)
 
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
-        try:
-            if request.name:  # "" asks for every model: the one served
-                v2.check_model(self.spec, request.name, request.version or None)
-        except ApiError as e:
-            await self._abort(context, e)
-        doc = self.state.stats.doc(self.spec.name, v2.VERSION)
-        return self.json_format.ParseDict(doc, self.pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
+        if request.name:  # "" asks for every model: the one served
+            await self._model(context, request.name, request.version)
+        return json_format.ParseDict(self.state.stats.doc(self.spec.name, v2.VERSION), pb.ModelStatisticsResponse(),
+                                     ignore_unknown_fields=True)
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
+        await self._model(context, request.model_name, request.model_version)
         try:
-            v2.check_model(self.spec, request.model_name, request.model_version or None)
             return await self.state.admitted(lambda deadline: self._infer(request, deadline))
         except ApiError as e:
-            await self._abort(context, e)
+            await context.abort(_STATUS.get(e.code, grpc.StatusCode.INTERNAL), e.message)
         except Exception as e:  # noqa: BLE001 - a 500's equivalent, logged as the HTTP endpoints log it
-            if type(e).__name__ == "AbortError":  # grpc.aio's own abort, already answered
-                raise
             log.error("pipe serve: internal error (gRPC): %s: %s", e.__class__.__name__, e)
-            await context.abort(_status(500), "internal error")
+            await context.abort(grpc.StatusCode.INTERNAL, "internal error")
 
     async def _infer(self, request: Any, deadline: float) -> Any:
         spec, s = self.spec, self.state.s
         doc, binary = request_doc(request)
         found, outputs = v2.request(doc, binary, spec, s)
         ys = await self.state.infer(await v2.tensors(found, spec, s), deadline)
-        resp = self.pb.ModelInferResponse(model_name=spec.name, model_version=v2.VERSION, id=request.id)
+        resp = pb.ModelInferResponse(model_name=spec.name, model_version=v2.VERSION, id=request.id)
         for name, out, _, count in outputs:
             datatype, shape, raw = v2.encode(ys[out.name], out, count, spec)
             resp.outputs.add(name=name, datatype=datatype, shape=shape)
@@ -164,18 +145,12 @@ class Service:
 async def start(state: Any, host: str, port: int) -> Any:
     """A started grpc.aio server on host:port (bound before: `stages.serve` checked the port), serving the
     package's model; `await server.stop(grace)` ends it."""
-    import grpc
-    from tritonclient.grpc import service_pb2_grpc
-
-    servicer = type("GRPCInferenceService", (Service, service_pb2_grpc.GRPCInferenceServiceServicer), {})(state)
-    cap = state.s.max_body_bytes
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", cap),
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", state.s.max_body_bytes),
                                       ("grpc.max_send_message_length", -1),
                                       ("grpc.so_reuseport", 0)])  # never share the port with another server
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Service(state), server)
     where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     if server.add_insecure_port(where) != port:
         raise OSError(f"--grpc-port {port}: cannot listen on {where}")
     await server.start()
     return server
-

@@ -157,10 +157,7 @@ def test_serving_client_conf_parses(run):
 
 
 def _triton_model_config():
-    cls = triton_model_config_class()
-    if cls is None:
-        pytest.skip("tritonclient is not installed (test extra)")
-    return cls
+    return triton_model_config_class()
 
 
 def test_triton_config_parses_with_tritons_schema(run):
