@@ -42,7 +42,15 @@ demo: $(STAMP)
 test: $(STAMP) $(STAMP39)
 	$(BIN)/python -m pytest -q
 
-bench: $(STAMP)
+# The serving benchmark's Python peer (pipeline/bench/kserve_peer.py): KServe's ModelServer in its own venv
+# (its pins are not pipe's); without it those rows say so.
+KSERVE_STAMP := $(VENV)/kserve/.installed
+$(KSERVE_STAMP): $(STAMP)
+	$(PY) -m venv $(VENV)/kserve
+	$(VENV)/kserve/bin/pip install --quiet kserve==0.21.0 onnxruntime==1.31.1 && touch $(KSERVE_STAMP) \
+	  || echo "kserve did not install: the serving benchmark's KServe rows will say so"
+
+bench: $(STAMP) $(KSERVE_STAMP)
 	$(BIN)/pipe bench --out bench/RESULTS.md
 
 clean:

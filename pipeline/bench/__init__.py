@@ -8,6 +8,7 @@ machine is shared and noisy: quote the ratios, not the absolute numbers.
     (here)     the suite's entry `run` (CLI start-up, training throughput, data parallel, `pipe all`)
     compress   int8 and bf16 against fp32 on every engine, the auto pick, the int8 accuracy drop (images, text)
     serving    `pipe serve` under load (HTTP, dynamic batching, /v1 and /v2), versus the engine alone
+    peers      `pipe serve` against tritonserver and KServe's ModelServer on the same model.onnx, HTTP and gRPC
     text       the text model against a TF-IDF + logistic regression baseline on the same split
     ernie      ernie_tiny (two inputs) through train, export, compress on 3 engines, package, served text
     detection  centernet_tiny on generated shapes: COCO mAP, int8 mAP drop per engine, auto pick, served PNGs
@@ -43,10 +44,11 @@ def run(out_file: Path, quick: bool = False) -> None:
     rows += _train_throughput(repeats)
     rows += _data_parallel(repeats=1)
     rows += _pipe_all()
-    from pipeline.bench import compress, detection, ernie, finetune, serving, text  # each runs in its own temp dirs
+    from pipeline.bench import compress, detection, ernie, finetune, peers, serving, text  # each in its own temp dirs
 
     rows += compress.rows(quick)
     rows += serving.rows(quick)
+    rows += peers.rows(quick)
     rows += serving.text_rows(quick)
     rows += ernie.rows(quick)
     rows += detection.rows(quick)

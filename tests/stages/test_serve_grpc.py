@@ -235,6 +235,20 @@ def test_metrics_expose_the_collectors_pauses(clients, x):
     assert metric(text, 'pipe_gc_pause_seconds_total{generation="2",process="server"}') > 0
 
 
+def test_the_benchmarks_grpc_load_counts_answers_and_errors(served, x):
+    """pipeline/bench/peers.py's gRPC client (pre-serialised ModelInferRequest bytes, concurrent calls) and
+    its reader of the collector's pauses, against this server: answers counted, a refused request an error."""
+    from pipeline.bench import peers
+
+    srv, address = served
+    good = peers._grpc_load(address, peers._grpc_request(MODEL, "x", x[:1]), 2, 0.3)
+    assert good["done"] > 0 and good["errors"] == 0 and good["p50"] <= good["p99"]
+    bad = peers._grpc_load(address, peers._grpc_request(MODEL, "nope", x[:1]), 2, 0.3)
+    assert bad["done"] > 0 and bad["errors"] == bad["done"]
+    pauses = peers._gc_seconds(srv.url)
+    assert set(pauses) == {"server", "predictor-0"} and pauses["server"] > 0  # settle's timed collection
+
+
 def test_settle_freezes_start_up_and_pauses_are_timed():
     """In a fresh interpreter: settle() leaves the start-up objects frozen (never walked again) and the
     thresholds set; Pauses times collections by generation."""
