@@ -509,6 +509,11 @@ def _build_app(state: _State) -> Any:
         ready()
         return {"ready": True}
 
+    # Before the model's routes, as in Triton: every model's statistics (get_inference_statistics() unnamed).
+    @app.get("/v2/models/stats", summary="Triton's statistics extension: every model's (this server's one)")
+    async def v2_all_stats() -> dict[str, Any]:
+        return state.stats.doc(spec.name, v2.VERSION)
+
     model_path, version_path = "/v2/models/{model_name}", "/v2/models/{model_name}/versions/{model_version}"
 
     def v2_model(model_name: str, model_version: str | None = None) -> dict[str, Any]:
@@ -633,7 +638,7 @@ class _Observe:
         self.app, self.state = app, state
         self.direct, self.handle = direct, handle  # POST path -> handler, run by handle() (_build_app)
         model = f"/v2/models/{state.spec.name}"
-        self.paths = {*_PATHS, "/v2", "/v2/health/live", "/v2/health/ready",
+        self.paths = {*_PATHS, "/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/stats",
                       *(m + end for m in (model, f"{model}/versions/{v2.VERSION}") for end in ("", "/ready", "/infer", "/config", "/stats"))}
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:

@@ -7,9 +7,14 @@ classification strings ("value:index:label") are what `pipe serve` writes from t
 that serves on onnxruntime (the same model.onnx as its Triton repository) gets byte-identical strings
 from both servers, binary and JSON, for counts 1, 3, the class count and past it. A repository whose
 config.pbtxt disagrees with its ONNX (an input's name, dims or datatype, an output's dims, no batch dim)
-never becomes ready, and the server says why. A package of two named inputs and two outputs
-(examples/two_inputs.yaml) loads unchanged too, beside one whose ONNX was made from the legacy program
-(inputs in reversed order), and answers every output, by name, as onnxruntime does here.
+never becomes ready, and the server says why. Triton's model configuration and statistics extensions
+answer alike on both servers, to tritonclient.http and tritonclient.grpc: the configuration fields `pipe
+serve` sets (exactly config.pbtxt's: name, backend, batching, tensors, labels file, instances) are
+tritonserver's, which adds its defaults; after the same requests both count the same samples and requests,
+by model and version and for every model, in a statistics document with every key of Triton's. A package
+of two named inputs and two outputs (examples/two_inputs.yaml) loads unchanged too, beside one whose ONNX
+was made from the legacy program (inputs in reversed order), and answers every output, by name, as
+onnxruntime does here.
 
 tritonserver 2.51 comes from the nvidia-pytriton 0.7.0 wheel, which the Makefile installs beside the venv
 (--no-deps: never imported, only its files are used):
@@ -124,12 +129,15 @@ def _free_port() -> int:
 
 
 def start_triton(tritonserver: tuple[Path, Path, dict[str, str]], repository: Path, log: Path,
-                 *flags: str, timeout: float = 60.0) -> Triton:
-    """Start tritonserver on `repository` and wait until it is live (it listens only after loading)."""
+                 *flags: str, timeout: float = 60.0, grpc_port: int = 0) -> Triton:
+    """Start tritonserver on `repository` and wait until it is live (it listens only after loading); gRPC
+    too, on 127.0.0.1:`grpc_port`, if one is given."""
     binary, backends, env = tritonserver
     port = _free_port()
+    grpc = ["--allow-grpc=true", f"--grpc-port={grpc_port}", "--grpc-address=127.0.0.1"] if grpc_port else [
+        "--allow-grpc=false"]
     cmd = [str(binary), f"--model-repository={repository}", f"--backend-directory={backends}",
-           "--http-address=127.0.0.1", f"--http-port={port}", "--allow-grpc=false", "--allow-metrics=false", *flags]
+           "--http-address=127.0.0.1", f"--http-port={port}", *grpc, "--allow-metrics=false", *flags]
     with open(log, "wb") as sink:
         proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=log.parent)
     srv = Triton(proc, port, log)
@@ -221,19 +229,26 @@ class Served:
     client: object
     onnx: object
     triton_url: str  # tritonserver's, http://127.0.0.1:PORT
+    grpc: str = ""  # pipe serve's gRPC address, 127.0.0.1:PORT, if `_serve_both(grpc=True)`
+    triton_grpc: str = ""  # tritonserver's, likewise
 
 
-def _serve_both(tritonserver, package: Path, log: Path):
-    """Yield a Served; on teardown both servers stop with exit 0 and the package is byte-for-byte unchanged."""
+def _serve_both(tritonserver, package: Path, log: Path, grpc: bool = False):
+    """Yield a Served (both servers with gRPC too if `grpc`); on teardown both servers stop with exit 0 and
+    the package is byte-for-byte unchanged."""
     before = tree_hash(package)
     name = yaml.safe_load((package / "serving.yaml").read_text(encoding="utf-8"))["triton"]["model"]
-    pipe_srv = start_server(package)
+    pipe_grpc = triton_grpc = 0
+    while grpc and pipe_grpc == triton_grpc:
+        pipe_grpc, triton_grpc = _free_port(), _free_port()
+    pipe_srv = start_server(package, *(("--grpc-port", str(pipe_grpc)) if grpc else ()))
     try:
-        triton = start_triton(tritonserver, package / "triton", log)
+        triton = start_triton(tritonserver, package / "triton", log, grpc_port=triton_grpc)
         client = tritonclient_http.InferenceServerClient(triton.url, concurrency=4)
         try:
             yield Served(package, name, pipe_srv.url, client, _onnx(package / "triton" / name / "1/model.onnx"),
-                         f"http://{triton.url}")
+                         f"http://{triton.url}", f"127.0.0.1:{pipe_grpc}" if grpc else "",
+                         f"127.0.0.1:{triton_grpc}" if grpc else "")
         finally:
             client.close()
             code = triton.stop()
@@ -314,10 +329,10 @@ def test_image_repository_loads_unchanged_and_answers_as_pipe_serve(digits_serve
 
 
 @pytest.fixture(scope="module")
-def onnx_served(tritonserver, trained_digits, tmp_path_factory):
+def onnx_package(tritonserver, trained_digits, tmp_path_factory) -> Path:
     """A digits package that serves on onnxruntime (`pipe export --onnx`, `pipe package --engine
     onnxruntime`): pipe serve runs the model.onnx its Triton repository holds, so both compute the same
-    values and any difference in the classification strings is the formatting's."""
+    values."""
     run = tmp_path_factory.mktemp("triton-onnx") / "run"
     shutil.copytree(trained_digits, run)
     assert main(["export", str(run / "train"), "--onnx"]) == 0
@@ -325,7 +340,14 @@ def onnx_served(tritonserver, trained_digits, tmp_path_factory):
     package = run / "package"
     assert yaml.safe_load((package / "serving.yaml").read_text(encoding="utf-8"))["model"]["engine"] == "onnxruntime"
     assert (package / "model.onnx").read_bytes() == (package / "triton/digits_cnn/1/model.onnx").read_bytes()
-    yield from _serve_both(tritonserver, package, tmp_path_factory.mktemp("triton-log") / "onnx.log")
+    return package
+
+
+@pytest.fixture(scope="module")
+def onnx_served(tritonserver, onnx_package, tmp_path_factory):
+    """The onnxruntime package served both ways: any difference in the classification strings is the
+    formatting's."""
+    yield from _serve_both(tritonserver, onnx_package, tmp_path_factory.mktemp("triton-log") / "onnx.log")
 
 
 def _post(url: str, count: object, x: np.ndarray) -> httpx.Response:
@@ -369,6 +391,123 @@ def test_classification_strings_are_byte_identical(onnx_served, x):
         assert mine.status_code == 400
     finally:
         pipe.close()
+
+
+@pytest.fixture(scope="module")
+def onnx_grpc_served(tritonserver, onnx_package, tmp_path_factory):
+    """The onnxruntime package served both ways again, gRPC too on both, for the extensions' test alone: its
+    statistics count only that test's requests."""
+    yield from _serve_both(tritonserver, onnx_package, tmp_path_factory.mktemp("triton-log") / "onnx-grpc.log",
+                           grpc=True)
+
+
+def _config(c) -> dict:
+    """The fields of a ModelConfig that both servers set: what must be the same on both."""
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    assert c.HasField("dynamic_batching"), c
+    return {"name": c.name, "backend": c.backend, "max_batch_size": c.max_batch_size,
+            "input": [(t.name, pb.DataType.Name(t.data_type), list(t.dims)) for t in c.input],
+            "output": [(t.name, pb.DataType.Name(t.data_type), list(t.dims), t.label_filename) for t in c.output],
+            "max_queue_delay_microseconds": c.dynamic_batching.max_queue_delay_microseconds,
+            "instance_group": [(g.count, pb.ModelInstanceGroup.Kind.Name(g.kind)) for g in c.instance_group]}
+
+
+def _stats_after(client, name: str, samples: int, requests: int) -> dict:
+    """tritonclient.http's statistics of `name` once they count `samples` and `requests` (Triton records a
+    request after its response is sent: the last one may lag the answer)."""
+    deadline = time.monotonic() + 10
+    while True:
+        stats = client.get_inference_statistics(name)
+        one = stats["model_stats"][0]
+        if (one["inference_count"], one["inference_stats"]["success"]["count"]) == (samples, requests) \
+                or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.05)
+
+
+def test_model_configuration_and_statistics_answer_as_tritonserver(onnx_grpc_served, x):
+    """The same package's configuration from both servers, over HTTP and gRPC: the same name, backend,
+    batching, tensors, labels file and instances. The same requests to both (five of one sample, one of
+    four): the same model, version, samples and requests in the statistics, over HTTP and gRPC, in a
+    document with every key of Triton's."""
+    import tritonclient.grpc as tritonclient_grpc
+    from google.protobuf import json_format, text_format
+
+    from tests.serving_helpers import triton_model_config_class
+
+    s = onnx_grpc_served
+    ModelConfig = triton_model_config_class()
+    pipe = tritonclient_http.InferenceServerClient(s.url.removeprefix("http://"))
+    grpcs = {"pipe": tritonclient_grpc.InferenceServerClient(s.grpc),
+             "triton": tritonclient_grpc.InferenceServerClient(s.triton_grpc)}
+    https = {"pipe": pipe, "triton": s.client}
+    try:
+        # The configuration. tritonserver answers config.pbtxt with the defaults it fills in at load, which
+        # pipe serve does not report: platform (onnxruntime_onnx, from the backend), runtime (model.py: this
+        # test's python shim of the onnxruntime backend), version_policy, default_model_filename, optimization,
+        # the tensors' format/is_shape_tensor/allow_ragged_batch/optional/is_non_linear_format_io,
+        # dynamic_batching's preferred_batch_size ([max_batch_size]), preserve_ordering and priorities, the
+        # instance group's name (digits_cnn_0), empty batch_input/batch_output/parameters/model_warmup. pipe
+        # serve reports its own serving: backend = its engine, max_batch_size / max_queue_delay / instance
+        # count = --max-batch-size / --max-wait-ms / its predictors, the package's defaults here, so they equal
+        # config.pbtxt's. protobuf's JSON (gRPC as_json) would drop zeros: the protobufs are compared instead.
+        pbtxt = (s.package / "triton" / s.name / "config.pbtxt").read_text(encoding="utf-8")
+        want = _config(text_format.Parse(pbtxt, ModelConfig()))
+        assert want["input"] == [("x", "TYPE_FP32", [1, 8, 8])] and want["instance_group"] == [(1, "KIND_CPU")]
+        for server in ("pipe", "triton"):
+            doc = https[server].get_model_config(s.name)
+            assert doc == https[server].get_model_config(s.name, "1"), server
+            # HTTP's JSON holds only ModelConfig's fields (ParseDict refuses any other), numbers as numbers.
+            assert _config(json_format.ParseDict(doc, ModelConfig())) == want, (server, doc)
+            assert isinstance(doc["input"][0]["dims"][0], int) and isinstance(
+                doc["dynamic_batching"]["max_queue_delay_microseconds"], int), (server, doc)
+            assert _config(grpcs[server].get_model_config(s.name).config) == want, server
+            assert _config(grpcs[server].get_model_config(s.name, "1").config) == want, server
+        # pipe serve sets exactly config.pbtxt's fields, nothing else, over both protocols.
+        assert json_format.ParseDict(pipe.get_model_config(s.name), ModelConfig()) == text_format.Parse(
+            pbtxt, ModelConfig()) == grpcs["pipe"].get_model_config(s.name).config
+
+        # The statistics, after the same requests to each (sequential: batches may still differ).
+        batches = [x[i:i + 1] for i in range(5)] + [x[5:9]]
+        samples, requests = sum(len(b) for b in batches), len(batches)
+        for b in batches:
+            np.testing.assert_array_equal(_infer(pipe, s.name, b, "FP32"), _infer(s.client, s.name, b, "FP32"))
+        docs = {k: _stats_after(c, s.name, samples, requests) for k, c in https.items()}
+        mine, theirs = docs["pipe"], docs["triton"]
+
+        def keys(doc: dict) -> dict:
+            one = doc["model_stats"][0]
+            return {"": set(doc), "model": set(one), "inference": set(one["inference_stats"]),
+                    "batch": set().union(*(set(b) for b in one["batch_stats"]))}
+
+        assert all(keys(theirs)[k] <= keys(mine)[k] for k in keys(theirs)), (keys(theirs), keys(mine))
+        assert len(mine["model_stats"]) == len(theirs["model_stats"]) == 1
+        for server, doc in docs.items():
+            one = doc["model_stats"][0]
+            assert (one["name"], one["version"], one["inference_count"]) == (s.name, "1", samples), (server, one)
+            counts = {k: v["count"] for k, v in one["inference_stats"].items()}
+            # each request, whatever the batches: counted once as a success, once in the queue and once in
+            # each compute phase (charged its batch's time)
+            assert counts == {"success": requests, "fail": 0, "queue": requests, "compute_input": requests,
+                              "compute_infer": requests, "compute_output": requests, "cache_hit": 0,
+                              "cache_miss": 0}, (server, counts)
+            assert 1 <= one["execution_count"] <= requests and one["last_inference"] > 0, (server, one)
+            assert sum(b["batch_size"] * b["compute_infer"]["count"] for b in one["batch_stats"]) == samples, server
+            assert sum(b["compute_infer"]["count"] for b in one["batch_stats"]) == one["execution_count"], server
+            # gRPC's ModelStatistics: the same document (no request in between), by name and for all models
+            for got in (grpcs[server].get_inference_statistics(s.name), grpcs[server].get_inference_statistics()):
+                assert len(got.model_stats) == 1, (server, got)
+                g = got.model_stats[0]
+                assert (g.name, g.version, g.inference_count, g.execution_count) == (
+                    s.name, "1", samples, one["execution_count"]), (server, g)
+                assert {k: getattr(g.inference_stats, k).count for k in counts} == counts, (server, g)
+        # Every model's, GET /v2/models/stats (get_inference_statistics() without a name): the one model's.
+        assert pipe.get_inference_statistics() == mine and s.client.get_inference_statistics() == theirs
+    finally:
+        pipe.close()
+        for g in grpcs.values():
+            g.close()
 
 
 # ------------------------------------------------------------------ the text package
