@@ -29,7 +29,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -119,7 +118,7 @@ def _model_rows(name: str, build: Any, quick: bool) -> list[Row]:
         return [packaged, *_rows(name, peers, gc_before, gc_after, triton is not None, kserve is not None)]
     finally:
         for p in peers:
-            _stop(p.proc)
+            serving._stop(p.proc)
         if worktree is not None:
             subprocess.run(["git", "-C", str(_REPO), "worktree", "remove", "--force", str(worktree)],
                            capture_output=True, check=False)
@@ -325,24 +324,9 @@ def _wait(proc: subprocess.Popen, log: Path, line: re.Pattern | None, ready: str
                     if c.get(base + ready).status_code == 200:
                         return base
             if proc.poll() is not None or time.monotonic() > deadline:
-                _stop(proc)
+                serving._stop(proc)
                 raise PipeError(f"bench: {proc.args[0]} not ready (exit {proc.poll()}): {text.strip()[-400:]}")
             time.sleep(0.2)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM and wait (pipe serve's predictors exit with it), else SIGKILL the process and its children."""
-    children = serving._children(proc.pid)
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(40)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-    for pid in children:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
 
 
 def _cpu_s(pid: int) -> float:
