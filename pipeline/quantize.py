@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from pipeline import artifacts, engines as engines_mod, iospec, runtime
+from pipeline import artifacts, engines as engines_mod, iospec, p2o, runtime
 from pipeline.config import CompressConfig
 from pipeline.engines import ort as ort_engine
 from pipeline.errors import InputError, PipeError
@@ -245,14 +245,11 @@ def _paddleslim_main(spec: dict[str, Any]) -> int:
 
 
 def _onnx_main(spec: dict[str, Any]) -> int:
-    """Child: paddle2onnx of the PIR program, without an optimizer pass (polygraphy, paddle2onnx's default,
-    sets POLYGRAPHY_AUTOINSTALL_DEPS=1, i.e. may pip-install at run time; onnxruntime optimizes anyway)."""
+    """Child: paddle2onnx of the PIR program, as every stage calls it (pipeline/p2o.py)."""
     _read_verified(spec["files"])
     runtime.import_paddle(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    import paddle2onnx
-
-    paddle2onnx.export(spec["files"]["model.json"]["path"], spec["files"]["model.pdiparams"]["path"], spec["dest"],
-                       opset_version=13, enable_onnx_checker=True, optimize_tool="none")
+    p2o.convert(Path(spec["files"]["model.json"]["path"]), Path(spec["files"]["model.pdiparams"]["path"]),
+                Path(spec["dest"]), 13)
     return 0
 
 

@@ -45,7 +45,7 @@ from typing import Any, Iterator
 import numpy as np
 import yaml
 
-from pipeline import artifacts, config as config_mod, data as data_mod, iospec, models, runtime, tasks
+from pipeline import artifacts, config as config_mod, data as data_mod, iospec, models, p2o, runtime, tasks
 from pipeline.config import ExportConfig, RunConfig
 from pipeline.errors import InputError, ParityError, PipeError
 
@@ -445,13 +445,9 @@ def _export_onnx(d: Path, desc: iospec.IO, ref: dict[str, np.ndarray], x: dict[s
 
 
 def _onnx_main(spec: dict[str, Any]) -> int:
-    """Child: paddle2onnx without its optimizer pass (its default, polygraphy, sets
-    POLYGRAPHY_AUTOINSTALL_DEPS=1, i.e. may pip-install at run time; onnxruntime optimizes anyway)."""
+    """Child: paddle2onnx as every stage calls it (pipeline/p2o.py)."""
     runtime.import_paddle(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    import paddle2onnx
-
-    paddle2onnx.export(spec["model"], spec["params"], spec["dest"], opset_version=_ONNX_OPSET,
-                       enable_onnx_checker=True, optimize_tool="none")
+    p2o.convert(Path(spec["model"]), Path(spec["params"]), Path(spec["dest"]), _ONNX_OPSET)
     return 0
 
 
