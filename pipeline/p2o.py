@@ -1,6 +1,6 @@
 """paddle2onnx 2.1.0 called one way for every stage, and the one repair its output needs.
 
-Call `convert` in a child process only (stages/export.py, pipeline/quantize.py, stages/import_.py): on a
+Call `convert` in a child process only (`in_child`; pipeline/quantize.py's child calls it too): on a
 program it cannot convert paddle2onnx aborts the process. No optimizer pass: its default (polygraphy) sets
 POLYGRAPHY_AUTOINSTALL_DEPS=1, i.e. may pip-install during the export, and leaves temporary files in the
 working directory; onnxruntime and OpenVINO optimise anyway.
@@ -15,9 +15,36 @@ left byte-for-byte as paddle2onnx wrote it.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
+from pipeline.errors import PipeError
+
 _SHAPE_1 = "pipe_rank1_shape"
+_TIMEOUT = 600
+
+
+def in_child(model: Path, params: Path, dest: Path, opset: int, threads: int, pir: bool = True) -> int:
+    """`convert` in a child process, in a scratch working directory (nothing the converter drops survives);
+    returns how many Concat inputs the repair reshaped. `pir`: FLAGS_enable_pir_api for the child."""
+    spec = {"model": str(Path(model).resolve()), "params": str(Path(params).resolve()),
+            "dest": str(Path(dest).resolve()), "opset": opset}
+    env = dict(os.environ, FLAGS_enable_pir_api="1" if pir else "0", GLOG_minloglevel="2",
+               OMP_NUM_THREADS=str(threads), PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    with tempfile.TemporaryDirectory(prefix="pipe-p2o-") as cwd:
+        try:
+            proc = subprocess.run([sys.executable, "-m", "pipeline.p2o", json.dumps(spec)], capture_output=True,
+                                  text=True, env=env, cwd=cwd, timeout=_TIMEOUT, check=False)
+        except subprocess.TimeoutExpired:
+            raise PipeError(f"paddle2onnx did not finish within {_TIMEOUT} s") from None
+    if proc.returncode != 0 or not Path(dest).is_file():
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        raise PipeError(f"paddle2onnx failed (exit {proc.returncode}): {lines[-1] if lines else 'no ' + Path(dest).name}")
+    return int(proc.stdout.split()[-1])
 
 
 def convert(model: Path, params: Path, dest: Path, opset: int) -> int:
@@ -62,3 +89,11 @@ def repair_rank0_concat(path: Path) -> int:
         onnx.checker.check_model(m)
         onnx.save(m, str(path))
     return fixed
+
+
+if __name__ == "__main__":
+    from pipeline import runtime
+
+    runtime.import_paddle(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    job = json.loads(sys.argv[1])
+    print(convert(Path(job["model"]), Path(job["params"]), Path(job["dest"]), int(job["opset"])))

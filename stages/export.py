@@ -36,7 +36,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -416,20 +415,7 @@ def _export_onnx(d: Path, desc: iospec.IO, ref: dict[str, np.ndarray], x: dict[s
                  ecfg: ExportConfig, threads: int) -> dict[str, Any]:
     """paddle2onnx of the PIR program just written, then the parity gate in onnxruntime on every output, fed
     by name (ONNX from the PIR program keeps the InputSpec names; outputs come in the program's order)."""
-    spec = {"model": str((d / "model.json").resolve()), "params": str((d / "model.pdiparams").resolve()),
-            "dest": str((d / "model.onnx").resolve())}
-    env = dict(os.environ, FLAGS_enable_pir_api="1", GLOG_minloglevel="2", OMP_NUM_THREADS=str(threads),
-               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    with tempfile.TemporaryDirectory(prefix="pipe-export-") as cwd:  # nothing the converter drops survives
-        try:
-            proc = subprocess.run([sys.executable, "-m", "stages.export", "--onnx", json.dumps(spec)],
-                                  capture_output=True, text=True, env=env, cwd=cwd, timeout=_LEGACY_TIMEOUT,
-                                  check=False)
-        except subprocess.TimeoutExpired:
-            raise PipeError(f"paddle2onnx did not finish within {_LEGACY_TIMEOUT} s") from None
-    if proc.returncode != 0 or not (d / "model.onnx").is_file():
-        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-        raise PipeError(f"paddle2onnx failed (exit {proc.returncode}): {lines[-1] if lines else 'no model.onnx'}")
+    p2o.in_child(d / "model.json", d / "model.pdiparams", d / "model.onnx", _ONNX_OPSET, threads)
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -444,17 +430,8 @@ def _export_onnx(d: Path, desc: iospec.IO, ref: dict[str, np.ndarray], x: dict[s
             "inputs": [t.name for t in onnx_io.inputs], "outputs": [t.name for t in onnx_io.outputs]}
 
 
-def _onnx_main(spec: dict[str, Any]) -> int:
-    """Child: paddle2onnx as every stage calls it (pipeline/p2o.py)."""
-    runtime.import_paddle(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    p2o.convert(Path(spec["model"]), Path(spec["params"]), Path(spec["dest"]), _ONNX_OPSET)
-    return 0
-
-
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--legacy":
         sys.exit(_legacy_main(json.loads(sys.argv[2])))
-    if len(sys.argv) == 3 and sys.argv[1] == "--onnx":
-        sys.exit(_onnx_main(json.loads(sys.argv[2])))
-    print("usage: python -m stages.export --legacy|--onnx SPEC_JSON (internal; use `pipe export`)", file=sys.stderr)
+    print("usage: python -m stages.export --legacy SPEC_JSON (internal; use `pipe export`)", file=sys.stderr)
     sys.exit(2)
