@@ -28,12 +28,12 @@ _SHAPE_1 = "pipe_rank1_shape"
 _TIMEOUT = 600
 
 
-def in_child(model: Path, params: Path, dest: Path, opset: int, threads: int, pir: bool = True) -> int:
+def in_child(model: Path, params: Path, dest: Path, opset: int, threads: int) -> int:
     """`convert` in a child process, in a scratch working directory (nothing the converter drops survives);
-    returns how many Concat inputs the repair reshaped. `pir`: FLAGS_enable_pir_api for the child."""
+    returns how many Concat inputs the repair reshaped. Paddle's default PIR mode reads either format."""
     spec = {"model": str(Path(model).resolve()), "params": str(Path(params).resolve()),
             "dest": str(Path(dest).resolve()), "opset": opset}
-    env = dict(os.environ, FLAGS_enable_pir_api="1" if pir else "0", GLOG_minloglevel="2",
+    env = dict(os.environ, FLAGS_enable_pir_api="1", GLOG_minloglevel="2",
                OMP_NUM_THREADS=str(threads), PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     with tempfile.TemporaryDirectory(prefix="pipe-p2o-") as cwd:
         try:

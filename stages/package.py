@@ -52,12 +52,8 @@ onnxruntime against the Paddle predictor on a fixed random batch, every output: 
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import shutil
-import subprocess
-import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -66,7 +62,7 @@ from typing import Any, Callable
 import numpy as np
 import yaml
 
-from pipeline import artifacts, choose, cpu, engines, iospec, reference, runtime, tasks
+from pipeline import artifacts, choose, cpu, engines, iospec, p2o, reference, runtime, tasks
 from pipeline.config import CompressConfig
 from pipeline.engines import openvino as ov_engine, paddle as paddle_engine
 from pipeline.errors import GateError, InputError, ParityError, PipeError
@@ -79,7 +75,6 @@ SERVER_DEFAULTS = serving_spec.SERVER_DEFAULTS
 allowlist = serving_spec.allowlist
 _CHECK_BATCH = 8
 _CHECK_SEED = 0
-_P2O_TIMEOUT = 600
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # The Triton ONNX of a Paddle package, by precision, in order of preference (compress variant names).
 _ONNX_VARIANTS = {"fp32": ("onnx-fp32",), "bf16": ("onnx-fp32",), "int8": ("int8-onnx", "onnx-fp32")}
@@ -571,31 +566,17 @@ def _rename_io(path: Path, names: dict[str, str]) -> dict[str, str]:
 
 
 def _paddle2onnx(program: Path, params: Path, dest: Path, threads: int) -> None:
-    """paddle2onnx in a child process: it imports paddle itself and can abort the process on bad ops.
-
-    `--optimize_tool None`: the default (polygraphy) sets POLYGRAPHY_AUTOINSTALL_DEPS=1 and pip-installs
-    packages into the running environment; the onnxoptimizer path fails on a misspelt pass name."""
+    """paddle2onnx as every stage runs it (pipeline/p2o.py: a child process, repaired)."""
     import importlib.util
 
     for mod in ("paddle2onnx", "onnxruntime"):
         if importlib.util.find_spec(mod) is None:
             raise InputError(f"the Triton repository needs {mod} (pip install paddle2onnx onnxruntime), "
                              "or pass --no-triton")
-    program, params, dest = program.resolve(), params.resolve(), dest.resolve()  # the child runs elsewhere
-    cmd = [sys.executable, "-m", "paddle2onnx.command", "--model_dir", str(program.parent),
-           "--model_filename", program.name, "--params_filename", params.name, "--save_file", str(dest),
-           "--opset_version", "13", "--optimize_tool", "None"]
-    env = dict(os.environ, GLOG_minloglevel="2", OMP_NUM_THREADS=str(threads), POLYGRAPHY_AUTOINSTALL_DEPS="0")
-    with tempfile.TemporaryDirectory(prefix="pipe-package-") as cwd:  # whatever the converter drops, goes
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=_P2O_TIMEOUT,
-                                  check=False)
-        except subprocess.TimeoutExpired:
-            raise PipeError(f"paddle2onnx did not finish within {_P2O_TIMEOUT} s") from None
-    if proc.returncode != 0 or not dest.is_file():
-        lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip() and "ccache" not in ln]
-        raise PipeError(f"paddle2onnx failed (exit {proc.returncode}): {lines[-1] if lines else 'no output'} "
-                        "(or pass --no-triton)")
+    try:
+        p2o.in_child(program, params, dest, 13, threads)
+    except PipeError as e:
+        raise PipeError(f"{e} (or pass --no-triton)") from None
 
 
 def _onnx_session(path: Path, threads: int) -> Any:
