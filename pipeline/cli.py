@@ -111,6 +111,31 @@ def export(
     _summary(path)
 
 
+@app.command(name="import")
+def import_(
+    src: Path = typer.Argument(..., help="An exported Paddle model: a directory with one <prefix>.pdmodel or <prefix>.json "
+                                         "and its <prefix>.pdiparams (PaddleOCR, PaddleX), or the program file."),
+    config: Optional[Path] = ConfigOpt,
+    set_: Optional[list[str]] = SetOpt,
+    run: Optional[Path] = typer.Option(None, "--run", help="Run directory; writes RUN/export (default runs/<SRC's name>)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Write the export artifact here instead of RUN/export."),
+    task: Optional[str] = typer.Option(None, "--task", help="What the model is: ocr_rec (default: what inference.yml says)."),
+    keys: Optional[str] = typer.Option(None, "--keys", help="ocr_rec: the character key file (default: inference.yml's character_dict)."),
+    data: Optional[str] = typer.Option(None, "--data", help="Data to measure it on (default: the task's; ocr_rec: generated lines), "
+                                                           "e.g. a folder of PaddleOCR label files."),
+    onnx: Optional[bool] = typer.Option(None, "--onnx/--no-onnx", help="Also convert to model.onnx, parity-checked (default on)."),
+) -> None:
+    """Bring someone else's exported Paddle model into the chain as an export artifact, measured and parity-checked."""
+    cfg = _cfg(config, set_, **{"import.task": ("--task", task), "import.keys": ("--keys", keys),
+                               "data.source": ("--data", data), "import.onnx": ("--onnx", onnx)})
+    from stages import import_ as stage
+
+    src = Path(src)
+    name = (src if src.is_dir() else src.parent).resolve().name or "import"
+    path = stage.run(cfg, src, out_dir or (run or Path("runs") / name) / "export")
+    _summary(path)
+
+
 @app.command()
 def compress(
     export_dir: Path = typer.Argument(..., help="An export artifact directory, e.g. runs/exp/export."),

@@ -40,6 +40,8 @@ class DataConfig:
     persistent_workers: bool = _opt(False, "keep DataLoader workers alive across epochs")
     cache_dir: str = _opt("", "where decoded ImageFolder caches live; '' = $PIPE_CACHE_DIR or ~/.cache/pipe")
     shapes_images: int = _opt(2000, "shapes: training images generated (val and test: 15% as many each)", min=10)
+    ocr_lines: int = _opt(1000, "ocr_lines (ocr_rec's built-in data): text lines generated for train (val and test: "
+                                "15% as many each)", min=10)
     max_len: int = _opt(160, "text: characters kept per text (longer ones are truncated, shorter padded)", min=1)
     min_count: int = _opt(2, "text: a character enters the vocabulary if it occurs this often in train", min=1)
     text_column: str = _opt("text", "text files: the column (or JSON key) holding the text")
@@ -185,6 +187,21 @@ class ReleaseConfig:
 
 
 @dataclass(frozen=True)
+class ImportConfig:
+    """`pipe import` (the `import:` section; `pipe all` runs it in place of train and export when `source`
+    is set): someone else's exported model as this chain's export artifact."""
+
+    source: str = _opt("", "an exported Paddle model: a directory with one <prefix>.pdmodel or <prefix>.json and its "
+                           "<prefix>.pdiparams (PaddleOCR, PaddleX), or the program file; '' = none (pipe all trains)")
+    task: str = _opt("", "what the model is: ocr_rec; '' = the task inference.yml names (PostProcess: CTCLabelDecode "
+                         "is ocr_rec)")
+    keys: str = _opt("", "ocr_rec: the character key file (PaddleOCR's character_dict_path, one character a line); "
+                         "'' = inference.yml's character_dict")
+    onnx: bool = _opt(True, "also convert to model.onnx (paddle2onnx, repaired) held to export.parity_tol")
+    batch_size: int = _opt(8, "lines per batch when measuring the imported model (the task batches by width)", min=1)
+
+
+@dataclass(frozen=True)
 class PostprocessConfig:
     score_threshold: float = _opt(0.05, "detection: boxes scoring below this are not answered", min=0, max=1)
     nms_iou: float = _opt(0.6, "detection: of two boxes of one class overlapping more than this IoU the lower-scoring "
@@ -204,12 +221,20 @@ class RunConfig:
     distill: DistillConfig = field(default_factory=DistillConfig)
     release: ReleaseConfig = field(default_factory=ReleaseConfig)
     postprocess: PostprocessConfig = field(default_factory=PostprocessConfig)
+    import_: ImportConfig = field(default_factory=ImportConfig)  # `import:` in YAML, --set and manifests
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
-        return dataclasses.asdict(self)
+        return {_SECTION_OF.get(k, k): v for k, v in dataclasses.asdict(self).items()}
 
 
-_SECTIONS: dict[str, type] = typing.get_type_hints(RunConfig)
+# A section whose name is a Python keyword is a field with a trailing underscore.
+_SECTION_OF = {"import_": "import"}
+_FIELD_OF = {v: k for k, v in _SECTION_OF.items()}
+_SECTIONS: dict[str, type] = {_SECTION_OF.get(k, k): v for k, v in typing.get_type_hints(RunConfig).items()}
+
+
+def _run_config(values: dict[str, dict[str, Any]]) -> RunConfig:
+    return RunConfig(**{_FIELD_OF.get(s, s): _SECTIONS[s](**values.get(s, {})) for s in _SECTIONS})
 
 
 def _all_keys() -> list[str]:
@@ -328,7 +353,7 @@ def load(
                 _apply(values, key, raw, "")
             except InputError as e:
                 raise InputError(f"{flag}: {str(e).partition(': ')[2]}") from None
-    return RunConfig(**{s: _SECTIONS[s](**values.get(s, {})) for s in _SECTIONS})
+    return _run_config(values)
 
 
 def from_dict(doc: dict[str, Any]) -> RunConfig:
@@ -337,7 +362,7 @@ def from_dict(doc: dict[str, Any]) -> RunConfig:
     for section, body in doc.items():
         for name, raw in (body or {}).items():
             _apply(values, f"{section}.{name}", raw, "manifest config: ")
-    return RunConfig(**{s: _SECTIONS[s](**values.get(s, {})) for s in _SECTIONS})
+    return _run_config(values)
 
 
 def describe() -> list[tuple[str, Any, str]]:

@@ -268,6 +268,7 @@ def _read_export(src: artifacts.Artifact) -> dict[str, Any]:
         data_mod.input_preprocessing(io["pre"], [t.public for t in desc.inputs])  # describes these inputs
     except InputError as e:
         raise InputError(f"{where}: {e}") from None
+    tasks.refuse_own_data(io["task"], "compress", str(where))
     logits = desc.logits() if io["info"].logits else None
     if logits is not None and (np.dtype(logits.dtype).kind != "f" or len(logits.shape) != 2):
         raise InputError(f"{where}: the logits output {logits.public!r} must be float (N, classes), got "

@@ -370,6 +370,7 @@ def _io(src: artifacts.Artifact, iface: dict[str, Any]) -> tuple[iospec.IO, Any,
         task, info = tasks.from_interface(iface, desc)
     except InputError as e:
         raise InputError(f"{where}: {e}") from None
+    tasks.refuse_own_data(task, "package", str(where))
     serving_spec.check_io(desc, iface["labels"], iface["preprocessing"].get("kind") == "text", where,
                           logits=bool(info.logits))
     return desc, task, info

