@@ -144,7 +144,8 @@ class CompressConfig:
                         ("paddle", "onnxruntime", "both"))
     algo: str = _opt("avg", "activation calibration (PaddleSlim's names); onnxruntime uses its closest method",
                      ("avg", "KL", "hist", "mse"))
-    calib_batches: int = _opt(10, "calibration batches, drawn from the train split", min=1)
+    calib_batches: int = _opt(0, "calibration batches, drawn from the train split; 0 = up to 10 whole batches, all of "
+                                 "a smaller train split (a number the split cannot fill is an error)", min=0)
     calib_batch_size: int = _opt(32, "samples per calibration batch", min=1)
     calib_seed: int = _opt(0, "seed of the draw of calibration samples from the train split")
     max_drop: float = _opt(1.0, "gate: exit 4 if the best int8 variant's test accuracy is more than this many "

@@ -381,6 +381,10 @@ def _variant_rows(stages: dict[str, Stage], task: Task) -> tuple[list[tuple[str,
                      f"{cm.get('max_drop', _NA)} points (100 x its {worse}); the "
                      f"best int8 variant, {cm.get('best_int8') or _NA}, is {_num(cm.get('int8_drop_points'), '.3f')} "
                      "points worse than fp32.")
+    calib = cm.get("calibration") or {}
+    if "samples" in calib:
+        notes.append(f"int8 was calibrated on {calib['samples']} train samples ({calib['batches']} batches of "
+                     f"{calib['batch_size']}){': fewer than 100, so its ranges may be poor' if calib.get('thin') else ''}.")
     notes.append(f"Measured by compress on {_get(comp.manifest, 'metrics', 'test_samples', default=_NA)} test "
                  f"samples with {_get(comp.manifest, 'metrics', 'threads', default=_NA)} threads: "
                  f"{timing.get('latency_runs', _NA)} timed batch-1 runs and {timing.get('throughput_runs', _NA)} "

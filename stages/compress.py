@@ -33,7 +33,9 @@ and the data it was trained on. Every input and output goes by name (the export'
   settings.
 
 Both int8 routes calibrate on the same `calib_batches` x `calib_batch_size` samples drawn (seeded)
-from the TRAIN split, every input of a sample together. Integer inputs (token ids, masks) are never
+from the TRAIN split, every input of a sample together: by default up to 10 whole batches of 32, all of a
+smaller split (recorded in `metrics.calibration`: batches, batch_size, samples; under 100 samples a warning
+and `thin: true`); an explicit `--calib-batches` the split cannot fill is an error. Integer inputs (token ids, masks) are never
 quantized: both routes keep them integer, and a model that has any is quantized on its matmul/linear
 ops only (`pipeline/quantize.py`, `ort_op_types`: onnxruntime's default op types wreck attention models).
 
@@ -64,6 +66,7 @@ import dataclasses
 import hashlib
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -368,14 +371,32 @@ def _preparer(ds: data_mod.Dataset, io: dict[str, Any]) -> Prep:
         data_mod.encode_texts([ds.texts[j] for j in split.idx[rows]], vocab, max_len), pre), "compress data")
 
 
+_AUTO_CALIB_BATCHES = 10
+# Below this many samples a calibration is said to be thin (not refused): onnxruntime's and PaddleSlim's
+# examples calibrate on a few hundred; 100 is where their per-tensor ranges still see most of a split.
+_CALIB_WARN_BELOW = 100
+
+
 def _calibration_batches(ds: data_mod.Dataset, prep: Prep, ccfg: CompressConfig) -> Feeds:
-    """{input: (batches, batch_size, ...)}: a seeded draw without replacement from the train split."""
-    need = ccfg.calib_batches * ccfg.calib_batch_size
-    if need > len(ds.train):
-        raise InputError(f"compress.calib_batches x calib_batch_size = {need} samples, but the train split has "
-                         f"{len(ds.train)}; lower --calib-batches")
-    pick = np.random.default_rng(ccfg.calib_seed).permutation(len(ds.train))[:need]
-    return {k: np.ascontiguousarray(a.reshape(ccfg.calib_batches, ccfg.calib_batch_size, *a.shape[1:]))
+    """{input: (batches, batch_size, ...)}: a seeded draw without replacement from the train split. By default
+    (compress.calib_batches 0) up to 10 whole batches, fewer for a smaller split, whose samples then all go in
+    (a split smaller than one batch is one batch of all of it); an explicit count the split cannot fill is an
+    error. Thin calibration (under `_CALIB_WARN_BELOW` samples) is said on stderr and recorded."""
+    n, size = len(ds.train), ccfg.calib_batch_size
+    if ccfg.calib_batches:
+        batches = ccfg.calib_batches
+        if batches * size > n:
+            raise InputError(f"--calib-batches {batches} (compress.calib_batches) x compress.calib_batch_size {size} "
+                             f"= {batches * size} samples, but the train split has {n}; lower it or leave it at 0 "
+                             f"(as many as the split holds)")
+    else:
+        size = min(size, n)
+        batches = min(_AUTO_CALIB_BATCHES, n // size)
+    if batches * size < _CALIB_WARN_BELOW:
+        print(f"warning: compress calibrates int8 on {batches * size} samples (the train split has {n}); fewer than "
+              f"{_CALIB_WARN_BELOW} may set poor ranges", file=sys.stderr)
+    pick = np.random.default_rng(ccfg.calib_seed).permutation(n)[:batches * size]
+    return {k: np.ascontiguousarray(a.reshape(batches, size, *a.shape[1:]))
             for k, a in prep(ds.train, np.sort(pick)).items()}
 
 
@@ -659,8 +680,9 @@ def _metrics(variants: dict[str, dict[str, Any]], parity: dict[str, Any], ccfg: 
     for a in calib.values():  # in the interface's order: for one input, the sha256 of its batches
         digest.update(a.tobytes())
     op_types, rule = quantize.ort_op_types(desc)
-    calibration = {"split": "train", "batches": ccfg.calib_batches, "batch_size": ccfg.calib_batch_size,
-                   "seed": ccfg.calib_seed, "paddleslim_algo": ccfg.algo, "paddleslim_onnx_format": True,
+    batches, size = next(iter(calib.values())).shape[:2]  # what was drawn (compress.calib_batches 0: up to 10)
+    calibration = {"split": "train", "batches": int(batches), "batch_size": int(size), "samples": int(batches * size),
+                   "thin": bool(batches * size < _CALIB_WARN_BELOW), "seed": ccfg.calib_seed, "paddleslim_algo": ccfg.algo, "paddleslim_onnx_format": True,
                    "paddleslim_op_types": list(quantize.QUANT_OPS), "onnxruntime_method": method,
                    "onnxruntime_options": extra, "onnxruntime_op_types": op_types or "default",
                    "onnxruntime_op_types_rule": rule, "dtype": "/".join(a.dtype.name for a in calib.values()),

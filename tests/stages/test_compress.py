@@ -109,7 +109,7 @@ def test_file_set_and_manifest(compressed):
     assert m["stage"] == "compress" and m["format"] == "variants"
     assert set(m["files"]) == EXPECTED_FILES - {"manifest.json"}
     assert m["config"]["compress"] == {
-        "int8": True, "backend": "both", "algo": "avg", "calib_batches": 10, "calib_batch_size": 32,
+        "int8": True, "backend": "both", "algo": "avg", "calib_batches": 0, "calib_batch_size": 32,
         "calib_seed": 0, "max_drop": 1.0, "min_agreement": 0.99, "min_sqnr_db": 20.0, "reduce_range": True, "openvino": True, "latency_runs": 200,
         "throughput_runs": 30, "distill": False, "student": "", "baseline": False}
     exp = _manifest(run / "export")
@@ -140,6 +140,7 @@ def test_file_set_and_manifest(compressed):
     assert (variants["openvino-fp32"]["source"], variants["openvino-int8"]["files"]) == ("export", ["int8-onnx/model.onnx"])
     calib = m["metrics"]["calibration"]
     assert (calib["split"], calib["batches"], calib["batch_size"], calib["paddleslim_algo"]) == ("train", 10, 32, "avg")
+    assert (calib["samples"], calib["thin"]) == (320, False)  # the default takes up to 10 batches
 
 
 def test_numbers_present_and_int8_drop_within_one_point(compressed):
@@ -391,7 +392,8 @@ def test_wrong_input_exits_2_naming_the_file(exported, tmp_path, cli, target, ex
     (["--int8", "--max-drop", "-1"], "--max-drop: must be >= 0, got -1.0"),
     (["--int8", "--backend", "tensorrt"], "--backend: must be one of paddle, onnxruntime, both, got 'tensorrt'"),
     (["--int8", "--algo", "max"], "--algo: must be one of avg, KL, hist, mse, got 'max'"),
-    (["--int8", "--calib-batches", "1000"], "calib_batch_size = 32000 samples, but the train split has"),
+    (["--int8", "--calib-batches", "1000"], "--calib-batches 1000 (compress.calib_batches) x compress.calib_batch_size "
+                                            "32 = 32000 samples, but the train split has"),
 ])
 def test_bad_flags_exit_2(exported, tmp_path, cli, args, expect):
     run = tmp_path / "run"
@@ -449,3 +451,32 @@ def test_distill_then_int8_quantizes_the_student(exported, tmp_path, cli):
 def test_distill_needs_a_student(exported, cli):
     code, _, err = cli("compress", exported / "export", "--distill")
     assert code == 2 and "--student" in err
+
+
+def _small_split(tmp_path: Path, n: int):
+    """The first `n` digits as a user's own .npz (15% val and test carved out), loaded and prepared as compress does."""
+    from pipeline import config as config_mod, data as data_mod, iospec
+    from stages import compress as stage
+
+    z = np.load(REPO / "pipeline/assets/digits.npz")
+    np.savez(tmp_path / "small.npz", x=z["x"][:n], y=z["y"][:n])
+    ds = data_mod.load(config_mod.load(None, [f"data.source={tmp_path / 'small.npz'}"]).data)
+    desc = iospec.IO(ds.inputs(), (iospec.Tensor("logits", "float32", (-1, 10), role="logits"),))
+    return ds, stage._preparer(ds, {"desc": desc, "pre": ds.preprocessing})
+
+
+@pytest.mark.parametrize("n, batches, thin", [(300, 6, False), (60, 1, True)])
+def test_calibration_takes_what_a_small_train_split_has(tmp_path, capsys, n, batches, thin):
+    """By default compress calibrates on up to 10 whole batches, fewer for a small train split, all of it when
+    it is smaller than one batch; under 100 samples it warns and goes on. Today's main refused 300 samples."""
+    from pipeline import config as config_mod
+    from stages import compress as stage
+
+    ds, prep = _small_split(tmp_path, n)
+    (x,) = stage._calibration_batches(ds, prep, config_mod.CompressConfig(int8=True)).values()
+    assert x.shape[:2] == (batches, 32) and len(ds.train) // 32 == batches
+    assert ("fewer than 100 may set poor ranges" in capsys.readouterr().err) == thin
+    (x,) = stage._calibration_batches(ds, prep, config_mod.CompressConfig(int8=True, calib_batch_size=512)).values()
+    assert x.shape[:2] == (1, len(ds.train))  # one batch of the whole split
+    with pytest.raises(Exception, match=r"--calib-batches 11 .* but the train split has"):
+        stage._calibration_batches(ds, prep, config_mod.CompressConfig(int8=True, calib_batches=11))
