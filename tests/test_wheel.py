@@ -74,7 +74,7 @@ def wheel(tmp_path_factory) -> Path:
             shutil.copy2(REPO / name, src / name)
     _ok(_run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-q", "-w", root / "dist", src],
              cwd=root))
-    (whl,) = (root / "dist").glob("pipe-*.whl")
+    (whl,) = (root / "dist").glob("paddle_pipe-*.whl")
     yield whl
     shutil.rmtree(root)
 
@@ -106,6 +106,21 @@ def test_the_wheel_holds_every_module_and_data_file(wheel):
     assert {"pipeline/__init__.py", "pipeline/engines/__init__.py", "stages/__init__.py"} <= set(packages)
     assert "pipeline/assets/digits.npz" in files
     assert [f for f in files if f not in names] == []
+
+
+def test_the_distribution_is_paddle_pipe_and_leaves_pipe_alone(wheel):
+    """`pipe` on PyPI is another library (pipe 2.2: one module, pipe.py, in a distribution named pipe): ours is
+    paddle-pipe, whose top-level names (pipeline/, stages/, its dist-info) none of its files share, and which
+    gives the command `pipe`."""
+    z = zipfile.ZipFile(wheel)
+    meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+    fields = dict(line.split(": ", 1) for line in z.read(meta).decode().splitlines() if ": " in line)
+    assert fields["Name"] == "paddle-pipe"
+    tops = {n.split("/", 1)[0] for n in z.namelist()}
+    assert tops == {"pipeline", "stages", f"paddle_pipe-{fields['Version']}.dist-info"}
+    assert not tops & {"pipe.py", "pipe", "pipe-2.2.dist-info"}
+    entry = z.read(meta.replace("METADATA", "entry_points.txt")).decode()
+    assert "pipe = pipeline.cli:main" in entry
 
 
 def test_the_installed_wheel_imports_from_its_own_venv(installed, tmp_path):
