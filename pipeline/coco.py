@@ -40,7 +40,23 @@ _GEN_VERSION = 1
 _CACHE_VERSION = 1
 _TOL = 1e-3  # px a box may stick out of its image (float round-off in exporters)
 _MODES = ("1", "L", "LA", "P", "RGB", "RGBA")
-_LAYOUT = "a COCO folder: annotations/instances_{train,val,test}.json and images/"
+# The folder layouts people have, each split's (annotation file, image folder) relative to data.source; the
+# first whose train annotation file exists is read. Val/test are optional (carved out of train when absent).
+LAYOUTS = (
+    ("annotations/instances_{train,val,test}.json + images/",
+     {"train": ("annotations/instances_train.json", "images"), "val": ("annotations/instances_val.json", "images"),
+      "test": ("annotations/instances_test.json", "images")}),
+    ("COCO 2017: annotations/instances_{train,val}2017.json + train2017/, val2017/",
+     {"train": ("annotations/instances_train2017.json", "train2017"),
+      "val": ("annotations/instances_val2017.json", "val2017"),
+      "test": ("annotations/instances_test2017.json", "test2017")}),
+    ("Roboflow: {train,valid,test}/_annotations.coco.json beside the images",
+     {"train": ("train/_annotations.coco.json", "train"), "val": ("valid/_annotations.coco.json", "valid"),
+      "test": ("test/_annotations.coco.json", "test")}),
+    ("a json beside each split folder: {train,val,test}.json + {train,val,test}/",
+     {"train": ("train.json", "train"), "val": ("val.json", "val"), "test": ("test.json", "test")}),
+)
+_LAYOUT = "a COCO folder: " + "; or ".join(name for name, _ in LAYOUTS) + "; or data.coco_{train,val,test}_json/_images"
 
 
 @dataclass(frozen=True)
@@ -210,12 +226,34 @@ class _Image:
     height: int
     split: int
     source: Path  # its annotation file
+    dir: Path  # the folder its file_name is relative to
     first_ann: int | None = None
     boxes: list[tuple[float, float, float, float, int]] = field(default_factory=list)  # x, y, w, h, category id
 
 
-def read(root: Path, image_size: int, cache_dir: Path | None = None) -> CocoData:
-    """Validate and decode the COCO folder at root; images resized to image_size (0: keep, all must match).
+def layout(root: Path, explicit: dict[str, tuple[str, str]] | None = None) -> dict[str, tuple[Path, Path]]:
+    """split -> (annotation file, image folder) of the COCO folder at root: the first of `LAYOUTS` whose train
+    annotation file exists, or `explicit` paths (data.coco_*: relative to root, or absolute); only splits whose
+    annotation file exists, train always."""
+    root = Path(root)
+    if explicit and explicit.get("train", ("", ""))[0]:
+        found = {s: (root / a, root / (i or ".")) for s, (a, i) in explicit.items() if a}
+        if not found["train"][0].is_file():
+            raise InputError(f"data.coco_train_json {found['train'][0]}: no such file")
+        missing = next((s for s, (a, _) in found.items() if not a.is_file()), None)
+        if missing:
+            raise InputError(f"data.coco_{missing}_json {found[missing][0]}: no such file")
+        return found
+    for _, splits in LAYOUTS:
+        if (root / splits["train"][0]).is_file():
+            return {s: (root / a, root / i) for s, (a, i) in splits.items() if (root / a).is_file()}
+    raise InputError(f"data.source {root}: no COCO train annotations found; looked for {_LAYOUT}")
+
+
+def read(root: Path, image_size: int, cache_dir: Path | None = None,
+         explicit: dict[str, tuple[str, str]] | None = None) -> CocoData:
+    """Validate and decode the COCO folder at root (`layout`); images resized to image_size (0: keep, all
+    must match).
 
     Decoded images are cached in `cache_dir/coco-<key>.npy` (key: the json and image bytes, image_size);
     None decodes without caching. Nothing is written when the folder is invalid.
@@ -223,32 +261,32 @@ def read(root: Path, image_size: int, cache_dir: Path | None = None) -> CocoData
     root = Path(root)
     if not _is_int(image_size) or image_size < 0:
         raise InputError(f"data.image_size: must be an integer >= 0, got {image_size!r}")
-    train = root / "annotations" / "instances_train.json"
-    if not train.is_file():
-        raise InputError(f"data.source {root}: no annotations/instances_train.json ({_LAYOUT})")
+    found = layout(root, explicit)
+    train = found["train"][0]
     raws: list[tuple[str, bytes]] = []
     images: list[_Image] = []
     cats: list[tuple[int, str]] = []
-    owner: dict[str, _Image] = {}
+    owner: dict[Path, _Image] = {}
     for k, name in enumerate(_SPLITS):
-        path = root / "annotations" / f"instances_{name}.json"
-        if k and not path.exists():
+        if name not in found:
             continue
+        path, folder = found[name]
         try:
             raw = path.read_bytes()
         except OSError as e:
             raise InputError(f"data.source {path}: cannot read ({e.strerror})") from None
-        file_cats, file_images = _parse(path, raw, k)
+        file_cats, file_images = _parse(path, raw, k, folder)
         if k and file_cats != cats:
             raise InputError(f"data.source {path}: categories ({_cat_list(file_cats)}) differ from "
                              f"{train}'s ({_cat_list(cats)})")
         cats = file_cats
         for im in file_images:
-            if im.file in owner:
-                other = owner[im.file]
+            key = (im.dir / im.file).resolve()
+            if key in owner:
+                other = owner[key]
                 raise _image_error(im, f"is also image {other.id} of {other.source.name} (an image is in one split)")
-            owner[im.file] = im
-        raws.append((path.name, raw))
+            owner[key] = im
+        raws.append((path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path), raw))
         images += file_images
     if not images:
         raise InputError(f"data.source {train}: no images")
@@ -256,8 +294,8 @@ def read(root: Path, image_size: int, cache_dir: Path | None = None) -> CocoData
         shapes = {(im.width, im.height): im for im in images}
         if len(shapes) > 1:
             a, b = list(shapes.values())[:2]
-            raise InputError(f"data.source {root}: images differ in size (images/{a.file} is {a.width}x{a.height}, "
-                             f"images/{b.file} is {b.width}x{b.height}); set data.image_size to resize them")
+            raise InputError(f"data.source {root}: images differ in size ({a.dir.name}/{a.file} is {a.width}x{a.height}, "
+                             f"{b.dir.name}/{b.file} is {b.width}x{b.height}); set data.image_size to resize them")
     pixels = _pixels(root, images, image_size, raws, cache_dir)
     return CocoData(images=pixels, boxes=_boxes(images, [c for c, _ in cats], image_size),
                     split=np.array([im.split for im in images], np.uint8),
@@ -285,7 +323,7 @@ def _boxes(images: list[_Image], cat_ids: list[int], size: int) -> np.ndarray:
 # ---------------------------------------------------------------- json validation
 
 
-def _parse(path: Path, raw: bytes, split: int) -> tuple[list[tuple[int, str]], list[_Image]]:
+def _parse(path: Path, raw: bytes, split: int, folder: Path) -> tuple[list[tuple[int, str]], list[_Image]]:
     """The categories [(id, name)] in id order and the images, with their boxes, of one split file."""
     where = f"data.source {path}"
     try:
@@ -324,11 +362,11 @@ def _parse(path: Path, raw: bytes, split: int) -> tuple[list[tuple[int, str]], l
                 raise InputError(f'{where}: {tag}: "{key}" must be a positive integer, got {_show(e[key])}')
         name = e["file_name"]
         if not _safe_name(name):
-            raise InputError(f'{where}: {tag}: "file_name" {_show(name)} must be a relative path inside images/')
+            raise InputError(f'{where}: {tag}: "file_name" {_show(name)} must be a relative path inside {folder.name}/')
         if name in names:
-            raise InputError(f"{where}: {tag}: images/{name} is also image {names[name]}")
+            raise InputError(f"{where}: {tag}: {folder.name}/{name} is also image {names[name]}")
         names[name] = e["id"]
-        by_id[e["id"]] = _Image(e["id"], name, e["width"], e["height"], split, path)
+        by_id[e["id"]] = _Image(e["id"], name, e["width"], e["height"], split, path, folder)
     ann_ids: set[int] = set()
     known = ", ".join(str(c) for c in sorted(cats))
     for i, a in enumerate(doc["annotations"]):
@@ -401,7 +439,7 @@ def _cat_list(cats: list[tuple[int, str]]) -> str:
 
 def _image_error(im: _Image, what: str) -> InputError:
     ann = f" (annotation {im.first_ann})" if im.first_ann is not None else ""
-    return InputError(f"data.source {im.source}: image {im.id}{ann}: images/{im.file} {what}")
+    return InputError(f"data.source {im.source}: image {im.id}{ann}: {im.dir.name}/{im.file} {what}")
 
 
 # ---------------------------------------------------------------- pixels and cache
@@ -414,7 +452,7 @@ def _pixels(root: Path, images: list[_Image], size: int, raws: list[tuple[str, b
     for name, raw in raws:
         h.update(name.encode() + b"\0" + hashlib.sha256(raw).digest())
     for im in images:
-        path = root / "images" / im.file
+        path = im.dir / im.file
         if not path.is_file():
             raise _image_error(im, "is missing")
         try:
@@ -428,18 +466,18 @@ def _pixels(root: Path, images: list[_Image], size: int, raws: list[tuple[str, b
         if cached.shape == shape and cached.dtype == np.uint8:
             return cached
     for im in images:  # headers only: every remaining check before anything is written
-        _check_header(root / "images" / im.file, im)
+        _check_header(im.dir / im.file, im)
     if final is None:
         out = np.empty(shape, np.uint8)
         for i, im in enumerate(images):
-            out[i] = _decode(root / "images" / im.file, im, size)
+            out[i] = _decode(im.dir / im.file, im, size)
         return out
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f"{final.stem}.tmp-{os.getpid()}.npy"
     try:
         arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=shape)
         for i, im in enumerate(images):
-            arr[i] = _decode(root / "images" / im.file, im, size)
+            arr[i] = _decode(im.dir / im.file, im, size)
         arr.flush()
         del arr
         os.replace(tmp, final)

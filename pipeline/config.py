@@ -40,6 +40,13 @@ class DataConfig:
     persistent_workers: bool = _opt(False, "keep DataLoader workers alive across epochs")
     cache_dir: str = _opt("", "where decoded ImageFolder caches live; '' = $PIPE_CACHE_DIR or ~/.cache/pipe")
     shapes_images: int = _opt(2000, "shapes: training images generated (val and test: 15% as many each)", min=10)
+    coco_train_json: str = _opt("", "detection: the train split's COCO annotation file, relative to data.source (or "
+                                    "absolute), when the folder is in none of the layouts pipe knows; '' = find it")
+    coco_train_images: str = _opt("", "detection: the folder data.coco_train_json's file_names are relative to")
+    coco_val_json: str = _opt("", "detection: the val split's COCO annotation file ('' = carved out of train)")
+    coco_val_images: str = _opt("", "detection: the folder data.coco_val_json's file_names are relative to")
+    coco_test_json: str = _opt("", "detection: the test split's COCO annotation file ('' = carved out of train)")
+    coco_test_images: str = _opt("", "detection: the folder data.coco_test_json's file_names are relative to")
     ocr_lines: int = _opt(1000, "ocr_lines (ocr_rec's built-in data): text lines generated for train (val and test: "
                                 "15% as many each)", min=10)
     max_len: int = _opt(160, "text: characters kept per text (longer ones are truncated, shorter padded)", min=1)

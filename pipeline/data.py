@@ -183,7 +183,9 @@ def draw(ds: Dataset, n: int, seed: int) -> list[tuple[Split, np.ndarray]]:
     return out
 
 
-def load(cfg: DataConfig) -> Dataset:
+def load(cfg: DataConfig, targets: str | None = None) -> Dataset:
+    """The data `cfg` names. `targets`: what the task learns from ("boxes" for detection: a folder is then
+    always read as COCO, whose error names the layouts looked for, never as class folders)."""
     src = cfg.source
     if src == "digits":
         with np.load(ASSETS / "digits.npz") as z:
@@ -209,7 +211,7 @@ def load(cfg: DataConfig) -> Dataset:
         return _from_npz(path, cfg)
     if path.suffix in (".tsv", ".csv", ".jsonl"):
         return _from_text_file(path, cfg)
-    if path.is_dir() and (path / "annotations").is_dir():
+    if path.is_dir() and (targets == "boxes" or _coco_layout(path, cfg)):  # the task decides; else the folder
         return _from_coco(path, cfg)
     if path.is_dir():
         return _from_image_folder(path, cfg)
@@ -588,7 +590,7 @@ def _from_coco(root: Path, cfg: DataConfig) -> Dataset:
     a split without its annotation file is carved out of train by a seeded shuffle (data.split_seed)."""
     from pipeline import coco
 
-    d = coco.read(root, cfg.image_size, _cache_root(cfg))
+    d = coco.read(root, cfg.image_size, _cache_root(cfg), _coco_paths(cfg))
     split = d.split.astype(np.int64)
     missing_val, missing_test = not (split == 1).any(), not (split == 2).any()
     if missing_val or missing_test:
@@ -603,6 +605,20 @@ def _from_coco(root: Path, cfg: DataConfig) -> Dataset:
         split[tr[nv:nv + nt]] = 2
     ds = _assemble({"image": d.images}, d.boxes, split, d.labels, str(root))
     return dataclasses.replace(ds, targets="boxes", sizes=d.sizes)
+
+
+def _coco_paths(cfg: DataConfig) -> dict[str, tuple[str, str]]:
+    """data.coco_{train,val,test}_json / _images: explicit paths, relative to data.source."""
+    return {s: (getattr(cfg, f"coco_{s}_json"), getattr(cfg, f"coco_{s}_images")) for s in _SPLIT_DIRS}
+
+
+def _coco_layout(root: Path, cfg: DataConfig) -> bool:
+    """Whether root is a COCO folder in one of the layouts pipeline/coco.py knows (or given explicitly)."""
+    from pipeline import coco
+
+    if cfg.coco_train_json:
+        return True
+    return any((root / splits["train"][0]).is_file() for _, splits in coco.LAYOUTS)
 
 
 def _build_cache(files: list[tuple[Path, int, int]], size: int, channels: int, xpath: Path, mpath: Path) -> None:

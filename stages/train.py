@@ -414,7 +414,7 @@ class _Trainer:
         t = cfg.train
         init = weights.source(cfg.model.init) if cfg.model.init else None  # a bad path fails before any work
         self.task = tasks.get(cfg.model.task)
-        self.data = data_mod.load(cfg.data)
+        self.data = data_mod.load(cfg.data, getattr(self.task, "data", None))
         tasks.check_data(self.task, self.data.targets, cfg.data.source)
         self.num_classes = len(self.data.labels)
         if cfg.distill.teacher and not getattr(self.task, "logits", False):
