@@ -270,3 +270,9 @@ def test_params_walk_reads_every_pretrained_export(ppocr):
         paddle_program.check_params(prog, io_)
         counts[role] = len(io_.params)
     assert counts == {"rec": 234, "det": 234, "cls": 213}
+
+
+def test_inspect_shows_the_imported_model(imported, cli):
+    code, out, err = cli("inspect", imported)
+    assert code == 0, err
+    assert "input  x: float32 [-1, 3, 48, -1]" in out and "labels 6623" in out
