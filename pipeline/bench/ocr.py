@@ -1,0 +1,134 @@
+"""OCR text recognition rows: the real PP-OCRv4 recognizer imported (`pipe import`), then each fp32 engine on
+the same generated lines against RapidOCR's own recognizer (rapidocr-onnxruntime 1.4.4: the same weights
+converted to ONNX, on onnxruntime, in-process), side by side in this one run.
+
+Per engine: line accuracy and 1 - normalised edit distance (the task's metric, spaces ignored as PaddleOCR's
+RecMetric), and ms per line with every line alone (batch 1) and in the task's width-bucketed batches of 8,
+timing the whole path (pre-processing, the engine, decode) as RapidOCR's figure includes its own.
+RapidOCR runs its own pre-processing, batching (sorted by aspect ratio, its rec_batch_num of 6, width at
+least 320) and decode on PNGs of the same lines, in its own venv (.venv/rapidocr, made by `make bench`).
+These are engine-alone figures, not served ones: pipe does not serve ocr_rec packages yet.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline import artifacts, config as config_mod, engines as engines_mod, iospec, pretrained, runtime
+from pipeline.tasks import ocr_rec
+
+Row = tuple[str, str, str, str]
+_PEER = Path(__file__).resolve().parents[2] / ".venv" / "rapidocr" / "bin" / "python"
+_BATCH = 8
+
+
+def rows(quick: bool) -> list[Row]:
+    test_lines = 150 if quick else 1000
+    with tempfile.TemporaryDirectory(prefix="pipe-bench-ocr-") as tmp:
+        out = Path(tmp) / "export"
+        root = pretrained.ppocr()
+        cmd = [sys.executable, "-m", "pipeline.cli", "import", str(root / pretrained.MODELS["rec"]), "--task", "ocr_rec",
+               "--keys", str(root / pretrained.KEYS), "--out", str(out),
+               "--set", f"data.ocr_lines={int(test_lines / 0.15) + 1}"]
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        seconds = time.perf_counter() - t0
+        if r.returncode != 0:
+            return [("`pipe import` PP-OCRv4 rec", f"failed ({r.returncode}): {r.stderr.strip()[-200:]}", "", "**failed**")]
+        m = artifacts.verify(out, ("export",)).manifest
+        rows_: list[Row] = [(f"`pipe import` PP-OCRv4 rec (convert to PIR and ONNX, parity, measure on "
+                             f"{m['metrics']['samples']['val'] + m['metrics']['samples']['test']} lines), wall time",
+                             f"{seconds:.0f} s", "", "")]
+        measured = measure(out, m)
+        rows_ += [(f"PP-OCRv4 rec, {name}, {measured['lines']} generated test lines",
+                   f"line accuracy {v['acc']:.1%}, 1 - NED {v['norm_edit_dis']:.4f}, "
+                   f"{v['ms_bs1']:.1f} ms/line alone, {v['ms_bs8']:.1f} ms/line in batches of {_BATCH}",
+                   "", "") for name, v in measured["engines"].items()]
+        peer = measured.get("rapidocr")
+        if peer is None:
+            rows_.append(("RapidOCR rec (rapidocr-onnxruntime 1.4.4)", measured.get("rapidocr_error", "not run"), "", ""))
+            return rows_
+        rows_.append((f"RapidOCR rec (rapidocr-onnxruntime 1.4.4, same weights as ONNX, its own batches of "
+                      f"{peer['rec_batch_num']})",
+                      f"line accuracy {peer['acc']:.1%}, 1 - NED {peer['norm_edit_dis']:.4f}, {peer['ms_bs1']:.1f} "
+                      f"ms/line alone, {peer['ms_batch']:.1f} ms/line batched", "", ""))
+        best = min(measured["engines"].items(), key=lambda kv: kv[1]["ms_bs8"])
+        ratio = min(peer["ms_batch"], peer["ms_bs1"]) / best[1]["ms_bs8"]
+        same = abs(best[1]["acc"] - peer["acc"]) * 100 <= 1.0
+        rows_.append((f"pipe's fastest engine ({best[0]}, batches of {_BATCH}) vs RapidOCR's recognizer (the faster "
+                      f"of its two modes), lines/s, engine alone, same lines",
+                      f"{ratio:.2f}x (accuracy {best[1]['acc']:.1%} vs {peer['acc']:.1%})", ">= 1.0x at equal accuracy",
+                      "met" if ratio >= 1.0 and same else "**missed**"))
+    return rows_
+
+
+def measure(export_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Every fp32 engine on the import artifact's test lines, then RapidOCR's recognizer on the same lines."""
+    info = ocr_rec.info_of(manifest["interface"])
+    data = ocr_rec.load_data(config_mod.from_dict(manifest["config"]).data, info)
+    desc = iospec.IO.from_interface(manifest["interface"])
+    threads = runtime.threads_per_process(1)
+    runtime.import_paddle(threads)
+    files = {"paddle_inference (PIR program)": ("paddle_inference", ["model.json", "model.pdiparams"]),
+             "onnxruntime (model.onnx)": ("onnxruntime", ["model.onnx"]),
+             "openvino (legacy program)": ("openvino", ["legacy/model.pdmodel", "legacy/model.pdiparams"]),
+             "openvino (model.onnx)": ("openvino", ["model.onnx"])}
+    out: dict[str, Any] = {"lines": len(data.test), "engines": {}}
+    for name, (engine, rel) in files.items():
+        eng = engines_mod.ENGINES[engine].load([export_dir / f for f in rel], threads=threads)
+        on = engines_mod.names(eng, desc, name)
+        x, probs = desc.inputs[0], desc.outputs[0]
+
+        def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            return {probs.public: eng.run({on[x.name]: feeds[x.public]})[on[probs.name]]}
+
+        for size in (_BATCH, 1):  # warm-up: every width once (Paddle with oneDNN is slow at a width's first sight)
+            _timed(run, ocr_rec.batches(data.test, info, size), len(data.test), info)
+        answers, t_batch = _timed(run, ocr_rec.batches(data.test, info, _BATCH), len(data.test), info)
+        _, t_single = _timed(run, ocr_rec.batches(data.test, info, 1), len(data.test), info)
+        out["engines"][name] = {**ocr_rec.score(answers, data.test, info),
+                                "ms_bs1": t_single * 1e3 / len(data.test), "ms_bs8": t_batch * 1e3 / len(data.test)}
+    if not _PEER.is_file():
+        out["rapidocr_error"] = f"not run: {_PEER} missing (make bench creates it)"
+        return out
+    with tempfile.TemporaryDirectory(prefix="pipe-bench-rapidocr-") as tmp:
+        paths = ocr_rec.write_pngs(data.test, Path(tmp))
+        (Path(tmp) / "list.json").write_text(json.dumps({"images": [str(p) for p in paths]}))
+        r = subprocess.run([str(_PEER), str(Path(__file__).with_name("rapidocr_peer.py")), str(Path(tmp) / "list.json")],
+                           capture_output=True, text=True, timeout=3600)
+    if r.returncode != 0:
+        out["rapidocr_error"] = f"failed ({r.returncode}): {r.stderr.strip()[-200:]}"
+        return out
+    peer = json.loads(r.stdout.strip().splitlines()[-1])
+    answers = list(zip(peer["texts"], peer["scores"]))
+    out["rapidocr"] = {**ocr_rec.score(answers, data.test, info), "rec_batch_num": peer["rec_batch_num"],
+                       "ms_bs1": peer["single_s"] * 1e3 / len(data.test),
+                       "ms_batch": peer["batch_s"] * 1e3 / len(data.test)}
+    return out
+
+
+def _timed(run: Any, batches: Any, n: int, info: Any) -> tuple[list[Any], float]:
+    """Answers in the split's order and the wall time of the whole path (pre-processing, batching, the
+    engine, decode), as RapidOCR's figure includes its own."""
+    answers: list[Any] = [None] * n
+    t0 = time.perf_counter()
+    for pos, feeds in batches:
+        for p, a in zip(pos, ocr_rec.decode(run(feeds), info)):
+            answers[p] = a
+    return answers, time.perf_counter() - t0
+
+
+if __name__ == "__main__":  # the OCR rows alone: python -m pipeline.bench.ocr [--quick] bench/OCR.md
+    from pipeline import bench
+
+    quick = "--quick" in sys.argv
+    out = Path(next((a for a in sys.argv[1:] if not a.startswith("--")), "bench/OCR.md"))
+    bench._write(out, rows(quick), quick)
