@@ -381,10 +381,11 @@ def _variant_rows(stages: dict[str, Stage], task: Task) -> tuple[list[tuple[str,
                      f"{cm.get('max_drop', _NA)} points (100 x its {worse}); the "
                      f"best int8 variant, {cm.get('best_int8') or _NA}, is {_num(cm.get('int8_drop_points'), '.3f')} "
                      "points worse than fp32.")
-    calib = cm.get("calibration") or {}
-    if "samples" in calib:
-        notes.append(f"int8 was calibrated on {calib['samples']} train samples ({calib['batches']} batches of "
-                     f"{calib['batch_size']}){': fewer than 100, so its ranges may be poor' if calib.get('thin') else ''}.")
+    samples, batches, size = (_get(cm, "calibration", k) for k in ("samples", "batches", "batch_size"))
+    if samples is not None:
+        thin = _get(cm, "calibration", "thin") is True
+        notes.append(f"int8 was calibrated on {_num(samples, ',')} train samples ({_num(batches, ',')} batches of "
+                     f"{_num(size, ',')}){': fewer than 100, so its ranges may be poor' if thin else ''}.")
     notes.append(f"Measured by compress on {_get(comp.manifest, 'metrics', 'test_samples', default=_NA)} test "
                  f"samples with {_get(comp.manifest, 'metrics', 'threads', default=_NA)} threads: "
                  f"{timing.get('latency_runs', _NA)} timed batch-1 runs and {timing.get('throughput_runs', _NA)} "

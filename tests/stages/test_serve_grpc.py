@@ -13,6 +13,7 @@ of every protocol, the same over HTTP and gRPC. The port flags fail in one line,
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -292,8 +293,12 @@ def test_settle_freezes_start_up_and_pauses_are_timed():
 
 def test_grpc_port_flags_fail_in_one_line(run, tmp_path):
     def serve(*flags: str) -> subprocess.CompletedProcess:
+        # posix_spawn (close_fds=False, no cwd), not fork: this process holds tritonclient.grpc's poller, and a
+        # forked child runs grpc's at-fork handler before exec, which could print its own "epoll_wait error:
+        # Bad file descriptor" line into the child's stderr (a fresh clone's make test: 888 passed, this failed)
         return subprocess.run([sys.executable, "-m", "pipeline.cli", "serve", str(run / "package"), *flags],
-                              capture_output=True, text=True, cwd=REPO, timeout=120)
+                              capture_output=True, text=True, close_fds=False, timeout=120,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
 
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
