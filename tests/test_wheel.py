@@ -141,3 +141,46 @@ def test_the_installed_pipe_all_runs_every_stage_on_digits(installed, tmp_path):
     _ok(_run([venv / "bin" / "pipe", "all", "--config", config, "--run", run, *FAST], cwd=tmp_path, env=env))
     for stage in STAGES:
         assert json.loads((run / stage / "manifest.json").read_text())["stage"] == stage
+
+
+def _pipe_22_stand_in(root: Path) -> Path:
+    """A wheel with the file names of PyPI's pipe 2.2 (`pip download --no-deps pipe==2.2`: pipe.py and
+    pipe-2.2.dist-info/ with LICENSE, METADATA, WHEEL, top_level.txt, RECORD), made here: no registry in tests."""
+    import base64
+    import hashlib
+
+    files = {
+        "pipe.py": '"""Stand-in for pipe 2.2 (sh-like infix syntax), made by tests/test_wheel.py."""\nSTAND_IN = True\n',
+        "pipe-2.2.dist-info/LICENSE": "MIT\n",
+        "pipe-2.2.dist-info/METADATA": "Metadata-Version: 2.1\nName: pipe\nVersion: 2.2\n",
+        "pipe-2.2.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        "pipe-2.2.dist-info/top_level.txt": "pipe\n",
+    }
+    record = ""
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record += f"{name},sha256={digest},{len(text.encode())}\n"
+    whl = root / "pipe-2.2-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+        z.writestr("pipe-2.2.dist-info/RECORD", record + "pipe-2.2.dist-info/RECORD,,\n")
+    return whl
+
+
+def test_pipe_22_installs_beside_the_wheel_and_replaces_nothing(wheel, installed, tmp_path):
+    """Under the distribution name `pipe`, pip took PyPI's pipe 2.2 for an upgrade of ours: it uninstalled
+    pipeline/, stages/ and the command. As paddle-pipe, both stay: `pipe` the command is ours, `import pipe`
+    is theirs. Last in this file: it adds a package to the shared venv."""
+    venv, env = installed
+    py = venv / "bin" / "python"
+    _ok(_run([sys.executable, "-m", "pip", "--python", py, "install", "--no-deps", "--no-index", "--no-cache-dir",
+              "-q", _pipe_22_stand_in(tmp_path)], cwd=tmp_path))
+    site = Path(_ok(_run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp_path,
+                         env=env)).strip())
+    ours = "-".join(wheel.name.split("-")[:2]) + ".dist-info"  # paddle_pipe-0.1.0.dist-info
+    assert {"pipe.py", "pipe-2.2.dist-info", ours, *TOPS} <= {p.name for p in site.iterdir()}
+    code = "import pipe, pipeline, stages; print(pipe.STAND_IN, pipe.__file__, pipeline.__file__, stages.__file__)"
+    out = _ok(_run([py, "-c", code], cwd=tmp_path, env=env)).split()
+    assert out[0] == "True" and all(Path(f).is_relative_to(site) for f in out[1:]), out
+    assert "Usage: pipe" in _ok(_run([venv / "bin" / "pipe", "--help"], cwd=tmp_path, env=env))
