@@ -1,10 +1,14 @@
 """Object-detection data in COCO format: a seeded "shapes" generator and a strict reader.
 
-Layout (both directions):
+Layout written by `generate` (and read):
     <root>/annotations/instances_train.json   required
     <root>/annotations/instances_val.json     optional
     <root>/annotations/instances_test.json    optional
     <root>/images/<file_name>                 each image's "file_name" is relative to images/
+
+`read` also takes the other layouts people have (`LAYOUTS`: COCO 2017, Roboflow's export, a json beside each
+split folder) or explicit paths per split (data.coco_{train,val,test}_json and _images); a split whose
+annotation file is absent is carved out of train by pipeline/data.py.
 
 Each json is standard COCO: `images` [{id, file_name, width, height}], `annotations` [{id, image_id,
 category_id, bbox [x, y, w, h] in pixels from the top-left, area, iscrowd}], `categories` [{id, name}].
@@ -233,21 +237,44 @@ class _Image:
 
 def layout(root: Path, explicit: dict[str, tuple[str, str]] | None = None) -> dict[str, tuple[Path, Path]]:
     """split -> (annotation file, image folder) of the COCO folder at root: the first of `LAYOUTS` whose train
-    annotation file exists, or `explicit` paths (data.coco_*: relative to root, or absolute); only splits whose
-    annotation file exists, train always."""
+    annotation file exists, or `explicit` paths (data.coco_*: relative to root, or absolute; a split given needs
+    its annotation file, and train is always given); only splits whose annotation file exists, train always.
+    Each image folder must exist."""
     root = Path(root)
-    if explicit and explicit.get("train", ("", ""))[0]:
-        found = {s: (root / a, root / (i or ".")) for s, (a, i) in explicit.items() if a}
-        if not found["train"][0].is_file():
-            raise InputError(f"data.coco_train_json {found['train'][0]}: no such file")
-        missing = next((s for s, (a, _) in found.items() if not a.is_file()), None)
-        if missing:
-            raise InputError(f"data.coco_{missing}_json {found[missing][0]}: no such file")
+    given = {s: (a, i) for s, (a, i) in (explicit or {}).items() if a or i}
+    if given:
+        for s, (a, i) in given.items():  # a half-given split would be ignored silently: refuse it
+            if not a:
+                raise InputError(f"data.coco_{s}_images {i}: needs data.coco_{s}_json (the annotation file of the "
+                                 "images in that folder)")
+        if "train" not in given:
+            s = next(iter(given))
+            raise InputError(f"data.coco_{s}_json {given[s][0]}: needs data.coco_train_json too (explicit paths "
+                             "name the train split's annotation file)")
+        found = {s: (root / a, root / (i or ".")) for s, (a, i) in given.items()}
+        for s, (a, i) in found.items():
+            if not a.is_file():
+                raise InputError(f"data.coco_{s}_json {a}: no such file")
+            if not i.is_dir():
+                raise InputError(f"data.coco_{s}_images {i}: no such folder")
         return found
     for _, splits in LAYOUTS:
         if (root / splits["train"][0]).is_file():
-            return {s: (root / a, root / i) for s, (a, i) in splits.items() if (root / a).is_file()}
+            found = {s: (root / a, root / i) for s, (a, i) in splits.items() if (root / a).is_file()}
+            for s, (a, i) in found.items():
+                if not i.is_dir():
+                    raise InputError(f"data.source {i}: no such folder (the images of {a.relative_to(root)})")
+            return found
     raise InputError(f"data.source {root}: no COCO train annotations found; looked for {_LAYOUT}")
+
+
+def is_coco_document(path: Path) -> bool:
+    """Whether the file is a JSON object with "images" and "annotations" (a test of intent, not validation)."""
+    try:
+        doc = json.loads(Path(path).read_bytes())
+    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
+        return False
+    return isinstance(doc, dict) and "images" in doc and "annotations" in doc
 
 
 def read(root: Path, image_size: int, cache_dir: Path | None = None,

@@ -12,8 +12,13 @@ Sources (`data.source`):
 - `shapes`: a generated object-detection set (pipeline/coco.py: rectangles, ellipses and triangles on
   textured 64x64 backgrounds, 1-4 per image; `data.shapes_images` training images, 15% as many each for
   val and test), written once as a COCO folder under the cache directory;
-- a COCO folder (`annotations/instances_{train,val,test}.json` and `images/`): detection data, images
-  resized to `data.image_size` (0 keeps them, all one size), a missing val/test carved out of train;
+- a COCO folder: detection data, images resized to `data.image_size` (0 keeps them, all one size), a
+  missing val/test carved out of train. Layouts (pipeline/coco.py `LAYOUTS`): `annotations/instances_{train,
+  val,test}.json` + `images/`; COCO 2017 (`annotations/instances_{train,val}2017.json` + `train2017/`,
+  `val2017/`); Roboflow's export (`{train,valid,test}/_annotations.coco.json` beside the images); a json
+  beside each split folder (`train.json` + `train/`); or explicit paths (`data.coco_{train,val,test}_json`
+  and `_images`). A detection task always reads a folder as COCO; any other task reads it as COCO only
+  when it is unmistakably one (class folders stay class folders even with a `train.json` beside them);
 - `package.module:factory`, a callable taking the DataConfig and returning
   `{"train": (x, y), "val": (x, y), "test": (x, y), "labels": [...]}`.
 
@@ -187,6 +192,9 @@ def load(cfg: DataConfig, targets: str | None = None) -> Dataset:
     """The data `cfg` names. `targets`: what the task learns from ("boxes" for detection: a folder is then
     always read as COCO, whose error names the layouts looked for, never as class folders)."""
     src = cfg.source
+    given = _coco_keys(cfg)
+    if given and not Path(src).is_dir():
+        raise InputError(f"{given[0]}: names a file of a COCO folder, but data.source {src!r} is not a folder")
     if src == "digits":
         with np.load(ASSETS / "digits.npz") as z:
             x, y, split = z["x"], z["y"], z["split"]
@@ -612,13 +620,27 @@ def _coco_paths(cfg: DataConfig) -> dict[str, tuple[str, str]]:
     return {s: (getattr(cfg, f"coco_{s}_json"), getattr(cfg, f"coco_{s}_images")) for s in _SPLIT_DIRS}
 
 
+def _coco_keys(cfg: DataConfig) -> list[str]:
+    """The data.coco_* keys the config sets."""
+    return [f"data.coco_{s}_{k}" for s in _SPLIT_DIRS for k in ("json", "images") if getattr(cfg, f"coco_{s}_{k}")]
+
+
 def _coco_layout(root: Path, cfg: DataConfig) -> bool:
-    """Whether root is a COCO folder in one of the layouts pipeline/coco.py knows (or given explicitly)."""
+    """Whether a folder is read as COCO when the task does not ask for boxes (classification, or a stage that
+    does not say): data.coco_* given, an annotations/ folder (as always), or another layout's train annotation
+    file beside a flat folder of images or holding a COCO document. A class-folder tree (train/<class>/...) with
+    some other train.json beside it stays class folders, as it always was."""
     from pipeline import coco
 
-    if cfg.coco_train_json:
+    if _coco_keys(cfg) or (root / "annotations").is_dir():
         return True
-    return any((root / splits["train"][0]).is_file() for _, splits in coco.LAYOUTS)
+    for _, splits in coco.LAYOUTS:
+        ann, images = (root / p for p in splits["train"])
+        if ann.is_file():
+            if images.is_dir() and not any(p.is_dir() and not p.name.startswith(".") for p in images.iterdir()):
+                return True
+            return coco.is_coco_document(ann)  # sub-folders: class folders, or images in folders; the json says
+    return False
 
 
 def _build_cache(files: list[tuple[Path, int, int]], size: int, channels: int, xpath: Path, mpath: Path) -> None:

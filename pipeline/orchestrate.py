@@ -274,6 +274,11 @@ def _manifest_sha(path: Path) -> str:
 def _fingerprints(cfg: RunConfig) -> dict[str, str]:
     """What training reads besides its config: data files, a module:factory's source, a teacher."""
     out = {"data": _fingerprint(cfg.data.source), "model": _fingerprint(cfg.model.name)}
+    src = Path(cfg.data.source)
+    for f in dataclasses.fields(cfg.data):  # data.coco_* outside data.source are not in its fingerprint
+        value = getattr(cfg.data, f.name)
+        if f.name.startswith("coco_") and value and not (src / value).resolve().is_relative_to(src.resolve()):
+            out[f"data.{f.name}"] = _fingerprint(str(src / value))
     if cfg.distill.teacher:
         out["teacher"] = _manifest_sha(Path(cfg.distill.teacher))
     if cfg.model.init:  # the starting weights: a file's bytes, or a train artifact's manifest

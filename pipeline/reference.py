@@ -52,14 +52,15 @@ def draw(export_config: dict[str, Any], interface: dict[str, Any], vocab: dict[s
 def draw_set(export_config: dict[str, Any], interface: dict[str, Any], vocab: dict[str, int] | None,
              n: int = SAMPLES) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """`draw`'s inputs and their stored targets (`y`, in the same order: what the task's metrics read)."""
-    from pipeline import config as config_mod, data as data_mod
+    from pipeline import config as config_mod, data as data_mod, tasks
 
     cfg = config_mod.from_dict(export_config)
+    desc = iospec.IO.from_interface(interface)
+    task, _ = tasks.from_interface(interface, desc)
     try:
-        ds = data_mod.load(cfg.data)
+        ds = data_mod.load(cfg.data, getattr(task, "data", None))  # the task picks the loader, as in train
     except InputError as e:
         raise InputError(f"reference set: the data the model was trained on is needed to build it: {e}") from None
-    desc = iospec.IO.from_interface(interface)
     pre = interface["preprocessing"]
     parts, ys = [], []
     for sp, rows in data_mod.draw(ds, n, _SEED):

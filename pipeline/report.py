@@ -460,7 +460,7 @@ def _detect(exp: Stage) -> dict[str, Any]:
 
     m = exp.manifest
     where = str(exp.path / artifacts.MANIFEST)
-    ds = data_mod.load(config_mod.from_dict(m["config"]).data)
+    ds = data_mod.load(config_mod.from_dict(m["config"]).data, "boxes")
     if ds.targets != "boxes":
         raise InputError(f"{where}: data.source {ds.targets!r} holds no boxes")
     desc = iospec.IO.from_interface(m["interface"], f"{where}: interface")

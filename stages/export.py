@@ -64,7 +64,7 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path, onnx: bool = False) -> Path
     train_cfg = config_mod.from_dict(src.manifest["config"])
     desc, labels, pre = _read_interface(src)
     task, info = tasks.from_interface(src.manifest["interface"], desc)
-    ds = data_mod.load(train_cfg.data)
+    ds = data_mod.load(train_cfg.data, getattr(task, "data", None))  # the task picks the loader, as in train
     _check_data(src, ds, desc, labels)
     threads = runtime.threads_per_process(1)
     paddle = runtime.import_paddle(threads)

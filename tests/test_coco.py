@@ -373,14 +373,21 @@ def test_no_train_file(tmp_path):
 
 # ---------------------------------------------------------------- the layouts people have (issue 31.2)
 
+EXPLICIT = {"train": ("labels/tr.json", "pix/a"), "val": ("labels/va.json", "pix/b"), "test": ("labels/te.json", "pix/c")}
+
+
 def _relayout(src: Path, dest: Path, kind: str) -> Path:
     """The same COCO data (annotations/instances_{train,val}.json + images/) moved into another layout."""
     moves = {"coco2017": {"train": ("annotations/instances_train2017.json", "train2017"),
-                          "val": ("annotations/instances_val2017.json", "val2017")},
-             "roboflow": {"train": ("train/_annotations.coco.json", "train"), "val": ("valid/_annotations.coco.json", "valid")},
-             "beside": {"train": ("train.json", "train"), "val": ("val.json", "val")},
-             "explicit": {"train": ("labels/tr.json", "pix/a"), "val": ("labels/va.json", "pix/b")}}[kind]
+                          "val": ("annotations/instances_val2017.json", "val2017"),
+                          "test": ("annotations/instances_test2017.json", "test2017")},
+             "roboflow": {"train": ("train/_annotations.coco.json", "train"), "val": ("valid/_annotations.coco.json", "valid"),
+                          "test": ("test/_annotations.coco.json", "test")},
+             "beside": {"train": ("train.json", "train"), "val": ("val.json", "val"), "test": ("test.json", "test")},
+             "explicit": EXPLICIT}[kind]
     for split, (ann, folder) in moves.items():
+        if not (src / "annotations" / f"instances_{split}.json").is_file():
+            continue
         doc = json.loads((src / "annotations" / f"instances_{split}.json").read_text())
         (dest / ann).parent.mkdir(parents=True, exist_ok=True)
         (dest / ann).write_text(json.dumps(doc))
@@ -439,3 +446,129 @@ def test_explicit_paths_that_do_not_exist_name_the_key(tmp_path):
     root = _two_splits(tmp_path / "d")
     with pytest.raises(InputError, match=r"data.coco_val_json .*nope.json: no such file"):
         coco.read(root, 32, None, {"train": ("annotations/instances_train.json", "images"), "val": ("nope.json", "images")})
+
+
+def _split_doc(split: str, n: int) -> tuple[dict, dict[str, tuple[int, int, int]]]:
+    """n 16x16 images of one split, each a flat colour unique to (split, index), with one or two boxes."""
+    k = _SPLIT_NAMES.index(split)
+    doc = {"images": [], "annotations": [], "categories": copy.deepcopy(CATS)}
+    colours = {}
+    for i in range(n):
+        name = f"{split}{i}.png"
+        doc["images"].append({"id": 100 + i, "file_name": name, "width": 16, "height": 16})
+        colours[name] = (20 + 70 * k, 10 + 20 * i, 200 - 20 * i)
+        for j in range(1 + i % 2):
+            doc["annotations"].append({"id": 1000 + 10 * i + j, "image_id": 100 + i, "category_id": 1 + (i + j) % 3,
+                                       "bbox": [1 + j, 2, 5 + i, 6 + j], "area": 30, "iscrowd": 0})
+    return doc, colours
+
+
+_SPLIT_NAMES = ("train", "val", "test")
+
+
+@pytest.mark.parametrize("splits", [("train",), ("train", "val"), ("train", "val", "test")])
+@pytest.mark.parametrize("kind", ["coco2017", "roboflow", "beside", "explicit"])
+def test_every_layout_loads_what_today_s_layout_loads(tmp_path, kind, splits):
+    """The same COCO data in each layout gives data.load's images, boxes, sizes and train/val/test positions of
+    annotations/ + images/, for a detection task and for a stage that does not say; a split without its
+    annotation file is carved out of train exactly as before."""
+    from pipeline import config as config_mod, data as data_mod
+
+    ref = tmp_path / "ref"
+    for split, n in zip(splits, (6, 3, 2)):
+        _write(ref, split, *_split_doc(split, n))
+    root = _relayout(ref, tmp_path / kind, kind)
+    sets = [f"data.cache_dir={tmp_path / 'cache'}", "data.val_fraction=0.34", "data.test_fraction=0.34"]
+    keys = [f"data.coco_{s}_{k}={v}" for s in splits for k, v in zip(("json", "images"), EXPLICIT[s])]
+    want = data_mod.load(config_mod.load(None, [f"data.source={ref}", *sets]).data, "boxes")
+    cfg = config_mod.load(None, [f"data.source={root}", *sets, *(keys if kind == "explicit" else [])]).data
+    for targets in ("boxes", None):  # pipe train passes the task's; compress, report, bench do not
+        got = data_mod.load(cfg, targets)
+        assert got.targets == "boxes" and got.labels == want.labels and np.array_equal(got.sizes, want.sizes)
+        for name in _SPLIT_NAMES:
+            a, b = getattr(want, name), getattr(got, name)
+            assert np.array_equal(a.idx, b.idx) and len(b) > 0
+            assert np.array_equal(a.rows(np.arange(len(a)))["image"], b.rows(np.arange(len(b)))["image"])
+            assert np.array_equal(a.y[a.idx], b.y[b.idx])
+
+
+def test_the_issue_s_folder_loads_and_pipe_train_refuses_class_folders_in_one_line(cli, tmp_path):
+    """Issue 31.2's folder (train/ + train.json, val/ + val.json, no test) reads as detection data; `pipe train` with
+    a detection config on a class-folder tree exits 2 with one line naming the folder and the layouts looked for."""
+    from pipeline import config as config_mod, data as data_mod
+
+    ref = tmp_path / "ref"
+    _write(ref, "train", *_split_doc("train", 6))
+    _write(ref, "val", *_split_doc("val", 2))
+    root = _relayout(ref, tmp_path / "mine", "beside")
+    assert sorted(p.name for p in root.iterdir()) == ["train", "train.json", "val", "val.json"]
+    ds = data_mod.load(config_mod.load(None, [f"data.source={root}", f"data.cache_dir={tmp_path / 'c'}",
+                                              "data.test_fraction=0.34"]).data, "boxes")
+    assert (len(ds.train), len(ds.val), len(ds.test)) == (4, 2, 2)
+    classes = tmp_path / "classes"
+    for c in ("cat", "dog"):
+        for i in range(2):
+            (classes / c).mkdir(parents=True, exist_ok=True)
+            Image.new("RGB", (16, 16), (40 * i, 90, 9)).save(classes / c / f"{i}.png")
+    run = tmp_path / "run"
+    config = Path(__file__).resolve().parents[1] / "examples" / "detection.yaml"
+    code, _, err = cli("train", "--config", config, "--set", f"data.source={classes}",
+                       "--set", f"data.cache_dir={tmp_path / 'c'}", "--run", str(run), "--epochs", "1")
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines() == [f"pipe train: error: data.source {classes}: no COCO train annotations found; "
+                                        f"looked for {coco._LAYOUT}"]
+    for layout in ("annotations/instances_{train,val,test}.json + images/", "train2017/", "Roboflow",
+                   "{train,val,test}.json + {train,val,test}/", "data.coco_{train,val,test}_json"):
+        assert layout in err
+    assert not (run / "train").exists()
+
+
+@pytest.mark.parametrize("keys, message", [
+    ({"val": ("annotations/instances_val.json", "images")},
+     "data.coco_val_json annotations/instances_val.json: needs data.coco_train_json too"),
+    ({"train": ("annotations/instances_train.json", "images"), "val": ("", "images")},
+     "data.coco_val_images images: needs data.coco_val_json"),
+    ({"train": ("annotations/instances_train.json", "nowhere")}, "data.coco_train_images {root}/nowhere: no such folder"),
+])
+def test_explicit_paths_given_by_half_are_refused_not_ignored(tmp_path, keys, message):
+    """Today's main ignored a val file without a train file, and an image folder without its file, silently."""
+    from pipeline import config as config_mod, data as data_mod
+
+    root = _two_splits(tmp_path / "d")
+    sets = [f"data.coco_{s}_{k}={v}" for s, pair in keys.items() for k, v in zip(("json", "images"), pair) if v]
+    cfg = config_mod.load(None, [f"data.source={root}", f"data.cache_dir={tmp_path / 'c'}", *sets]).data
+    for targets in ("boxes", None):
+        with pytest.raises(InputError) as e:
+            data_mod.load(cfg, targets)
+        assert str(e.value).startswith(message.format(root=root)) and e.value.exit_code == 2
+    npz = tmp_path / "d.npz"
+    np.savez(npz, x=np.zeros((4, 1, 8, 8), np.uint8), y=np.arange(4) % 2)
+    cfg = config_mod.load(None, [f"data.source={npz}", "data.coco_train_json=a.json"]).data
+    with pytest.raises(InputError, match=rf"^data.coco_train_json: names a file of a COCO folder, but data.source "
+                                         rf"'{npz}' is not a folder$"):
+        data_mod.load(cfg)
+
+
+def test_a_layout_whose_image_folder_is_missing_names_it(tmp_path):
+    """COCO 2017's annotations downloaded without val2017/: one line naming the folder, not one per image."""
+    root = _relayout(_two_splits(tmp_path / "ref"), tmp_path / "c17", "coco2017")
+    shutil.rmtree(root / "val2017")
+    with pytest.raises(InputError) as e:
+        coco.read(root, 32, None)
+    assert str(e.value) == (f"data.source {root / 'val2017'}: no such folder (the images of "
+                            "annotations/instances_val2017.json)")
+
+
+def test_explicit_paths_outside_the_source_are_in_pipe_all_s_fingerprint(tmp_path):
+    """`pipe all` reuses a train step whose inputs' fingerprint is unchanged: an annotation file given by an
+    absolute path outside data.source is one of them."""
+    from pipeline import config as config_mod, orchestrate
+
+    root = _two_splits(tmp_path / "d")
+    outside = tmp_path / "elsewhere.json"
+    shutil.copyfile(root / "annotations" / "instances_train.json", outside)
+    sets = [f"data.source={root}", f"data.coco_train_json={outside}", "data.coco_train_images=images"]
+    before = orchestrate._fingerprints(config_mod.load(None, sets))
+    assert set(before) == {"data", "model", "data.coco_train_json"}  # images/ is inside data.source
+    outside.write_text(outside.read_text() + " ")
+    assert orchestrate._fingerprints(config_mod.load(None, sets))["data.coco_train_json"] != before["data.coco_train_json"]

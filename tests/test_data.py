@@ -158,6 +158,31 @@ def test_image_folder_train_test_layout_carves_val_from_train(tmp_path):
     assert all(int(v) >= 170 for v in xt[:, 0, 0, 0])
 
 
+@pytest.mark.parametrize("splits, stray", [(True, "train.json"), (True, "train/_annotations.coco.json"),
+                                           (False, "train.json")])
+def test_class_folders_with_a_json_beside_them_stay_class_folders(tmp_path, splits, stray):
+    """Classification (and a stage that does not name its task) reads class folders as it always did, whatever
+    other json lies where a COCO layout keeps its annotations; only a detection task reads it as COCO, and says
+    what is wrong with it as COCO."""
+    root = tmp_path / "imgs"
+    if splits:
+        for k, name in enumerate(("train", "val", "test")):
+            _folder(root / name, classes=("a", "b"), n=3, split=k)
+    else:
+        _folder(root, classes=("a", "b"), n=5)
+    want = data.load(_cfg(tmp_path, root))
+    (root / stray).write_text('{"classes": ["a", "b"]}')
+    for targets in (None, "labels"):
+        ds = data.load(_cfg(tmp_path, root), targets)
+        assert ds.targets == "labels" and ds.labels == ("a", "b")
+        for a, b in ((want.train, ds.train), (want.val, ds.val), (want.test, ds.test)):
+            assert np.array_equal(a.idx, b.idx) and np.array_equal(arrays(a)[0], arrays(b)[0])
+    with pytest.raises(InputError) as e:
+        data.load(_cfg(tmp_path, root), "boxes")
+    assert str(e.value) in (f'data.source {root / stray}: missing "images" (a COCO file has images, annotations and '
+                            'categories)', f"data.source {root / 'train'}: no such folder (the images of train.json)")
+
+
 def test_image_folder_split_class_missing_from_train(tmp_path):
     root = tmp_path / "imgs"
     _folder(root / "train", classes=("a", "b"), n=3)
