@@ -11,13 +11,15 @@ The model: one float32 image input [N, 3, 48, W] (W dynamic) and one output of p
 probabilities [N, W/8, keys + 2]. Its keys are the task's labels (`Info.labels`, in the key file's order);
 what a user may tune is in `settings`, with PaddleOCR's defaults. Beyond the common task contract
 (pipeline/tasks/__init__.py), a task that owns its data supplies what `pipe import` calls:
-`from_program`, `default_source`, `load_data`, `batches`, `decode`, `score`, `files`, `output_roles`.
+`from_program`, `default_source`, `load_data`, `batches`, `decode`, `score`, `files`, `output_roles`; and
+`recognise` runs any engine over line images in those batches and answers in the images' order (for the
+reference check and the server).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -29,8 +31,12 @@ name = "ocr_rec"
 metrics = ("acc", "norm_edit_dis")
 monitor = "acc"
 maximize = True
-# PaddleOCR's defaults: RecMetric(ignore_space=True); rec_image_shape 3,48,320 (the smallest batch width);
-# its rec_batch_num 6 (RapidOCR's too); the width bucket is ours (facts §17: 64 px lose nothing).
+# Upstream defaults: ignore_space as PaddleOCR's RecMetric(ignore_space=True); min_width from the exports'
+# rec_image_shape 3,48,320 (PaddleOCR's and RapidOCR's batch width starts at max_wh_ratio = 320 / 48);
+# max_width as PaddleX's OCRReisizeNormImg (max_imgW 3200); nfkc is ours, off as RecMetric has no such step
+# (on: full-width punctuation matches ASCII, facts §17); the width bucket is ours (facts §17: 64 px lose
+# nothing against exact widths). Lines per batch are the caller's (import.batch_size; PaddleOCR's and
+# RapidOCR's rec_batch_num is 6).
 settings: dict[str, Any] = {"ignore_space": True, "nfkc": False, "min_width": 320, "max_width": 3200,
                             "width_bucket": 64}
 default_source = data_mod.BUILT_IN
@@ -49,7 +55,7 @@ loss = targets
 
 
 def check_outputs(outputs: dict[str, np.ndarray], info: Any, where: str) -> None:
-    (probs,) = outputs.values()
+    probs = _probs(outputs, where)
     if probs.dtype.kind != "f" or probs.ndim != 3 or probs.shape[2] != text.classes(info.labels):
         raise InputError(f"{where}: ocr_rec needs one float [N, T, {text.classes(info.labels)}] output, got "
                          f"{probs.dtype} {list(probs.shape)}")
@@ -120,8 +126,28 @@ def batches(split: data_mod.Lines, info: Any, size: int, limit: int | None = Non
 
 
 def decode(outputs: dict[str, np.ndarray], info: Any) -> list[tuple[str, float]]:
-    (probs,) = outputs.values()
-    return text.ctc_greedy(probs, info.labels)
+    return text.ctc_greedy(_probs(outputs, "ocr_rec"), info.labels)
+
+
+def recognise(images: Sequence[np.ndarray], info: Any, run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
+              size: int) -> list[tuple[str, float]]:
+    """(text, score) of each RGB line image, in the order given: `run` (feeds -> outputs by name, e.g. an
+    engine's) is called on the task's width-sorted batches of `size` lines, its answers put back in place."""
+    out: list[tuple[str, float]] = [("", 0.0)] * len(images)
+    for pos, feeds in batches(data_mod.Lines(list(images), [""] * len(images)), info, size):
+        for p, a in zip(pos, decode(run(feeds), info), strict=True):
+            out[p] = a
+    return out
+
+
+def _probs(outputs: dict[str, np.ndarray], where: str) -> np.ndarray:
+    """The per-step probabilities: the only output, or the one named `probs` (what import names it)."""
+    if len(outputs) == 1:
+        return next(iter(outputs.values()))
+    if OUTPUT in outputs:
+        return outputs[OUTPUT]
+    raise InputError(f"{where}: ocr_rec reads one output of per-step class probabilities; the model has "
+                     f"{len(outputs)} ({', '.join(outputs)})")
 
 
 def score(answers: Sequence[tuple[str, float]], split: data_mod.Lines, info: Any) -> dict[str, float]:

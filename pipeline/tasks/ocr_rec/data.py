@@ -18,6 +18,7 @@ import hashlib
 import json
 import lzma
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -32,6 +33,9 @@ _LABEL_FILES = {"train": ("train.txt", "rec_gt_train.txt"), "val": ("val.txt", "
                 "test": ("test.txt", "rec_gt_test.txt")}
 _FRACTION = 0.15
 _GENERATOR = "1"  # bump when rendering changes: the cache key
+# Simplified-Chinese glyphs from the Traditional build: raqm applies the font's `locl` for this language, which
+# puts full-width punctuation in a Han run at the bottom left (SC) instead of the centre (TC)
+LANGUAGE = "zh-Hans"
 
 
 @dataclass(frozen=True)
@@ -104,16 +108,18 @@ def _read_label_file(path: Path, root: Path) -> Lines:
     except UnicodeDecodeError:
         raise InputError(f"{path}: not UTF-8") from None
     images, texts = [], []
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(text.split("\n"), 1):  # "\n" only, as PaddleOCR: a label may hold U+2028 or \x85
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         rel, tab, label = line.partition("\t")
         if not tab:
             raise InputError(f"{path}:{n}: no tab between the image path and its text (PaddleOCR's "
                              f"'image_path<TAB>text')")
-        img = (root / rel).resolve()
-        if root.resolve() not in img.parents:
+        # checked by name, not resolved: images/ may be a symlink to another disk; ../ and /abs are refused
+        if Path(rel).is_absolute() or os.path.normpath(rel).split(os.sep)[0] == "..":
             raise InputError(f"{path}:{n}: {rel}: outside the data folder {root}")
+        img = root / rel
         try:
             with Image.open(img) as im:
                 images.append(np.asarray(im.convert("RGB")))
@@ -179,12 +185,12 @@ def render(text: str, rng: np.random.Generator, font_file: Path) -> np.ndarray:
 
     size = int(rng.integers(26, 41))
     font = ImageFont.truetype(str(font_file), size, layout_engine=ImageFont.Layout.RAQM)
-    l, t, r, b = font.getbbox(text, language="zh-Hans")
+    l, t, r, b = font.getbbox(text, language=LANGUAGE)
     mx, my = (int(v) for v in rng.integers(3, 13, 2))
     paper = rng.integers(190, 256, 3) if rng.random() < 0.3 else np.full(3, int(rng.integers(205, 256)))
     ink = rng.integers(0, 90, 3) if rng.random() < 0.3 else np.full(3, int(rng.integers(0, 70)))
     im = Image.new("RGB", (r - l + 2 * mx, b - t + 2 * my), tuple(int(v) for v in paper))
-    ImageDraw.Draw(im).text((mx - l, my - t), text, font=font, fill=tuple(int(v) for v in ink), language="zh-Hans")
+    ImageDraw.Draw(im).text((mx - l, my - t), text, font=font, fill=tuple(int(v) for v in ink), language=LANGUAGE)
     if rng.random() < 1 / 3:
         im = im.filter(ImageFilter.GaussianBlur(float(rng.uniform(0.3, 0.9))))
     a = np.asarray(im).astype(np.float32)
@@ -219,16 +225,25 @@ def _generated(counts: tuple[int, int, int], keys: Sequence[str], root: Path) ->
             with np.load(pixels, allow_pickle=False) as z:
                 flat = z["pixels"]
             return _unflatten(flat, doc)
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
             pass  # a damaged cache is rebuilt
     data = generated(counts, keys)
     base.parent.mkdir(parents=True, exist_ok=True)
     flat, doc = _flatten(data)
-    tmp = base.parent / f".{base.name}.{os.getpid()}"
-    np.savez(tmp.with_suffix(".npz"), pixels=flat)
-    tmp.with_suffix(".json").write_text(json.dumps(doc, ensure_ascii=False), encoding="utf-8")
-    os.replace(tmp.with_suffix(".npz"), pixels)
-    os.replace(tmp.with_suffix(".json"), meta)
+    # one temporary name per process (users, tests and the bench share the cache), each file complete before
+    # it is renamed into place; two writers of one key write the same bytes, so the renames may interleave
+    tmp = {f: base.parent / f".{base.name}.{os.getpid()}.tmp{f.suffix}" for f in (pixels, meta)}
+    try:
+        with open(tmp[pixels], "wb") as f:
+            np.savez(f, pixels=flat)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp[meta].write_text(json.dumps(doc, ensure_ascii=False), encoding="utf-8")
+        os.replace(tmp[pixels], pixels)
+        os.replace(tmp[meta], meta)
+    finally:
+        for t in tmp.values():
+            t.unlink(missing_ok=True)
     return data
 
 

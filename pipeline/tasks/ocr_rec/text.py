@@ -84,7 +84,7 @@ def metrics(preds: Iterable[str], targets: Iterable[str], ignore_space: bool = T
 
     n = correct = 0
     dist = 0.0
-    for p, t in zip(preds, targets):
+    for p, t in zip(preds, targets, strict=True):  # a missing answer is a bug, not a shorter split
         p, t = normalise(p, ignore_space, nfkc), normalise(t, ignore_space, nfkc)
         correct += p == t
         dist += Levenshtein.normalized_distance(p, t)
