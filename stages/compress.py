@@ -506,14 +506,7 @@ def runner(eng: Any, desc: iospec.IO, where: Path) -> dict[str, Any]:
     mapped onto the engine's own names once (`engines.names`: by name; the legacy program's outputs by
     position). `inputs`/`outputs`: the engine's names, in its order."""
     info = eng.describe()
-    on = engines_mod.names(eng, desc, str(where))
-    ins = [(t.name, on[t.name]) for t in desc.inputs]
-    outs = [(t.public, on[t.name]) for t in desc.outputs]
-
-    def run(feeds: Feeds) -> Feeds:
-        got = eng.run({real: feeds[name] for name, real in ins})
-        return {name: got[real] for name, real in outs}
-
+    run = engines_mod.bind(eng, desc, str(where))
     return {"run": run, "describe": info, "engine": info["engine"], "precision": info["precision"],
             "inputs": list(eng.inputs), "outputs": list(eng.outputs)}
 

@@ -21,8 +21,9 @@ train run) and the metrics: the imported model's own, measured here on the data'
 splits (the task's data; ocr_rec's default is its generated lines), run on the PIR program later stages
 serve, once it passed the parity gate: the baseline every later stage is judged against. Parity gate (exit 5, nothing written): the PIR program and the ONNX file against the source
 program in Paddle Inference, on the test split's first `import.parity_samples` samples in the task's
-batches, every output within `import.parity_tol` x its max|value| (1e-3: a translated program runs other
-kernels; measured 1.8e-4 and 5.2e-4 on PP-OCRv4 rec), and the task's agreement (ocr_rec: the share of lines
+batches, every output within `import.parity_tol` x its max|value| (1e-2: a translated program runs other
+kernels, and a softmax output moves most where two classes are close: measured up to 4.0e-4 PIR and 4.7e-3
+ONNX on PP-OCRv4 rec with every decoded text the same; a broken conversion is off by ~1), and the task's agreement (ocr_rec: the share of lines
 whose decoded text is the same) recorded beside it.
 
 Bad input exits 2 with one line naming the file (RELIABILITY.md §7), and RUN/export appears complete or
@@ -34,12 +35,13 @@ from __future__ import annotations
 import dataclasses
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import yaml
 
-from pipeline import artifacts, iospec, p2o, paddle_program, runtime, tasks
+from pipeline import artifacts, engines, iospec, p2o, paddle_program, runtime, tasks
+from pipeline.engines import paddle as paddle_engine
 from pipeline.config import DataConfig, RunConfig
 from pipeline.errors import InputError, ParityError, PipeError
 
@@ -73,16 +75,18 @@ def run(cfg: RunConfig, src: Path, out_dir: Path) -> Path:
     doc = dataclasses.replace(cfg, data=data_cfg, model=model_cfg).to_dict()
     with artifacts.write_stage(out_dir, "export", doc) as w:
         src_files = _copy_program(prog, w.dir, paddle)
-        given = _Predictor(paddle, w.dir / src_files["program"], w.dir / src_files["params"], threads)
-        pir = given if prog.format == "pir" else _Predictor(paddle, w.dir / "model.json", w.dir / "model.pdiparams", threads)
-        desc = _interface(pio, pir.outputs, labels, task, settings, spec)
+        source = [w.dir / src_files["program"], w.dir / src_files["params"]]
+        pir_eng = _load([w.dir / "model.json", w.dir / "model.pdiparams"], threads)
+        desc = _interface(pio, pir_eng.outputs, labels, task, settings, spec)
+        pir = engines.bind(pir_eng, desc, "model.json")
+        given = pir if prog.format == "pir" else engines.bind(_load(source, threads), desc, src_files["program"])
         check = _parity_lines(data.test, icfg.parity_samples, info, task, desc)
-        ref = [given(desc, f) for f in check]
-        parity = _parity(ref, [pir(desc, f) for f in check], icfg.parity_tol, "the PIR program", desc, task, info)
+        ref = [given(f) for f in check]
+        parity = _parity(ref, [pir(f) for f in check], icfg.parity_tol, "the PIR program", desc, task, info)
         onnx = _onnx(w.dir, src_files, desc, check, ref, icfg.parity_tol, threads, task, info) if icfg.onnx else None
         for name, body in task.files(info).items():  # e.g. ocr_rec's key file, written from what was checked
             (w.dir / name).write_text(body, encoding="utf-8")
-        scored = {split: _score(pir, desc, getattr(data, split), task, info, icfg.batch_size)  # the program served
+        scored = {split: _score(pir, getattr(data, split), task, info, icfg.batch_size)  # the program served
                   for split in ("val", "test")}
         w.interface = desc.to_interface()
         w.metrics = {**parity, **{f"{s}_{k}": v for s, m in scored.items() for k, v in m.items()},
@@ -200,26 +204,13 @@ def _translate_to_pir(paddle: Any, legacy: Path, prefix: Path) -> None:
         paddle.disable_static()
 
 
-class _Predictor:
-    """Paddle Inference (oneDNN) on a program, fed and fetched by the interface's names."""
-
-    def __init__(self, paddle: Any, model: Path, params: Path, threads: int):
-        c = paddle.inference.Config(str(model), str(params))
-        c.enable_onednn()
-        c.set_cpu_math_library_num_threads(threads)
-        c.disable_glog_info()
-        try:
-            self.pred = paddle.inference.create_predictor(c)
-        except (RuntimeError, ValueError, OSError) as e:  # e.g. a PIR file from a newer Paddle
-            raise InputError(f"{model}: Paddle Inference cannot load it ({str(e).strip().splitlines()[-1][:160]})") from None
-        self.inputs, self.outputs = self.pred.get_input_names(), self.pred.get_output_names()
-
-    def __call__(self, desc: iospec.IO, feeds: Feeds) -> dict[str, np.ndarray]:
-        """Outputs by public name, in fetch order (a translated program keeps the source's order)."""
-        for name in self.inputs:  # a translated program keeps the input names
-            self.pred.get_input_handle(name).copy_from_cpu(np.ascontiguousarray(feeds[desc.input(name).public]))
-        self.pred.run()
-        return {t.public: self.pred.get_output_handle(o).copy_to_cpu() for t, o in zip(desc.outputs, self.outputs)}
+def _load(files: list[Path], threads: int) -> Any:
+    """Paddle Inference (oneDNN, fp32) on a program; a file this Paddle cannot load (a PIR program from a
+    newer Paddle) is bad input."""
+    try:
+        return paddle_engine.load(files, threads=threads)
+    except PipeError as e:
+        raise InputError(str(e)) from None
 
 
 def _interface(pio: paddle_program.ProgramIO, pir_names: list[str], labels: list[str], task: Any,
@@ -273,11 +264,11 @@ def _parity(ref: list[dict[str, np.ndarray]], got: list[dict[str, np.ndarray]], 
             "parity_samples": sum(rows), **{f"parity_{k}": v for k, v in agree.items()}, "parity_outputs": per}
 
 
-def _score(run: _Predictor, desc: iospec.IO, split: Any, task: Any, info: tasks.Info, batch: int) -> dict[str, float]:
-    """The task's metrics of the source program over a split, run in the task's batches."""
+def _score(run: Callable[[Feeds], Feeds], split: Any, task: Any, info: tasks.Info, batch: int) -> dict[str, float]:
+    """The task's metrics of a program (`engines.bind`) over a split, run in the task's batches."""
     answers: list[Any] = [None] * len(split)
     for pos, feeds in task.batches(split, info, batch):
-        for p, a in zip(pos, task.decode(run(desc, feeds), info)):
+        for p, a in zip(pos, task.decode(run(feeds), info)):
             answers[p] = a
     return task.score(answers, split, info)
 
@@ -285,19 +276,12 @@ def _score(run: _Predictor, desc: iospec.IO, split: Any, task: Any, info: tasks.
 def _onnx(d: Path, src_files: dict[str, str], desc: iospec.IO, check: list[Feeds], ref: list[dict[str, np.ndarray]],
           tol: float, threads: int, task: Any, info: tasks.Info) -> dict[str, Any]:
     """paddle2onnx of the source program (pipeline/p2o.py: a child, repaired), then the parity gate in
-    onnxruntime, fed and fetched by the ONNX file's own names."""
+    onnxruntime, fed and fetched by name (`engines.bind`)."""
     repaired = p2o.in_child(d / src_files["program"], d / src_files["params"], d / "model.onnx", _ONNX_OPSET, threads)
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads, so.log_severity_level = threads, 3
-    sess = ort.InferenceSession(str(d / "model.onnx"), so, providers=["CPUExecutionProvider"])
-    ins, outs = [i.name for i in sess.get_inputs()], [o.name for o in sess.get_outputs()]
-    if sorted(ins) != sorted(t.public for t in desc.inputs) or len(outs) != len(desc.outputs):
-        raise PipeError(f"model.onnx takes {ins} and gives {outs}; the program {[t.public for t in desc.inputs]}")
-    got = [dict(zip([t.public for t in desc.outputs], sess.run(outs, {n: f[n] for n in ins}))) for f in check]
-    return {**_parity(ref, got, tol, "onnxruntime (model.onnx)", desc, task, info), "inputs": ins, "outputs": outs,
-            "repaired": repaired}
+    eng = engines.ENGINES["onnxruntime"].load([d / "model.onnx"], threads=threads)
+    run = engines.bind(eng, desc, "model.onnx")
+    return {**_parity(ref, [run(f) for f in check], tol, "onnxruntime (model.onnx)", desc, task, info),
+            "inputs": list(eng.inputs), "outputs": list(eng.outputs), "repaired": repaired}
 
 
 def _lineage(prog: paddle_program.Program, yml: dict[str, Any], icfg: Any) -> dict[str, Any]:

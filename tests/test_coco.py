@@ -407,41 +407,6 @@ def _two_splits(root: Path) -> Path:
     return root
 
 
-@pytest.mark.parametrize("kind", ["coco2017", "roboflow", "beside", "explicit"])
-def test_every_layout_reads_the_same_data(tmp_path, kind):
-    from pipeline import config as config_mod, data as data_mod
-
-    ref = coco.read(_two_splits(tmp_path / "ref"), 32, None)
-    root = _relayout(tmp_path / "ref", tmp_path / kind, kind)
-    explicit = None
-    sets = [f"data.source={root}", "data.image_size=32", "data.test_fraction=0.5"]
-    if kind == "explicit":
-        explicit = {"train": ("labels/tr.json", "pix/a"), "val": ("labels/va.json", "pix/b"), "test": ("", "")}
-        sets += ["data.coco_train_json=labels/tr.json", "data.coco_train_images=pix/a",
-                 "data.coco_val_json=labels/va.json", "data.coco_val_images=pix/b"]
-    got = coco.read(root, 32, None, explicit)
-    assert np.array_equal(got.images, ref.images) and np.array_equal(got.boxes, ref.boxes)
-    assert np.array_equal(got.split, ref.split) and got.labels == ref.labels
-    ds = data_mod.load(config_mod.load(None, sets).data, "boxes")  # what pipe train reads, by the task
-    assert ds.targets == "boxes" and len(ds.train) + len(ds.val) + len(ds.test) == len(ref.split)
-
-
-def test_a_detection_config_never_falls_through_to_class_folders(tmp_path):
-    """Today's main read this folder (train/ + train.json, val/ + val.json) as class folders and said 'found 0
-    class folder(s)'; a folder in no layout, for a detection task, gets the COCO layouts looked for."""
-    from pipeline import config as config_mod, data as data_mod
-
-    root = _relayout(_two_splits(tmp_path / "ref"), tmp_path / "beside", "beside")
-    cfg = config_mod.load(None, [f"data.source={root}", "data.image_size=32", "data.test_fraction=0.5"]).data
-    assert data_mod.load(cfg).targets == "boxes"  # found by its layout, whatever the task
-    classes = tmp_path / "classes"
-    for c in ("cat", "dog"):
-        (classes / c).mkdir(parents=True)
-        Image.new("RGB", (8, 8)).save(classes / c / "1.png")
-    with pytest.raises(InputError, match=r"no COCO train annotations found; looked for a COCO folder: annotations/"):
-        data_mod.load(config_mod.load(None, [f"data.source={classes}"]).data, "boxes")
-
-
 def test_explicit_paths_that_do_not_exist_name_the_key(tmp_path):
     root = _two_splits(tmp_path / "d")
     with pytest.raises(InputError, match=r"data.coco_val_json .*nope.json: no such file"):

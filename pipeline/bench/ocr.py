@@ -24,6 +24,7 @@ import numpy as np
 
 from pipeline import artifacts, config as config_mod, engines as engines_mod, iospec, pretrained, runtime
 from pipeline.tasks import ocr_rec
+from pipeline.tasks.ocr_rec import data as ocr_data
 
 Row = tuple[str, str, str, str]
 _PEER = Path(__file__).resolve().parents[2] / ".venv" / "rapidocr" / "bin" / "python"
@@ -83,24 +84,18 @@ def measure(export_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
              "openvino (model.onnx)": ("openvino", ["model.onnx"])}
     out: dict[str, Any] = {"lines": len(data.test), "engines": {}}
     for name, (engine, rel) in files.items():
-        eng = engines_mod.ENGINES[engine].load([export_dir / f for f in rel], threads=threads)
-        on = engines_mod.names(eng, desc, name)
-        x, probs = desc.inputs[0], desc.outputs[0]
-
-        def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            return {probs.public: eng.run({on[x.name]: feeds[x.public]})[on[probs.name]]}
-
+        run = engines_mod.bind(engines_mod.ENGINES[engine].load([export_dir / f for f in rel], threads=threads), desc, name)
         for size in (_BATCH, 1):  # warm-up: every width once (Paddle with oneDNN is slow at a width's first sight)
-            _timed(run, ocr_rec.batches(data.test, info, size), len(data.test), info)
-        answers, t_batch = _timed(run, ocr_rec.batches(data.test, info, _BATCH), len(data.test), info)
-        _, t_single = _timed(run, ocr_rec.batches(data.test, info, 1), len(data.test), info)
+            ocr_rec.recognise(data.test.images, info, run, size)
+        answers, t_batch = _timed(run, data.test.images, info, _BATCH)
+        _, t_single = _timed(run, data.test.images, info, 1)
         out["engines"][name] = {**ocr_rec.score(answers, data.test, info),
                                 "ms_bs1": t_single * 1e3 / len(data.test), "ms_bs8": t_batch * 1e3 / len(data.test)}
     if not _PEER.is_file():
         out["rapidocr_error"] = f"not run: {_PEER} missing (make bench creates it)"
         return out
     with tempfile.TemporaryDirectory(prefix="pipe-bench-rapidocr-") as tmp:
-        paths = ocr_rec.write_pngs(data.test, Path(tmp))
+        paths = ocr_data.write_pngs(data.test, Path(tmp))
         (Path(tmp) / "list.json").write_text(json.dumps({"images": [str(p) for p in paths]}))
         r = subprocess.run([str(_PEER), str(Path(__file__).with_name("rapidocr_peer.py")), str(Path(tmp) / "list.json")],
                            capture_output=True, text=True, timeout=3600)
@@ -115,16 +110,12 @@ def measure(export_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _timed(run: Any, batches: Any, n: int, info: Any) -> tuple[list[Any], float]:
-    """Answers in the split's order and the wall time of the whole path (pre-processing, batching, the
-    engine, decode), as RapidOCR's figure includes its own."""
-    answers: list[Any] = [None] * n
+def _timed(run: Any, images: list[np.ndarray], info: Any, size: int) -> tuple[list[Any], float]:
+    """Answers in the images' order and the wall time of the whole path (pre-processing, batching, the
+    engine, decode: `ocr_rec.recognise`), as RapidOCR's figure includes its own."""
     t0 = time.perf_counter()
-    for pos, feeds in batches:
-        for p, a in zip(pos, ocr_rec.decode(run(feeds), info)):
-            answers[p] = a
+    answers = ocr_rec.recognise(images, info, run, size)
     return answers, time.perf_counter() - t0
-
 
 if __name__ == "__main__":  # the OCR rows alone: python -m pipeline.bench.ocr [--quick] bench/OCR.md
     from pipeline import bench

@@ -22,7 +22,7 @@ A GPU is one more `device` of the same engines (Paddle Inference GPU/TensorRT, o
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from pipeline import iospec
 from pipeline.engines import openvino, ort, paddle
@@ -78,3 +78,17 @@ def names(eng: Any, desc: iospec.IO, where: str) -> dict[str, str]:
         real = t.name if by_name else eng.outputs[i]
         out.update({t.name: real, t.public: real})
     return out
+
+
+def bind(eng: Any, desc: iospec.IO, where: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """`eng` as a function of the interface's tensors: feeds keyed by each input's program or public name ->
+    every output keyed by its public name, mapped onto the engine's own names once (`names`)."""
+    on = names(eng, desc, where)
+    ins = [(t.name, t.public, on[t.name]) for t in desc.inputs]
+    outs = [(t.public, on[t.name]) for t in desc.outputs]
+
+    def run(feeds: dict[str, Any]) -> dict[str, Any]:
+        got = eng.run({real: feeds[name] if name in feeds else feeds[public] for name, public, real in ins})
+        return {public: got[real] for public, real in outs}
+
+    return run

@@ -25,7 +25,6 @@ import numpy as np
 
 from pipeline.errors import InputError
 from pipeline.tasks.ocr_rec import data as data_mod, lines, text
-from pipeline.tasks.ocr_rec.data import write_pngs  # noqa: F401  (the bench writes its lines for a peer)
 
 name = "ocr_rec"
 metrics = ("acc", "norm_edit_dis")
