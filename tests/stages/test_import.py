@@ -74,7 +74,7 @@ def test_import_writes_an_export_artifact(imported, rec_src, keys):
     assert m["input"] is None and m["config"]["model"]["task"] == "ocr_rec"
     assert m["config"]["import"]["keys"] == str(keys)
     met = m["metrics"]
-    assert met["parity_tol"] == 1e-3 and met["parity_rel"] <= 1e-3 and met["onnx_parity_rel"] <= 1e-3
+    assert met["parity_tol"] == 1e-2 and met["parity_rel"] <= 1e-2 and met["onnx_parity_rel"] <= 1e-2
     assert met["parity_samples"] == 18 and met["parity_text_agreement"] == met["onnx_parity_text_agreement"] == 1.0
     assert met["onnx_repaired_concat_inputs"] == 5  # paddle2onnx's rank-0 Concat inputs (pipeline/p2o.py)
     assert met["samples"] == {"train": 120, "val": 18, "test": 18}
