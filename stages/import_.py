@@ -40,7 +40,7 @@ from typing import Any, Callable
 import numpy as np
 import yaml
 
-from pipeline import artifacts, engines, iospec, p2o, paddle_program, runtime, tasks
+from pipeline import artifacts, engines, iospec, p2o, paddle_program, pretrained, runtime, tasks
 from pipeline.engines import paddle as paddle_engine
 from pipeline.config import DataConfig, RunConfig
 from pipeline.errors import InputError, ParityError, PipeError
@@ -54,7 +54,9 @@ Feeds = dict[str, np.ndarray]
 def run(cfg: RunConfig, src: Path, out_dir: Path) -> Path:
     """Import the exported model at `src` (import.source) into the export artifact `out_dir`."""
     icfg, out_dir = cfg.import_, Path(out_dir)
-    prog = paddle_program.find(Path(src))
+    named = str(src)
+    src, wheel_keys = pretrained.resolve(named)
+    prog = paddle_program.find(src)
     yml = _read_yml(prog.program.parent / _YML)
     spec = icfg.task or _task_of(yml, prog)
     task = tasks.get(spec)
@@ -64,20 +66,22 @@ def run(cfg: RunConfig, src: Path, out_dir: Path) -> Path:
     pio = paddle_program.read(prog)
     _check_ops(prog, pio)
     paddle_program.check_params(prog, pio)
-    labels, settings = task.from_program(pio, _keys_file(icfg.keys, yml, prog), yml, str(prog.program))
+    keys = _keys_file(icfg.keys, yml, prog)
+    keys = wheel_keys if keys is None else keys
+    labels, settings = task.from_program(pio, keys, yml, str(prog.program))
     info = tasks.Info(tuple(labels), settings)
     source = cfg.data.source if cfg.data.source != DataConfig.source else task.default_source
     data_cfg = dataclasses.replace(cfg.data, source=source)
     data = task.load_data(data_cfg, info)
     threads = runtime.threads_per_process(1)
     paddle = runtime.import_paddle(threads)
-    model_cfg = dataclasses.replace(cfg.model, name=f"import:{prog.program.name}", task=spec)
+    model_cfg = dataclasses.replace(cfg.model, name=f"import:{prog.program.parent.resolve().name}", task=spec)
     doc = dataclasses.replace(cfg, data=data_cfg, model=model_cfg).to_dict()
     with artifacts.write_stage(out_dir, "export", doc) as w:
         src_files = _copy_program(prog, w.dir, paddle)
         source = [w.dir / src_files["program"], w.dir / src_files["params"]]
         pir_eng = _load([w.dir / "model.json", w.dir / "model.pdiparams"], threads)
-        desc = _interface(pio, pir_eng.outputs, labels, task, settings, spec)
+        desc = _interface(pio, pir_eng.outputs, labels, task, settings, spec, prog.program.parent.resolve().name)
         pir = engines.bind(pir_eng, desc, "model.json")
         given = pir if prog.format == "pir" else engines.bind(_load(source, threads), desc, src_files["program"])
         check = _parity_lines(data.test, icfg.parity_samples, info, task, desc)
@@ -101,7 +105,7 @@ def run(cfg: RunConfig, src: Path, out_dir: Path) -> Path:
                                "inputs": [t.name for t in pio.inputs], "outputs": [t.name for t in pio.outputs]}
                               if prog.format == "legacy" else
                               {"available": False, "reason": "imported from a PIR program: no legacy program"}),
-                   "source": _lineage(prog, yml, icfg)}
+                   "source": _lineage(prog, yml, keys if isinstance(keys, Path) else None, named)}
         if onnx:
             w.extra["onnx"] = {"format": "onnx", "model": "model.onnx", "opset": _ONNX_OPSET,
                                "inputs": onnx["inputs"], "outputs": onnx["outputs"]}
@@ -214,14 +218,15 @@ def _load(files: list[Path], threads: int) -> Any:
 
 
 def _interface(pio: paddle_program.ProgramIO, pir_names: list[str], labels: list[str], task: Any,
-               settings: dict[str, Any], spec: str) -> iospec.IO:
+               settings: dict[str, Any], spec: str, name: str) -> iospec.IO:
     """The io description under the PIR program's names (what later stages serve), public names from the
-    source program's inputs and the task's output roles, plus labels and the task record."""
+    source program's inputs and the task's output roles, plus labels, the task record and the model's name
+    (its source folder's, e.g. ch_PP-OCRv4_rec_infer: what a package serves it as)."""
     outs = task.output_roles(pio.outputs)  # [(public name, role)] in fetch order
     inputs = tuple(iospec.Tensor(t.name, t.dtype, tuple(int(s) for s in t.shape), t.name) for t in pio.inputs)
     outputs = tuple(iospec.Tensor(n, t.dtype, tuple(int(s) for s in t.shape), public, role)
                     for n, t, (public, role) in zip(pir_names, pio.outputs, outs))
-    extra = {"labels": list(labels), "preprocessing": {"kind": task.name},
+    extra = {"model": name, "labels": list(labels), "preprocessing": {"kind": task.name},
              "task": {"name": task.name, "spec": spec, "settings": settings}}
     return iospec.IO(inputs, outputs, extra)
 
@@ -284,13 +289,17 @@ def _onnx(d: Path, src_files: dict[str, str], desc: iospec.IO, check: list[Feeds
             "inputs": list(eng.inputs), "outputs": list(eng.outputs), "repaired": repaired}
 
 
-def _lineage(prog: paddle_program.Program, yml: dict[str, Any], icfg: Any) -> dict[str, Any]:
-    """Where the model came from and the sha256 of every file read from there (no train run)."""
+def _lineage(prog: paddle_program.Program, yml: dict[str, Any], keys: Path | None, named: str) -> dict[str, Any]:
+    """Where the model came from and the sha256 of every file read from there (no train run); a
+    `pretrained:` source also names the pinned wheel it was unpacked from."""
     read = [prog.program, prog.params] + ([prog.program.parent / _YML] if yml else [])
-    if icfg.keys:
-        read.append(Path(icfg.keys))
-    return {"kind": "import", "path": str(prog.program.parent.resolve()), "format": prog.format, "train": None,
-            "files": {str(p.resolve()): {"sha256": artifacts.sha256_file(p), "bytes": p.stat().st_size} for p in read}}
+    if keys is not None:
+        read.append(keys)
+    out = {"kind": "import", "path": str(prog.program.parent.resolve()), "format": prog.format, "train": None,
+           "files": {str(p.resolve()): {"sha256": artifacts.sha256_file(p), "bytes": p.stat().st_size} for p in read}}
+    if named.startswith(pretrained.PREFIX):
+        out["pretrained"] = {"name": named, "wheel": pretrained.WHEEL, "wheel_sha256": pretrained.WHEEL_SHA256}
+    return out
 
 
 def _check_file_set(d: Path, fmt: str, onnx: bool, task_files: set[str]) -> None:

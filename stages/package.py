@@ -62,7 +62,7 @@ from typing import Any, Callable
 import numpy as np
 import yaml
 
-from pipeline import artifacts, choose, cpu, engines, iospec, p2o, reference, runtime, tasks
+from pipeline import artifacts, choose, config as config_mod, cpu, engines, iospec, p2o, reference, runtime, tasks
 from pipeline.config import CompressConfig
 from pipeline.engines import openvino as ov_engine, paddle as paddle_engine
 from pipeline.errors import GateError, InputError, ParityError, PipeError
@@ -135,7 +135,7 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
     desc, task, info = _io(src, iface)  # by the export's (PIR) program names
     text = _text(src, source, iface)
     name = cfg.name or _sanitise(str(iface.get("model") or "model"))
-    checks = _check_batches(desc, iface["preprocessing"], text)
+    checks = _check_batches(desc, iface["preprocessing"], text, task, info)
     threads = runtime.threads_per_process(1)
     runtime.import_paddle(threads)
     fp32 = _load(paddle_engine.NAME, [source.fp32_program, source.fp32_params], threads, "fp32")
@@ -370,9 +370,8 @@ def _io(src: artifacts.Artifact, iface: dict[str, Any]) -> tuple[iospec.IO, Any,
         task, info = tasks.from_interface(iface, desc)
     except InputError as e:
         raise InputError(f"{where}: {e}") from None
-    tasks.refuse_own_data(task, "package", str(where))
     serving_spec.check_io(desc, iface["labels"], iface["preprocessing"].get("kind") == "text", where,
-                          logits=bool(info.logits))
+                          logits=bool(info.logits), limits=serving_spec.limits_of(task, info))
     return desc, task, info
 
 
@@ -382,13 +381,19 @@ def _renamed(desc: iospec.IO, on: dict[str, str]) -> iospec.IO:
                                                     for t in getattr(desc, kind)) for kind in ("inputs", "outputs")})
 
 
-def _check_batches(desc: iospec.IO, pre: dict[str, Any], text: dict[str, Any] | None) -> list[dict[str, np.ndarray]]:
+def _check_batches(desc: iospec.IO, pre: dict[str, Any], text: dict[str, Any] | None, task: Any = None,
+                   info: tasks.Info | None = None) -> list[dict[str, np.ndarray]]:
     """Fixed random batches in the model's input space, by input name (parity needs the same function, not
     real data): float inputs standard normal, integer ones 0 or 1. Text: ids of random lengths padded to
     max_len (what `pipe serve` feeds), made into every model input as the data module does
     (`data.text_inputs`), and the same cut to half that width, so the ONNX model is also checked on another
-    sequence length (Triton takes any)."""
+    sequence length (Triton takes any). A task with a dynamic input (ocr_rec): at the first and the last of
+    its `example_shapes` (two line widths)."""
     rng = np.random.RandomState(_CHECK_SEED)
+    if task is not None and tasks.dynamic(task):
+        shapes = task.example_shapes(info)
+        return [{desc.inputs[0].name: rng.standard_normal((_CHECK_BATCH, *shape)).astype(np.float32)}
+                for shape in dict.fromkeys([tuple(shapes[0]), tuple(shapes[-1])])]
     if text is not None:
         from pipeline import data as data_mod
 
@@ -448,7 +453,11 @@ def _reference(src: artifacts.Artifact, source: _Source, cfg: PackageConfig, tex
     check. The task's metrics on the set's targets (fp32 and packaged) are recorded, not gated."""
     exp = src if src.stage == "export" else _lineage_export(src)
     vocab = serving_spec.check_vocab(source.vocab, text) if text is not None else None
-    x, targets = reference.draw_set(exp.manifest["config"], exp.manifest["interface"], vocab)
+    if tasks.dynamic(task):  # the task's own lines, prepared as served, one tensor
+        arr, targets = task.reference_set(config_mod.from_dict(exp.manifest["config"]).data, info, reference.SAMPLES)
+        x = {desc.inputs[0].name: arr}
+    else:
+        x, targets = reference.draw_set(exp.manifest["config"], exp.manifest["interface"], vocab)
     ccfg = (src.manifest.get("config") or {}).get("compress") or {}
     # configs recorded before compress.min_sqnr_db existed get its default
     budget = float(ccfg.get("min_agreement", 0.99))

@@ -18,7 +18,9 @@ one thread per predictor forms batches from a bounded queue (`pipeline/serving/b
                                         and "outputs": {name: [...]} with every other output; detection
                                         {"detections": [[{"label", "score", "box": [x1, y1, x2, y2]}] per
                                         image]}, boxes in the sent image's pixels (decoded, thresholded and
-                                        NMS'd with serving.yaml's task settings). A package of one
+                                        NMS'd with serving.yaml's task settings); ocr_rec {"lines": [{"text",
+                                        "score"}]} per line image, any width (the task prepares and batches
+                                        them by width: `tasks.dynamic`). A package of one
                                         input also takes the bare value: {"inputs": [[...]]}, {"images": [...]}
     POST /GeneralModelService/inference Paddle Serving's HttpClient: protobuf (application/proto) or JSON
                                         (`pipeline/serving/wire.py`): one feed per input, the fetched outputs
@@ -458,6 +460,12 @@ def _build_app(state: _State) -> Any:
     async def predict_v1(request: Request, deadline: float) -> JSONResponse:
         body = await validate.read_body(request, ("application/json",), s, deadline)
         doc = validate.parse_json(body, s.max_json_depth)
+        if validate.task_images(spec) and isinstance(doc, dict) and "images" in doc:
+            # a task that prepares images (ocr_rec: lines of any width): its batches, one shape each, run
+            # through the batcher together with every other request's, answered in the request's order
+            groups = await validate.v1_task_images(doc, spec, s)
+            outs = await asyncio.gather(*(infer(feeds, deadline) for _, feeds in groups))
+            return JSONResponse(validate.v1_answers(groups, list(outs), spec))
         feeds, sizes = await validate.v1_request(doc, spec, s)
         return JSONResponse(validate.v1_answer(await infer(feeds, deadline), spec, sizes))
 

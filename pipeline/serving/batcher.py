@@ -6,7 +6,8 @@ its predictor's pipe (the GIL is released while it waits). A request is a dict o
 input of the package, one batch size); a batch concatenates each input along axis 0 and splits every
 output back by rows. Every sample of a batch has the package's per-sample shapes (text: ids padded to
 max_len, see `validate.canonical_ids`), so requests of different text lengths batch together and get the
-outputs they would get alone. A predictor process that dies fails its batch (500) and is restarted.
+outputs they would get alone; a task with a dynamic input (ocr_rec's width buckets) sends requests of
+different shapes, and a batch holds one shape (the next request of another shape starts the next batch). A predictor process that dies fails its batch (500) and is restarted.
 
 Test hook: while the file named by PIPE_FAULT_HOLD_PREDICTOR exists, each predictor thread waits before
 its warm-up and, holding the request it just took, before forming a batch: tests can keep the server
@@ -44,6 +45,12 @@ class Job:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     queued: float = 0.0  # time.perf_counter() when it entered the queue
+
+
+def _same_shapes(a: Job, b: Job) -> bool:
+    """Whether two requests' samples have the same shapes (only a task with a dynamic input, ocr_rec's line
+    width, sends different ones: such requests are run in separate batches, never padded to each other)."""
+    return all(x.shape[1:] == b.feeds[k].shape[1:] for k, x in a.feeds.items())
 
 
 def settle(fut: asyncio.Future, result: Any, exc: BaseException | None) -> None:
@@ -142,7 +149,7 @@ class Batcher:
                     break
                 if nxt.future.done():
                     continue
-                if rows + nxt.n > self.s.max_batch_size:
+                if rows + nxt.n > self.s.max_batch_size or not _same_shapes(nxt, job):
                     carry = nxt
                     break
                 self._take(1)

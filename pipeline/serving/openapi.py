@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.serving import v2 as v2_mod
-from pipeline.serving.spec import DTYPES, Settings, Spec
-from pipeline.serving.validate import image_inputs, names, sample_shape, takes_images
+from pipeline.serving.spec import DTYPES, Settings, Spec, limits_of
+from pipeline.serving.validate import image_inputs, names, sample_shape, takes_images, task_images
 from pipeline.serving.wire import ENGINE_NAME, PACKAGE
 
 DOCS_ASSETS = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css", "favicon.png": "image/png"}
@@ -186,7 +186,18 @@ def _any_answer(spec: Spec, s: Settings) -> dict[str, Any]:
     return {"type": "object", "description": f"the answer of task {spec.task.name!r} (its `answer`)"}
 
 
-_TASK_ANSWERS = {"detection": _detections}  # /v1's answer schema of tasks without logits, by task name
+def _lines(spec: Spec, s: Settings) -> dict[str, Any]:
+    """pipeline.tasks.ocr_rec's answer: a text and a score per line image, in the order sent."""
+    line = {"type": "object", "required": ["text", "score"], "additionalProperties": False, "properties": {
+        "text": {"type": "string", "description": "CTC greedy decode with the package's keys"},
+        "score": {"type": "number", "minimum": 0, "maximum": 1,
+                  "description": "the mean probability of the line's kept characters (0 for an empty text)"}}}
+    return {"type": "object", "required": ["lines"], "additionalProperties": False, "properties": {
+        "lines": {"type": "array", "minItems": 1, "maxItems": s.max_batch_size, "items": line,
+                  "description": "one per line image (or tensor row), in the order sent"}}}
+
+
+_TASK_ANSWERS = {"detection": _detections, "ocr_rec": _lines}  # /v1's answer schema of tasks without logits, by task name
 
 
 def _by_name(props: dict[str, Any], required: bool = True) -> dict[str, Any]:
@@ -208,9 +219,11 @@ def _choice(tensors: list[Any], images: tuple[Any, ...]) -> dict[str, Any]:
 
 def _images(spec: Spec, s: Settings, t: Any) -> dict[str, Any]:
     """Base64 PNG/JPEG files for image input `t`."""
+    how = (f"any size, prepared by task {spec.task.name} (its own resize, normalisation and batching)"
+           if task_images(spec) else
+           f"converted to {'grayscale' if t.shape[1] == 1 else 'RGB'}, resized and normalised as at training time")
     return {"type": "array", "minItems": 1, "maxItems": s.max_batch_size,
-            "description": f"PNG or JPEG of at most {s.max_image_pixels} pixels, converted to "
-                           f"{'grayscale' if t.shape[1] == 1 else 'RGB'}, resized and normalised as at training time",
+            "description": f"PNG or JPEG of at most {s.max_image_pixels} pixels, {how}",
             "items": {"type": "string", "format": "byte", "contentEncoding": "base64", "pattern": BASE64,
                       "anyOf": [{"contentMediaType": "image/png"}, {"contentMediaType": "image/jpeg"}]}}
 
@@ -227,11 +240,19 @@ def _tensor(spec: Spec, s: Settings, t: Any) -> dict[str, Any]:
                 "items": {"type": "array", "minItems": 1, "items": ids}}
     sample = sample_shape(spec, t)
     schema = _element(t.dtype)
-    for d in reversed(sample):
-        schema = {"type": "array", "minItems": d, "maxItems": d, "items": schema}
-    dims = ", ".join(str(d) for d in sample)
+    for lo, hi in reversed(_bounds(spec, t)):
+        schema = {"type": "array", "minItems": lo, "maxItems": hi, "items": schema}
+    dims = ", ".join(str(d) if d != -1 else f"1..{hi}" for d, (_, hi) in zip(sample, _bounds(spec, t)))
     return {"type": "array", "minItems": 1, "maxItems": n, "items": schema,
             "description": f"{t.dtype} [N, {dims}], preprocessed as at training time"}
+
+
+def _bounds(spec: Spec, t: Any) -> list[tuple[int, int]]:
+    """(min, max) of each per-sample dim of input `t`: a fixed dim exactly, a task's dynamic one 1..its
+    `sample_limits` (`spec.limits_of`)."""
+    sample = sample_shape(spec, t)
+    lim = limits_of(spec.task, spec.info) or sample
+    return [(d, d) if d != -1 else (1, m) for d, m in zip(sample, lim)]
 
 
 def _output(t: Any, n: int) -> dict[str, Any]:
@@ -303,6 +324,15 @@ def _feed(spec: Spec, s: Settings, t: Any) -> dict[str, Any]:
         data = {"type": "array", "minItems": 1, "items": _tensor(spec, s, t)["items"]["items"],
                 "description": "shape[0] x shape[1] ids, row by row"}
         sizes: dict[str, Any] = {}
+    elif -1 in sample:  # a task's dynamic input (ocr_rec's width): each dim within its bounds
+        bounds = _bounds(spec, t)
+        shape = {"type": "array", "prefixItems": [{"type": "integer", "minimum": 1, "maximum": n},
+                                                  *({"type": "integer", "minimum": lo, "maximum": hi}
+                                                    for lo, hi in bounds)],
+                 "minItems": 1 + len(sample), "maxItems": 1 + len(sample)}
+        data = {"type": "array", "minItems": 1, "maxItems": n * int(np.prod([hi for _, hi in bounds])),
+                "items": _element(t.dtype), "description": "prod(shape) values, C order"}
+        sizes = {}
     else:
         shape = {"type": "array", "prefixItems": [{"type": "integer", "minimum": 1, "maximum": n},
                                                   *({"const": d} for d in sample)],

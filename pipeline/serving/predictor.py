@@ -49,9 +49,7 @@ class PredictorProcess:
     """One predictor child: `start`, `hello` (it loaded), `run(feeds)`, `warm_up`, `close`."""
 
     def __init__(self, spec: Spec, threads: int, max_batch: int, engine: str = "", device: str = "cpu"):
-        from pipeline.serving.validate import sample_shape
-
-        warm = [[t.name, t.dtype, list(sample_shape(spec, t))] for t in spec.io.inputs]
+        warm = warm_shapes(spec)
         self.doc = {"package": str(spec.dir), "engine": engine_for(spec, engine), "device": device,
                     "precision": spec.precision, "threads": threads, "warm": warm, "buckets": buckets(max_batch)}
         self.proc: subprocess.Popen | None = None
@@ -104,6 +102,18 @@ class PredictorProcess:
         except (OSError, subprocess.TimeoutExpired):
             self.proc.kill()
             self.proc.wait(timeout)
+
+
+def warm_shapes(spec: Spec) -> list[list[list[Any]]]:
+    """The input shapes warm-up runs, each a [[name, dtype, per-sample shape], ...] for every input: the
+    package's fixed shapes, or for a task with a dynamic input (ocr_rec's width) its `example_shapes`."""
+    from pipeline import tasks
+    from pipeline.serving.validate import sample_shape
+
+    if tasks.dynamic(spec.task):
+        t = spec.io.inputs[0]
+        return [[[t.name, t.dtype, [int(d) for d in shape]]] for shape in spec.task.example_shapes(spec.info)]
+    return [[[t.name, t.dtype, list(sample_shape(spec, t))] for t in spec.io.inputs]]
 
 
 def buckets(max_batch: int) -> list[int]:
@@ -222,7 +232,8 @@ def _create_predictor(doc: dict[str, Any]) -> tuple[Any, Spec]:
     from pipeline.serving.spec import load_package
 
     spec = load_package(Path(doc["package"]))
-    eng = load_engine(spec, doc["engine"], doc["threads"], cache_capacity=len(doc["buckets"]), device=doc["device"])
+    eng = load_engine(spec, doc["engine"], doc["threads"], cache_capacity=len(doc["buckets"]) * len(doc["warm"]),
+                      device=doc["device"])
     return eng, spec
 
 
@@ -262,8 +273,9 @@ def _predictor_main(doc: dict[str, Any]) -> int:
         try:
             if head["op"] == "warm":
                 # oneDNN builds its kernels per input shape on first sight: pay it before /readyz.
-                for n in doc["buckets"]:
-                    infer({name: np.zeros((n, *shape), dtype) for name, dtype, shape in doc["warm"]})
+                for shapes in doc["warm"]:
+                    for n in doc["buckets"]:
+                        infer({name: np.zeros((n, *shape), dtype) for name, dtype, shape in shapes})
                 gcpause.settle()  # loaded and warm: nothing of start-up is walked by a collection again
                 write_frame(channel, {"ok": True})
             else:

@@ -174,11 +174,18 @@ def read_task(section: Any, io_: iospec.IO, labels: list[str], where: str) -> tu
         raise InputError(f"{where}: {e}") from None
 
 
-def check_io(io_: iospec.IO, labels: list[str], text: bool, where: str, logits: bool = True) -> None:
+def limits_of(task: Any, info: tasks.Info) -> tuple[int, ...] | None:
+    """A task's per-sample input limits if its input is dynamic (`tasks.dynamic`), else None."""
+    return tuple(int(d) for d in task.sample_limits(info)) if tasks.dynamic(task) else None
+
+
+def check_io(io_: iospec.IO, labels: list[str], text: bool, where: str, logits: bool = True,
+             limits: tuple[int, ...] | None = None) -> None:
     """What a package serves, checked (the package stage and `load_package` alike): every tensor of a
     servable dtype (`DTYPES`) with a dynamic batch and at least one more axis; inputs fixed behind the batch
-    (text: every input int64 ids [-1, -1]); for a task with logits (`logits`), the logits output float32
-    [-1, len(labels)]. One line otherwise."""
+    (text: every input int64 ids [-1, -1]; a task with a dynamic image input, `limits` = its
+    `sample_limits`: one float32 input whose dims are dynamic or those limits); for a task with logits
+    (`logits`), the logits output float32 [-1, len(labels)]. One line otherwise."""
     for kind, tensors in (("input", io_.inputs), ("output", io_.outputs)):
         for t in tensors:
             if t.dtype not in DTYPES:
@@ -187,7 +194,13 @@ def check_io(io_: iospec.IO, labels: list[str], text: bool, where: str, logits: 
             if len(t.shape) < 2:
                 raise InputError(f"{where}: {kind} {t.public!r} shape {list(t.shape)}: expected a dynamic batch "
                                  "and at least one more axis")
-    for t in io_.inputs:
+    if limits is not None:
+        t = io_.inputs[0]
+        if len(io_.inputs) != 1 or t.dtype != "float32" or len(t.shape) != len(limits) + 1 \
+                or any(d not in (-1, m) for d, m in zip(t.shape[1:], limits)):
+            raise InputError(f"{where}: this task takes one float32 input [-1, {', '.join(map(str, limits))}] "
+                             f"(dims may be dynamic, -1); got {', '.join(f'{u.public!r} {u.dtype} {list(u.shape)}' for u in io_.inputs)}")
+    for t in io_.inputs if limits is None else ():
         if text and (t.dtype != "int64" or list(t.shape) != [-1, -1]):
             raise InputError(f"{where}: a text model takes int64 ids of shape [-1, -1]; input {t.public!r} is "
                              f"{t.dtype} {list(t.shape)}")
@@ -244,7 +257,7 @@ def load_package(path: Path) -> Spec:
         raise InputError(f"{where}: not a serving spec this pipe reads (schema {SERVING_SCHEMA})")
     io_ = iospec.IO.from_interface(tensors, str(where))
     task, info = read_task(doc.get("task"), io_, labels, str(where))
-    check_io(io_, labels, is_text, str(where), logits=bool(info.logits))
+    check_io(io_, labels, is_text, str(where), logits=bool(info.logits), limits=limits_of(task, info))
     text = None
     if is_text:
         section = text_section(doc["text"], f"{where}: text")

@@ -26,7 +26,7 @@ import numpy as np
 
 from pipeline import data as data_mod, iospec
 from pipeline.errors import InputError
-from pipeline.serving.spec import Settings, Spec, TextSpec
+from pipeline.serving.spec import Settings, Spec, TextSpec, limits_of
 
 _NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"')  # deleted before the depth scan
 
@@ -145,8 +145,18 @@ def expected(spec: Spec, s: Settings, t: iospec.Tensor) -> str:
         text = spec.text
         return (f"int64 token ids: 1..{s.max_batch_size} rows of >= 1 ids each (each padded or truncated to "
                 f"max_len {text.max_len}), ids 0..{_id_limit(spec, t) - 1}")
-    dims = ", ".join(str(d) for d in sample_shape(spec, t))
+    lim = limits_of(spec.task, spec.info) or sample_shape(spec, t)
+    dims = ", ".join(str(d) if d != -1 else f"1..{m}" for d, m in zip(sample_shape(spec, t), lim))
     return f"{t.dtype} [N, {dims}] with 1 <= N <= {s.max_batch_size}"
+
+
+def _fits(spec: Spec, t: iospec.Tensor, shape: tuple[int, ...]) -> bool:
+    """A sample shape against input `t`: its fixed dims equal, its dynamic ones (a task's dynamic input)
+    1..the task's `sample_limits`."""
+    sample = sample_shape(spec, t)
+    lim = limits_of(spec.task, spec.info) or sample
+    return len(shape) == len(sample) and all(g == d if d != -1 else 1 <= g <= m
+                                             for d, g, m in zip(sample, shape, lim))
 
 
 def as_tensor(obj: Any, spec: Spec, s: Settings, t: iospec.Tensor, where: str) -> np.ndarray:
@@ -172,7 +182,7 @@ def check_tensor(arr: np.ndarray, spec: Spec, s: Settings, t: iospec.Tensor, whe
     want, sample = expected(spec, s, t), sample_shape(spec, t)
     if arr.ndim != len(sample) + 1:
         raise ApiError(422, "invalid_tensor", f"{where}: rank {arr.ndim}, expected {want}")
-    if tuple(arr.shape[1:]) != sample or not 1 <= arr.shape[0] <= s.max_batch_size:
+    if not _fits(spec, t, tuple(arr.shape[1:])) or not 1 <= arr.shape[0] <= s.max_batch_size:
         got = ", ".join(str(d) for d in arr.shape)
         raise ApiError(422, "invalid_tensor", f"{where}: shape [{got}], expected {want}")
     dtype = t.dtype
@@ -326,9 +336,12 @@ def check_text_rule(spec: Spec) -> None:
 
 def image_inputs(spec: Spec) -> list[iospec.Tensor]:
     """The inputs a base64 PNG/JPEG can fill: float32 NCHW images of 1 or 3 channels, normalised by their
-    own preprocessing (`data.input_preprocessing`: per input, by public name)."""
+    own preprocessing (`data.input_preprocessing`: per input, by public name); or the one input of a task
+    that prepares images itself (`task_images`)."""
     if spec.text is not None:
         return []
+    if task_images(spec):
+        return [spec.io.inputs[0]]
     ins = spec.io.inputs
     try:
         per = data_mod.input_preprocessing(spec.preprocessing, [t.public for t in ins])
@@ -341,6 +354,13 @@ def image_inputs(spec: Spec) -> list[iospec.Tensor]:
 
 def takes_images(spec: Spec) -> bool:
     return bool(image_inputs(spec))
+
+
+def task_images(spec: Spec) -> bool:
+    """Whether the package's task prepares images itself (a dynamic input: ocr_rec's lines, any width)."""
+    from pipeline import tasks
+
+    return tasks.dynamic(spec.task)
 
 
 _FIELDS = {"inputs", "images", "text"}
@@ -446,6 +466,42 @@ def _decode_all(raws: dict[iospec.Tensor, list[bytes]], spec: Spec, s: Settings
     return {t.name: _decode_images(rs, spec, s, t) for t, rs in raws.items()}
 
 
+Groups = list[tuple[list[int], dict[str, np.ndarray]]]  # (positions in the request, feeds by program name)
+
+
+async def v1_task_images(doc: Any, spec: Spec, s: Settings) -> Groups:
+    """A /v1/predict body of images for a task that prepares them (`task_images`): {"images": [base64
+    PNG/JPEG, ...]} (or by input name) -> the task's batches (`prepare_images`), each of one shape and at
+    most max_batch_size, with each batch's positions in the request."""
+    t = spec.io.inputs[0]
+    if not isinstance(doc, dict) or set(doc) != {"images"}:
+        raise ApiError(422, "invalid_request", f"the body must be an object of {fields(spec)}")
+    value = _by_name("images", doc["images"], spec)[t]
+    if not isinstance(value, list) or not 1 <= len(value) <= s.max_batch_size \
+            or not all(isinstance(im, str) for im in value):
+        raise ApiError(422, "invalid_request", f"images: a list of 1..{s.max_batch_size} base64 strings")
+    raws = [_unbase64(b64, i) for i, b64 in enumerate(value)]
+
+    def prepare() -> Groups:
+        images = [_open_image(raw, i, s, "RGB", None)[0] for i, raw in enumerate(raws)]
+        return [(pos, {t.name: x}) for pos, x in spec.task.prepare_images(images, spec.info, s.max_batch_size)]
+
+    return prepare() if inline_decode(raws) else await asyncio.to_thread(prepare)
+
+
+def v1_answers(groups: Groups, outs: list[dict[str, np.ndarray]], spec: Spec) -> dict[str, Any]:
+    """Each batch's outputs -> one /v1 answer in the request's order: the task's answer per batch, whose
+    every field is a list of one item per sample, put back at the samples' positions."""
+    n = sum(len(pos) for pos, _ in groups)
+    merged: dict[str, list[Any]] = {}
+    for (pos, _), out in zip(groups, outs, strict=True):
+        for key, items in v1_answer(out, spec).items():
+            merged.setdefault(key, [None] * n)
+            for p, item in zip(pos, items, strict=True):
+                merged[key][p] = item
+    return merged
+
+
 def _unbase64(b64: str, i: int) -> bytes:
     """Strict base64 (the alphabet and padding only), what the OpenAPI schema's pattern says
     (`openapi.BASE64`). binascii's strict mode checks at C speed; base64.b64decode(validate=True) runs a
@@ -502,33 +558,41 @@ def _decode_images(raws: list[bytes], spec: Spec, s: Settings, t: iospec.Tensor
                    ) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """PNG/JPEG files -> image input `t`: converted to its channels, resized to its size, prepared with its
     preprocessing, as at training time; and each file's own (height, width) before the resize."""
-    from PIL import Image
-
     c, h, w = t.shape[1:]
     out = np.empty((len(raws), c, h, w), np.uint8)
     sizes = []
     for i, raw in enumerate(raws):
-        try:
-            with Image.open(io.BytesIO(raw)) as im:
-                if im.format not in ("PNG", "JPEG"):
-                    raise ApiError(422, "invalid_image", f"images[{i}]: must be PNG or JPEG")
-                if im.width * im.height > s.max_image_pixels:
-                    raise ApiError(422, "invalid_image", f"images[{i}]: more than {s.max_image_pixels} pixels")
-                if im.mode not in ("1", "L", "LA", "P", "RGB", "RGBA"):
-                    raise ApiError(422, "invalid_image", f"images[{i}]: unsupported image mode (need grayscale "
-                                                          "or RGB)")
-                sizes.append((im.height, im.width))
-                im = im.convert("L" if c == 1 else "RGB")
-                if im.size != (w, h):
-                    im = im.resize((w, h), Image.BILINEAR)  # as `data.image_size` does at training time
-                arr = np.asarray(im, np.uint8)
-        except ApiError:
-            raise
-        except Exception:  # an untrusted file: any decoder failure is the sender's, never a 500
-            raise ApiError(422, "invalid_image", f"images[{i}]: not a decodable PNG/JPEG") from None
+        arr, size = _open_image(raw, i, s, "L" if c == 1 else "RGB", (w, h))
+        sizes.append(size)
         out[i] = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
     pre = data_mod.input_preprocessing(spec.preprocessing, [u.public for u in spec.io.inputs])[t.public]
     return data_mod.prepare(out, pre), sizes
+
+
+def _open_image(raw: bytes, i: int, s: Settings, mode: str, size: tuple[int, int] | None
+                ) -> tuple[np.ndarray, tuple[int, int]]:
+    """One PNG/JPEG -> uint8 [H, W] ("L") or [H, W, 3] ("RGB"), resized to `size` (w, h) if given, and its
+    own (height, width); 422 naming images[i] for anything else."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(raw)) as im:
+            if im.format not in ("PNG", "JPEG"):
+                raise ApiError(422, "invalid_image", f"images[{i}]: must be PNG or JPEG")
+            if im.width * im.height > s.max_image_pixels:
+                raise ApiError(422, "invalid_image", f"images[{i}]: more than {s.max_image_pixels} pixels")
+            if im.mode not in ("1", "L", "LA", "P", "RGB", "RGBA"):
+                raise ApiError(422, "invalid_image", f"images[{i}]: unsupported image mode (need grayscale "
+                                                      "or RGB)")
+            own = (im.height, im.width)
+            im = im.convert(mode)
+            if size is not None and im.size != size:
+                im = im.resize(size, Image.BILINEAR)  # as `data.image_size` does at training time
+            return np.asarray(im, np.uint8), own
+    except ApiError:
+        raise
+    except Exception:  # an untrusted file: any decoder failure is the sender's, never a 500
+        raise ApiError(422, "invalid_image", f"images[{i}]: not a decodable PNG/JPEG") from None
 
 
 def v1_answer(outs: dict[str, np.ndarray], spec: Spec, sizes: Sizes = None) -> dict[str, Any]:

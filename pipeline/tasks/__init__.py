@@ -24,6 +24,16 @@ own (a module, a class, which is instantiated with no arguments, or an object). 
     fidelity(got, ref, info)             optional: a compressed variant against fp32 beyond the metric's
                                            drop, e.g. classification's top-1 agreement ({} if absent)
 
+A task whose one image input has dynamic dims behind the batch (ocr_rec: a line's width) supplies what
+`pipe package` and `pipe serve` need for it (`dynamic(task)`); the stages then ask it instead of the
+input's fixed shape:
+
+    sample_limits(info)                  the largest per-sample shape the input takes (a tensor beyond: 422)
+    example_shapes(info)                 per-sample shapes to check conversions and warm engines at
+    prepare_images(images, info, size)   RGB uint8 [H, W, 3] images -> [(positions, batch array)], each
+                                           batch of one shape (the server batches only equal shapes)
+    reference_set(data_cfg, info, n)     up to n real inputs as one array, and their targets
+
 `info` (`Info`) carries what the data and config know: the labels, the postprocessing settings, and
 train.label_smoothing. Tasks import nothing from the stages; the stages call tasks only through this.
 """
@@ -113,10 +123,15 @@ def check_data(task: Any, targets: str, source: str) -> None:
                          f"{_DATA.get(targets, targets)}")
 
 
+def dynamic(task: Any) -> bool:
+    """Whether the task's image input has dynamic dims it prepares itself (see the module docstring)."""
+    return hasattr(task, "prepare_images")
+
+
 def refuse_own_data(task: Any, stage: str, where: str) -> None:
     """A task that owns its data and batching (`load_data`: ocr_rec, whose input has a dynamic width) goes
-    through `pipe import` only so far; a stage built on fixed-shape arrays says so in one line instead of
-    failing somewhere inside."""
+    through `pipe import`, `pipe package` and `pipe serve` so far; a stage built on fixed-shape arrays says so
+    in one line instead of failing somewhere inside."""
     if hasattr(task, "load_data"):
         raise InputError(f"{where}: pipe {stage} does not take {task.name} models yet (a dynamic-width input "
                          f"and the task's own data); pipe import measured this one: see its manifest's metrics")

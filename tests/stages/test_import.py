@@ -14,33 +14,14 @@ import yaml
 
 from pipeline import artifacts, paddle_program, pretrained
 from pipeline.tasks import ocr_rec
-from tests.conftest import tree_hash
+from tests.conftest import OCR_LINES, tree_hash
 
-LINES = ["--set", "data.ocr_lines=120"]  # generated lines: 120 train, 18 val, 18 test
-
-
-@pytest.fixture(scope="session")
-def ppocr() -> Path:
-    return pretrained.ppocr()
+LINES = OCR_LINES
 
 
-@pytest.fixture(scope="session")
-def rec_src(ppocr) -> Path:
-    return ppocr / pretrained.MODELS["rec"]
-
-
-@pytest.fixture(scope="session")
-def keys(ppocr) -> Path:
-    return ppocr / pretrained.KEYS
-
-
-@pytest.fixture(scope="module")
-def imported(tmp_path_factory, rec_src, keys) -> Path:
-    from pipeline.cli import main
-
-    out = tmp_path_factory.mktemp("ppocr") / "export"
-    assert main(["import", str(rec_src), "--task", "ocr_rec", "--keys", str(keys), "--out", str(out), *LINES]) == 0
-    return out
+@pytest.fixture
+def imported(ppocr_rec_export) -> Path:
+    return ppocr_rec_export
 
 
 def _one_line_error(cli, *args) -> str:
@@ -251,14 +232,12 @@ def test_a_failed_import_leaves_an_existing_artifact_untouched(imported, rec_src
     assert tree_hash(out) == before
 
 
-@pytest.mark.parametrize("stage", ["compress", "package"])
-def test_stages_on_fixed_shapes_refuse_an_ocr_rec_export_in_one_line(stage, imported, tmp_path, cli):
-    """compress and package are built on fixed-shape arrays and data.source loaders: they say so, naming the
-    manifest, instead of failing inside."""
-    args = ["--int8"] if stage == "compress" else []
-    err = _one_line_error(cli, stage, imported, *args, "--out", tmp_path / stage)
-    assert f"pipe {stage} does not take ocr_rec models yet" in err and "manifest.json" in err, err
-    assert not (tmp_path / stage).exists()
+def test_compress_refuses_an_ocr_rec_export_in_one_line(imported, tmp_path, cli):
+    """compress is built on fixed-shape arrays and data.source loaders: it says so, naming the manifest,
+    instead of failing inside (package and serve take it: tests/stages/test_serve_ocr_rec.py)."""
+    err = _one_line_error(cli, "compress", imported, "--int8", "--out", tmp_path / "compress")
+    assert "pipe compress does not take ocr_rec models yet" in err and "manifest.json" in err, err
+    assert not (tmp_path / "compress").exists()
 
 
 def test_params_walk_reads_every_pretrained_export(ppocr):

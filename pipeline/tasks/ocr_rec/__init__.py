@@ -12,8 +12,9 @@ probabilities [N, W/8, keys + 2]. Its keys are the task's labels (`Info.labels`,
 what a user may tune is in `settings`, with PaddleOCR's defaults. Beyond the common task contract
 (pipeline/tasks/__init__.py), a task that owns its data supplies what `pipe import` calls:
 `from_program`, `default_source`, `load_data`, `batches`, `decode`, `score`, `files`, `output_roles`; and
-`recognise` runs any engine over line images in those batches and answers in the images' order (for the
-reference check and the server).
+`recognise` runs any engine over line images in those batches and answers in the images' order (the bench).
+Its input's width is dynamic, so it also supplies what `pipe package` and `pipe serve` call for such an
+input (pipeline/tasks/__init__.py): `sample_limits`, `example_shapes`, `prepare_images`, `reference_set`.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ settings: dict[str, Any] = {"ignore_space": True, "nfkc": False, "min_width": 32
 default_source = data_mod.BUILT_IN
 KEYS_FILE = "keys.txt"
 OUTPUT = "probs"
+REFERENCE_LINES = 16  # a package's reference set (reference_set): the size of its outputs decides
 
 
 # ------------------------------------------------------------------ the common contract
@@ -137,6 +139,56 @@ def recognise(images: Sequence[np.ndarray], info: Any, run: Callable[[dict[str, 
         for p, a in zip(pos, decode(run(feeds), info), strict=True):
             out[p] = a
     return out
+
+
+# ------------------------------------------------------------------ what package and serve call
+
+
+def sample_limits(info: Any) -> tuple[int, ...]:
+    """The largest line the input takes, per sample: [3, 48, max_width] (a tensor sent wider is refused)."""
+    return (3, lines.HEIGHT, int(info.settings["max_width"]))
+
+
+def example_shapes(info: Any) -> list[tuple[int, ...]]:
+    """Per-sample shapes to check conversions and warm engines at: the first width buckets, where most lines
+    fall (oneDNN builds kernels per shape on first sight: facts §17, 322 ms/line the first time)."""
+    st = info.settings
+    lo, step = int(st["min_width"]), int(st["width_bucket"])
+    return [(3, lines.HEIGHT, w) for w in range(lo, min(int(st["max_width"]), lo + 4 * step) + 1, step)]
+
+
+def prepare_images(images: Sequence[np.ndarray], info: Any, size: int) -> list[tuple[list[int], np.ndarray]]:
+    """RGB uint8 [H, W, 3] line images -> (positions, [n, 3, 48, W]) batches of at most `size`, each batch at
+    one bucketed width (`lines.collate`): a line is always run at its own bucket's width, so its answer is
+    the same alone or with others of any width (the server batches only equal shapes)."""
+    st = info.settings
+    prepared = [lines.prepare(im, int(st["max_width"])) for im in images]
+    groups: dict[int, list[int]] = {}
+    for i, p in enumerate(prepared):
+        groups.setdefault(lines.batch_width([p.shape[2]], int(st["width_bucket"]), int(st["min_width"])), []).append(i)
+    out = []
+    for _, pos in sorted(groups.items()):
+        for k in range(0, len(pos), size):
+            part = pos[k:k + size]
+            out.append((part, lines.collate([prepared[i] for i in part], int(st["width_bucket"]),
+                                            int(st["min_width"]))))
+    return out
+
+
+def reference_set(cfg: Any, info: Any, n: int) -> tuple[np.ndarray, list[str]]:
+    """Up to `n` real lines (at most REFERENCE_LINES) for a package's reference check: the narrowest of the
+    test and val splits (a line's output is [W/8, keys + 2] floats: 16 lines at 320 px are 17 MB, 36 lines
+    padded to 1,024 px were 152 MB), prepared as served, padded to one width (the set is one tensor), and
+    their texts."""
+    ds = load_data(cfg, info)
+    st = info.settings
+    pool = [(sp, i) for sp in (ds.test, ds.val) for i in range(len(sp))]
+    if not pool:
+        raise InputError(f"reference set: data.source {cfg.source!r} has no val or test lines")
+    prepared = [lines.prepare(sp.images[i], int(st["max_width"])) for sp, i in pool]
+    order = sorted(range(len(pool)), key=lambda k: prepared[k].shape[2])[:min(n, REFERENCE_LINES)]
+    x = lines.collate([prepared[k] for k in order], int(st["width_bucket"]), int(st["min_width"]))
+    return x, [pool[k][0].texts[pool[k][1]] for k in order]
 
 
 def _probs(outputs: dict[str, np.ndarray], where: str) -> np.ndarray:

@@ -1,0 +1,193 @@
+"""pipe package and pipe serve on the real PP-OCRv4 recognizer, imported (the session's `ppocr_rec_export`):
+the package keeps the line width dynamic (serving.yaml, the Triton config, the client config), its reference
+set is real lines prepared as served; the server reads line images of any width on /v1 and answers what a
+direct Paddle Inference run of the export answers, runs concurrent requests of different widths in batches
+of one shape each (never padded to each other), takes raw tensors of any width up to the task's limit on
+/v1 and /v2, and refuses the rest in one line."""
+
+from __future__ import annotations
+
+import base64
+import io
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import yaml
+
+from pipeline import artifacts, config as config_mod, engines, iospec, reference, tasks
+from pipeline.cli import main
+from pipeline.engines import paddle as paddle_engine
+from pipeline.tasks import ocr_rec
+from tests.serving_helpers import metric, start_server
+
+
+@pytest.fixture(scope="module")
+def package(ppocr_rec_export, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ocr-package") / "package"
+    assert main(["package", str(ppocr_rec_export), "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def export(ppocr_rec_export):
+    """(info, the test split's lines, a direct Paddle Inference run of the export: feeds -> outputs by public name)."""
+    art = artifacts.verify(ppocr_rec_export, ("export",))
+    iface = art.manifest["interface"]
+    info = ocr_rec.info_of(iface)
+    data = ocr_rec.load_data(config_mod.from_dict(art.manifest["config"]).data, info)
+    eng = paddle_engine.load([art.file("model.json"), art.file("model.pdiparams")], threads=1)
+    return info, data.test, engines.bind(eng, iospec.IO.from_interface(iface), "export")
+
+
+@pytest.fixture(scope="module")
+def server(package):
+    srv = start_server(package)
+    yield srv
+    assert srv.stop() == 0
+
+
+def _png(image: np.ndarray) -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, "PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _alone(export, images):
+    """Each line recognised on its own by the export, at its own width bucket: what the server must answer."""
+    info, _, run = export
+    return ocr_rec.recognise(images, info, run, 1)
+
+
+def test_the_package_keeps_the_line_width_dynamic(package, export, ppocr_rec_export):
+    spec = yaml.safe_load((package / "serving.yaml").read_text(encoding="utf-8"))
+    assert spec["task"]["name"] == "ocr_rec" and spec["preprocessing"] == {"kind": "ocr_rec"}
+    assert [t["shape"] for t in spec["inputs"]] == [[-1, 3, 48, -1]]
+    assert [t["shape"] for t in spec["outputs"]] == [[-1, -1, 6625]]
+    assert len(spec["labels"]) == 6623
+    assert spec["name"] == "ch_PP-OCRv4_rec_infer"  # the source folder's name: /v2/models/<it>, Triton's too
+    pbtxt = (package / "triton" / spec["name"] / "config.pbtxt").read_text()
+    assert "dims: [ 3, 48, -1 ]" in pbtxt and "dims: [ -1, 6625 ]" in pbtxt
+    conf = (package / "serving_client_conf.prototxt").read_text()
+    assert conf.count("shape: -1") == 2  # feed [3, 48, -1], fetch [-1, 6625]: the batch is left out
+    # the reference set: the 16 narrowest of the export's test and val lines, prepared as served, one width
+    info, test, run = export
+    desc = iospec.IO.from_interface(artifacts.verify(package, ("package",)).manifest["interface"])
+    x, y = reference.load_set(package / reference.FILE, desc)
+    (arr,) = x.values()
+    assert arr.shape[:3] == (16, 3, 48) and arr.shape[3] % 64 == 0 and arr.shape[3] >= 320
+    assert (package / reference.FILE).stat().st_size < 25e6  # outputs are [W/8, 6625] floats a line
+    art = artifacts.verify(ppocr_rec_export, ("export",))
+    want, texts = ocr_rec.reference_set(config_mod.from_dict(art.manifest["config"]).data, info, 256)
+    np.testing.assert_array_equal(arr, want)
+    assert len(texts) == 16 and set(texts) <= set(test.texts) | set(ocr_rec.load_data(
+        config_mod.from_dict(art.manifest["config"]).data, info).val.texts)
+    m = artifacts.verify(package, ("package",)).manifest["metrics"]["reference"]
+    assert m["samples"] == 16 and m["task_metrics"]["fp32"] == m["task_metrics"]["packaged"]
+    assert m["task_metrics"]["fp32"]["acc"] >= 0.8  # PP-OCRv4 on clean generated lines (facts §17: ~0.97)
+
+
+def test_v1_reads_line_images_of_any_width_as_a_direct_run(server, export):
+    info, test, _ = export
+    images = test.images
+    assert len({ocr_rec.lines.batch_width([ocr_rec.lines.prepare(im, 3200).shape[2]], 64, 320)
+                for im in images}) >= 3, "the test lines should span several width buckets"
+    r = httpx.post(server.url + "/v1/predict", json={"images": [_png(im) for im in images]}, timeout=120)
+    assert r.status_code == 200, r.text
+    got = r.json()["lines"]
+    want = _alone(export, images)
+    assert [g["text"] for g in got] == [t for t, _ in want]
+    np.testing.assert_allclose([g["score"] for g in got], [s for _, s in want], atol=1e-4)
+    acc = ocr_rec.score([(g["text"], g["score"]) for g in got], test, info)["acc"]
+    assert acc >= 0.8, acc
+    # by input name, as every image package takes it
+    r = httpx.post(server.url + "/v1/predict", json={"images": {"x": [_png(images[0])]}}, timeout=60)
+    assert r.status_code == 200 and r.json()["lines"][0]["text"] == want[0][0]
+
+
+def test_concurrent_requests_of_different_widths_get_what_they_get_alone(server, export):
+    """Requests of several widths in flight together: the batcher runs only equal shapes together, so every
+    answer is the one its line gets alone (a line padded to another's width could read differently)."""
+    _, test, _ = export
+    images = test.images[:8]
+    want = [t for t, _ in _alone(export, images)]
+    batches_before = metric(httpx.get(server.url + "/metrics").text, "pipe_batch_size_count", 0.0)
+
+    def ask(i: int) -> str:
+        r = httpx.post(server.url + "/v1/predict", json={"images": [_png(images[i % len(images)])]}, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()["lines"][0]["text"]
+
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(ask, range(32)))
+    assert got == [want[i % len(images)] for i in range(32)]
+    assert metric(httpx.get(server.url + "/metrics").text, "pipe_batch_size_count", 0.0) > batches_before
+
+
+def test_raw_tensors_of_any_width_up_to_the_limit(server, export):
+    info, test, run = export
+    x = ocr_rec.lines.collate([ocr_rec.lines.prepare(test.images[0], 3200)], 8, 1)  # an exact width, not bucketed
+    assert x.shape[3] % 64 != 0 or x.shape[3] < 320
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}]}
+    r = httpx.post(server.url + "/v2/models/ch_PP-OCRv4_rec_infer/infer", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    (out,) = r.json()["outputs"]
+    probs = np.asarray(out["data"], np.float32).reshape(out["shape"])
+    assert out["shape"] == [1, x.shape[3] // 8, 6625]
+    np.testing.assert_allclose(probs, run({"x": x})["probs"], atol=1e-5)
+    r = httpx.post(server.url + "/v1/predict", json={"inputs": x.tolist()}, timeout=60)
+    assert r.status_code == 200 and r.json()["lines"][0]["text"] == ocr_rec.decode({"probs": probs}, info)[0][0]
+    for shape, needle in (([1, 3, 32, 320], "[N, 3, 48, 1..3200]"), ([1, 3, 48, 3208], "[N, 3, 48, 1..3200]"),
+                          ([1, 1, 48, 320], "[N, 3, 48, 1..3200]")):
+        r = httpx.post(server.url + "/v1/predict", json={"inputs": np.zeros(shape).tolist()}, timeout=60)
+        assert r.status_code == 422 and needle in r.json()["error"]["message"], r.text
+
+
+def test_bad_line_images_are_refused_naming_the_image(server, export):
+    _, test, _ = export
+    for images, code, needle in (([_png(test.images[0]), "AAAA"], 422, "images[1]: not a decodable PNG/JPEG"),
+                                 ([], 422, "images: a list of 1..32 base64 strings"),
+                                 (["not base64!"], 422, "images[0]: not valid base64")):
+        r = httpx.post(server.url + "/v1/predict", json={"images": images}, timeout=60)
+        assert r.status_code == code and needle in r.json()["error"]["message"], r.text
+    r = httpx.post(server.url + "/v1/predict", json={"images": [_png(test.images[0])], "inputs": [[0]]}, timeout=60)
+    assert r.status_code == 422, r.text
+    # a one-pixel-high sliver and a blank page are lines too: an answer, not an error
+    blank = np.full((40, 900, 3), 255, np.uint8)
+    r = httpx.post(server.url + "/v1/predict", json={"images": [_png(blank), _png(blank[:1])]}, timeout=60)
+    assert r.status_code == 200 and len(r.json()["lines"]) == 2, r.text
+
+
+def test_model_info_and_openapi_describe_the_dynamic_width(server, export):
+    from tests.stages.test_serve_openapi import valid
+
+    info = httpx.get(server.url + "/v1/model").json()
+    assert info["task"]["name"] == "ocr_rec" and info["accepts_images"] is True
+    cfg = httpx.get(server.url + "/v2/models/ch_PP-OCRv4_rec_infer/config").json()
+    assert cfg["input"][0]["dims"] == [3, 48, -1]
+    post = httpx.get(server.url + "/openapi.json").json()["paths"]["/v1/predict"]["post"]
+    request = post["requestBody"]["content"]["application/json"]["schema"]
+    answer = post["responses"]["200"]["content"]["application/json"]["schema"]
+    _, test, _ = export
+    body = {"images": [_png(im) for im in test.images[:3]]}
+    assert valid(request, body) and valid(request, {"inputs": np.zeros((1, 3, 48, 100)).tolist()})
+    assert not valid(request, {"inputs": np.zeros((1, 3, 32, 100)).tolist()})
+    r = httpx.post(server.url + "/v1/predict", json=body, timeout=60)
+    assert r.status_code == 200 and valid(answer, r.json()), r.text
+    assert "1..3200" in request["properties"]["inputs"]["description"]
+
+
+def test_a_package_on_openvino_reads_the_legacy_program(ppocr_rec_export, tmp_path, cli):
+    """The export's legacy program, byte for byte as PaddleOCR shipped it, on OpenVINO: the reference check
+    holds (the fastest fp32 engine for PP-OCRv4 on CPU, facts §17)."""
+    code, out, err = cli("package", ppocr_rec_export, "--engine", "openvino", "--no-triton", "--out", tmp_path / "p")
+    assert code == 0, err
+    m = artifacts.verify(tmp_path / "p", ("package",)).manifest
+    assert m["engine"] == "openvino" and m["format"] == "legacy"
+    ref = m["metrics"]["reference"]
+    assert ref["task_metrics"]["packaged"]["acc"] == ref["task_metrics"]["fp32"]["acc"]
+    assert tasks.get("ocr_rec") is ocr_rec
