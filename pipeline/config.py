@@ -185,7 +185,8 @@ class CompressConfig:
 class ReleaseConfig:
     pick: str = _opt("fastest", "`pipe all`: what to package among the variants compress measured on every engine "
                                 "within compress.max_drop of fp32: fastest, smallest, or fp32", ("fastest", "smallest", "fp32"))
-    engine: str = _opt("auto", "`pipe all`: the engine to package on: auto (any measured), paddle, onnxruntime or openvino",
+    engine: str = _opt("auto", "`pipe all`: the engine to package on: auto (any measured), paddle, onnxruntime or openvino "
+                               "(without a compress stage: the export's files on it; auto = paddle)",
                        ("auto", "paddle", "onnxruntime", "openvino"))
     optimize: str = _opt("balanced", "`pipe all`: which speed `fastest` means: balanced (batch 1 and batch 32), latency "
                                      "(batch 1 p50) or throughput (batch 32 items/s)", ("balanced", "latency", "throughput"))

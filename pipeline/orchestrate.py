@@ -4,7 +4,9 @@
     pipe all --config examples/digits.yaml --run runs/digits --force compress
 
 train -> export -> compress (when `compress.int8` or `compress.distill`) -> package -> `report.md` and a
-self-contained `report.html` in RUN (pipeline/report.py).
+self-contained `report.html` in RUN (pipeline/report.py). With `import.source` set, `pipe import` of that
+model writes RUN/export in place of train and export (its cache key: the import and data sections and the
+source's and key file's fingerprints; `--force import` reruns it).
 
 Cache: `RUN/pipeline.json` records, per stage, a key (the stage's config sections, its input's manifest
 sha256 — for train the data's and model's content fingerprint — and pipe's and the libraries' versions)
@@ -68,20 +70,26 @@ def run_all(cfg: RunConfig, run_dir: Path, resume: str | None = None, force: str
             on_stage: Callable[[StageResult], None] = lambda r: None) -> list[StageResult]:
     """Run (or reuse) every stage; returns what happened to each. Raises the failing gate's error.
     The run directory is locked for the whole chain: a second `pipe all` or `pipe train` on it exits 2."""
-    if force is not None and force not in STAGES:
-        raise InputError(f"--force: must be one of {', '.join(STAGES)}, got {force!r}")
+    if force is not None and force not in (*STAGES, "import"):
+        raise InputError(f"--force: must be one of {', '.join(STAGES)} or import, got {force!r}")
     with job.run_lock(Path(run_dir), "pipe all", job.lock_name(cfg.dist.nnodes, cfg.dist.node_rank)):
         return _run_all(cfg, Path(run_dir), resume, force, say, on_stage)
 
 
 def _run_all(cfg: RunConfig, run_dir: Path, resume: str | None, force: str | None,
              say: Callable[[str], None], on_stage: Callable[[StageResult], None]) -> list[StageResult]:
-    from stages import compress, export, package, train
+    from stages import compress, export, import_, package, train
 
+    imported = bool(cfg.import_.source)
+    if imported and (resume or cfg.model.init):
+        raise InputError(f"import.source {cfg.import_.source}: pipe all imports that model in place of train and "
+                         f"export; --resume and model.init are training's")
+    force = "export" if force == "import" else force  # an import chain's export stage is the import
     cache = _Cache(run_dir, STAGES.index(force) if force else len(STAGES), say)
     if resume:
         cache.resume = True  # --resume asks for training; later stages rerun only if train/ changed
-    stages = [s for s in STAGES if s != "compress" or cfg.compress.int8 or cfg.compress.distill]
+    stages = [s for s in STAGES if (s != "compress" or cfg.compress.int8 or cfg.compress.distill)
+              and not (imported and s == "train")]
     results: list[StageResult] = []
 
     def step(name: str, key_doc: dict[str, Any], build: Callable[[], Path]) -> Path:
@@ -94,7 +102,7 @@ def _run_all(cfg: RunConfig, run_dir: Path, resume: str | None, force: str | Non
             results.append(StageResult(name, path, "cached", 0.0, hit))
             on_stage(results[-1])
             return path
-        say(f"[{n}/{len(stages)}] {name} ...")
+        say(f"[{n}/{len(stages)}] {name}{' (pipe import ' + cfg.import_.source + ')' if imported and name == 'export' else ''} ...")
         t0 = time.perf_counter()
         build()
         seconds = time.perf_counter() - t0
@@ -103,11 +111,19 @@ def _run_all(cfg: RunConfig, run_dir: Path, resume: str | None, force: str | Non
         on_stage(results[-1])
         return path
 
-    train_dir = step("train", {"config": _sections(cfg, "data", "model", "train", "amp", "dist", "distill"),
-                               "inputs": _fingerprints(cfg)},
-                     lambda: train.run(cfg, run_dir / "train", resume=resume))
-    export_dir = step("export", {"config": _sections(cfg, "export"), "input": _manifest_sha(train_dir)},
-                      lambda: export.run(cfg, train_dir, run_dir / "export"))
+    if imported:  # someone else's exported model, measured and parity-checked, as this run's export/
+        src = Path(cfg.import_.source)
+        inputs = {"source": _fingerprint(str(src)), "data": _fingerprint(cfg.data.source)}
+        if cfg.import_.keys:
+            inputs["keys"] = _fingerprint(cfg.import_.keys)
+        export_dir = step("export", {"config": _sections(cfg, "import", "data", "postprocess"), "inputs": inputs},
+                          lambda: import_.run(cfg, src, run_dir / "export"))
+    else:
+        train_dir = step("train", {"config": _sections(cfg, "data", "model", "train", "amp", "dist", "distill"),
+                                   "inputs": _fingerprints(cfg)},
+                         lambda: train.run(cfg, run_dir / "train", resume=resume))
+        export_dir = step("export", {"config": _sections(cfg, "export"), "input": _manifest_sha(train_dir)},
+                          lambda: export.run(cfg, train_dir, run_dir / "export"))
     compress_dir = None
     if "compress" in stages:
         extra = ("distill", "train", "amp", "dist") if cfg.compress.distill else ()
@@ -116,7 +132,8 @@ def _run_all(cfg: RunConfig, run_dir: Path, resume: str | None, force: str | Non
                             lambda: compress.run(cfg, export_dir, run_dir / "compress"))
     choice = choose(cfg, export_dir, compress_dir)
     say(f"package: {choice.variant or 'export fp32'} on {choice.engine} ({choice.why})")
-    pcfg = package.PackageConfig(precision=choice.precision, variant=choice.variant)
+    pcfg = package.PackageConfig(precision=choice.precision, variant=choice.variant,
+                                 engine=cfg.release.engine if compress_dir is None else "auto")
     step("package", {"config": dataclasses.asdict(pcfg), "variant": choice.variant,
                      "input": _manifest_sha(choice.model_dir)},
          lambda: package.run(pcfg, choice.model_dir, run_dir / "package"))
@@ -129,19 +146,31 @@ def _run_all(cfg: RunConfig, run_dir: Path, resume: str | None, force: str | Non
 
     md, html = report.write(run_dir)
     say(f"report: {md} and {html}")
-    _accuracy_gate(cfg, choice)
+    _accuracy_gate(cfg, choice, _task(export_dir))
     return results
+
+
+def _task(export_dir: Path) -> Any:
+    """The export's task, as its interface records it (an imported model's comes from import, not model.task)."""
+    from pipeline import iospec, tasks
+
+    iface = _read(export_dir)["interface"]
+    return tasks.from_interface(iface, iospec.IO.from_interface(iface))[0]
 
 
 def choose(cfg: RunConfig, export_dir: Path, compress_dir: Path | None) -> Choice:
     """The variant and engine to package, by `release.pick` / `release.engine` / `release.optimize`, from what
     compress measured on this machine: the rule of `pipe package --engine auto` (`pipeline/choose.py`)."""
-    from pipeline import choose as choose_mod, engines, tasks
+    from pipeline import choose as choose_mod, engines
 
-    task = tasks.get(cfg.model.task)
-    if compress_dir is None:
+    task = _task(export_dir)
+    if compress_dir is None:  # an export measures no engine: release.engine names one, else Paddle Inference
         acc = _read(export_dir).get("metrics", {}).get(f"test_{task.monitor}")
-        return Choice(export_dir, "", "fp32", "no compress stage configured (compress.int8/distill off)", acc)
+        engine = "paddle_inference" if cfg.release.engine == "auto" else engines.resolve(cfg.release.engine,
+                                                                                          "release.engine")
+        why = "no compress stage configured (compress.int8/distill off)" + (
+            f"; release.engine {cfg.release.engine}" if cfg.release.engine != "auto" else "")
+        return Choice(export_dir, "", "fp32", why, acc, engine)
     metrics = _read(compress_dir)["metrics"]
     variants = metrics.get("variants") or {}
     ref, ref_name = (variants.get("fp32") or {}).get("accuracy"), "fp32"
@@ -181,10 +210,8 @@ def verify_release(run_dir: Path, cache: "_Cache | None" = None) -> None:
                 raise ArtifactError(f"artifact gate: {path / artifacts.MANIFEST}: changed after pipe all wrote it")
 
 
-def _accuracy_gate(cfg: RunConfig, choice: Choice) -> None:
-    from pipeline import tasks
-
-    want, task = cfg.release.min_accuracy, tasks.get(cfg.model.task)
+def _accuracy_gate(cfg: RunConfig, choice: Choice, task: Any) -> None:
+    want = cfg.release.min_accuracy
     if want > 0 and task.monitor != "acc":
         metric = choice.accuracy
         if metric is None or (metric < want if task.maximize else metric > want):
