@@ -22,6 +22,7 @@ from pipeline.cli import main
 from pipeline.engines import paddle as paddle_engine
 from pipeline.tasks import ocr_rec
 from tests.serving_helpers import metric, start_server
+from tests.stages.test_triton import tritonserver  # noqa: F401 (a fixture)
 
 
 @pytest.fixture(scope="module")
@@ -191,3 +192,67 @@ def test_a_package_on_openvino_reads_the_legacy_program(ppocr_rec_export, tmp_pa
     ref = m["metrics"]["reference"]
     assert ref["task_metrics"]["packaged"]["acc"] == ref["task_metrics"]["fp32"]["acc"]
     assert tasks.get("ocr_rec") is ocr_rec
+
+
+def _two_widths(export) -> list[np.ndarray]:
+    """Two real lines as the model takes them, at two different widths (each its own bucket)."""
+    info, test, _ = export
+    prepared = sorted((ocr_rec.lines.prepare(im, 3200) for im in test.images), key=lambda p: p.shape[2])
+    return [ocr_rec.lines.collate([p], 64, 320) for p in (prepared[0], prepared[-1])]
+
+
+def _triton_infer(client, name: str, x: np.ndarray, output: str) -> np.ndarray:
+    import tritonclient.http as th
+
+    inp = th.InferInput("x", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=True)
+    return client.infer(name, [inp], outputs=[th.InferRequestedOutput(output, binary_data=True)]).as_numpy(output)
+
+
+def test_tritonclient_on_v2_at_two_widths_in_one_run(server, package, export):
+    """tritonclient.http against pipe serve's /v2: two requests of different widths, each answered at its own
+    width with what the package's engine gives (a direct Paddle run of the export)."""
+    import tritonclient.http as th
+
+    _, _, run = export
+    spec = yaml.safe_load((package / "serving.yaml").read_text(encoding="utf-8"))
+    out = spec["outputs"][0]["name"]
+    client = th.InferenceServerClient(server.url.removeprefix("http://"))
+    xs = _two_widths(export)
+    assert xs[0].shape[3] != xs[1].shape[3]
+    try:
+        for x in xs:
+            got = _triton_infer(client, spec["name"], x, out)
+            assert got.shape == (1, x.shape[3] // 8, 6625)
+            np.testing.assert_allclose(got, run({"x": x})["probs"], atol=1e-5)
+    finally:
+        client.close()
+
+
+def test_the_triton_repository_in_a_real_tritonserver_at_two_widths(tritonserver, package, export, tmp_path):
+    """The package's Triton repository, unchanged, in tritonserver 2.51 (dims [3, 48, -1]): two widths in
+    one run, each equal to onnxruntime on the repository's model.onnx, and decoding to the export's texts."""
+    import onnxruntime as ort
+    import tritonclient.http as th
+
+    from tests.conftest import tree_hash
+    from tests.stages.test_triton import start_triton
+
+    info, _, run = export
+    spec = yaml.safe_load((package / "serving.yaml").read_text(encoding="utf-8"))
+    name, out = spec["triton"]["model"], spec["outputs"][0]["name"]
+    repo = package / "triton"
+    before = tree_hash(repo)
+    sess = ort.InferenceSession(str(repo / name / "1/model.onnx"), providers=["CPUExecutionProvider"])
+    triton = start_triton(tritonserver, repo, tmp_path / "triton.log")
+    client = th.InferenceServerClient(triton.url)
+    try:
+        assert client.is_model_ready(name)
+        for x in _two_widths(export):
+            got = _triton_infer(client, name, x, out)
+            np.testing.assert_allclose(got, sess.run([out], {"x": x})[0], rtol=1e-6, atol=1e-6)
+            assert ocr_rec.decode({"probs": got}, info)[0][0] == ocr_rec.decode(run({"x": x}), info)[0][0]
+    finally:
+        client.close()
+        assert triton.stop() == 0
+    assert tree_hash(repo) == before
