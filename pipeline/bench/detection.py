@@ -216,7 +216,7 @@ def _served_rows(name: str, package: Path, run: Path, m: dict[str, Any], quick: 
     total, rounds = (400, 1) if quick else (2000, 2)
     images, y, labels = _test_split(run)
     bodies = [json.dumps({"images": [b]}).encode() for b in _pngs(images)]
-    server = serving._start_server("auto", package, package.parent / "serve.log")
+    server = serving.start_server("auto", package, package.parent / "serve.log")
     try:
         scored = _answers_map(server.url, images, y, labels)
         loadgen.run(server.url, bodies, serving._CLIENTS, count=4)  # not timed: connections and decoders set up
@@ -225,7 +225,7 @@ def _served_rows(name: str, package: Path, run: Path, m: dict[str, Any], quick: 
             got.append(loadgen.run(server.url, bodies, serving._CLIENTS, count=total // serving._CLIENTS))
         p50 = serving._one_client([server], bodies, 100 if quick else 500, rounds)[server.key]
     finally:
-        serving._stop(server.proc)
+        serving.stop(server.proc)
     rates, errors = [g["rate"] for g in got], sum(g["errors"] for g in got)
     tag = serving._tag(server)
     shipped = m["variants"][server.spec["model"]["variant"]]["metrics"]

@@ -7,7 +7,11 @@ RecMetric), and ms per line with every line alone (batch 1) and in the task's wi
 timing the whole path (pre-processing, the engine, decode) as RapidOCR's figure includes its own.
 RapidOCR runs its own pre-processing, batching (sorted by aspect ratio, its rec_batch_num of 6, width at
 least 320) and decode on PNGs of the same lines, in its own venv (.venv/rapidocr, made by `make bench`).
-These are engine-alone figures, not served ones: pipe does not serve ocr_rec packages yet.
+Then served: the import packaged on OpenVINO (`pipe package --engine openvino`, its fastest fp32 engine
+here) and run by `pipe serve --threads <cores>`, one line image (base64 PNG) per `/v1/predict` request from
+1 and from 8 keep-alive clients in this process (`pipeline/bench/loadgen.py`), every test line once per
+load after one untimed pass; against RapidOCR's recognizer in-process (no HTTP at all), same lines, this
+run. On a 2-core machine the clients, the HTTP server and the predictor share the CPU.
 """
 
 from __future__ import annotations
@@ -23,12 +27,14 @@ from typing import Any
 import numpy as np
 
 from pipeline import artifacts, config as config_mod, engines as engines_mod, iospec, pretrained, runtime
+from pipeline.errors import PipeError
 from pipeline.tasks import ocr_rec
 from pipeline.tasks.ocr_rec import data as ocr_data
 
 Row = tuple[str, str, str, str]
 _PEER = Path(__file__).resolve().parents[2] / ".venv" / "rapidocr" / "bin" / "python"
 _BATCH = 8
+_CLIENTS = 8
 
 
 def rows(quick: bool) -> list[Row]:
@@ -68,7 +74,80 @@ def rows(quick: bool) -> list[Row]:
                       f"of its two modes), lines/s, engine alone, same lines",
                       f"{ratio:.2f}x (accuracy {best[1]['acc']:.1%} vs {peer['acc']:.1%})", ">= 1.0x at equal accuracy",
                       "met" if ratio >= 1.0 and same else "**missed**"))
+        rows_ += _served_rows(out, measured, Path(tmp))
     return rows_
+
+
+def _served_rows(export_dir: Path, measured: dict[str, Any], tmp: Path) -> list[Row]:
+    """pipe serve on the OpenVINO package at 1 and 8 clients, against RapidOCR's in-process figures."""
+    try:
+        got = served(export_dir, tmp)
+    except PipeError as e:
+        return [("pipe serve, PP-OCRv4 rec on OpenVINO", f"failed: {str(e)[-300:]}", "", "**failed**")]
+    peer = measured["rapidocr"]
+    one, eight = got["clients"][1], got["clients"][_CLIENTS]
+    rows_: list[Row] = [
+        (f"pipe serve, PP-OCRv4 rec on OpenVINO (legacy program), --threads {got['threads']}, one line per /v1 "
+         f"request, {got['lines']} lines, {n} client(s)",
+         f"{r['rate']:.1f} lines/s, p50 {r['p50']:.1f} ms, p99 {r['p99']:.1f} ms, line accuracy {got['acc']:.1%}"
+         + (f", {r['errors']} errors" if r["errors"] else ""), "", "")
+        for n, r in sorted(got["clients"].items())]
+    peer_rate = 1e3 / min(peer["ms_batch"], peer["ms_bs1"])
+    ratio = eight["rate"] / peer_rate
+    same = abs(got["acc"] - peer["acc"]) * 100 <= 1.0
+    rows_.append((f"served lines/s at {_CLIENTS} clients vs RapidOCR's recognizer in-process (the faster of its two "
+                  f"modes: {peer_rate:.1f} lines/s), same lines",
+                  f"{ratio:.2f}x (accuracy {got['acc']:.1%} vs {peer['acc']:.1%})", ">= 1.0x at equal accuracy",
+                  "met" if ratio >= 1.0 and same and not eight["errors"] else "**missed**"))
+    p50 = one["p50"] / peer["ms_bs1"]
+    rows_.append(("served p50 per line at 1 client vs RapidOCR's per line alone in-process "
+                  f"({peer['ms_bs1']:.1f} ms)", f"{p50:.2f}x ({one['p50']:.1f} ms)", "<= 1.2x",
+                  "met" if p50 <= 1.2 else "**missed**"))
+    return rows_
+
+
+def served(export_dir: Path, tmp: Path) -> dict[str, Any]:
+    """Package `export_dir` on OpenVINO, serve it with one engine thread per core, and load it with one line
+    per request from 1 and `_CLIENTS` clients (each line once per load, after one untimed pass)."""
+    import base64
+    import io
+    import os
+
+    from PIL import Image
+
+    from pipeline.bench import loadgen, serving
+
+    m = artifacts.verify(export_dir, ("export",)).manifest
+    info = ocr_rec.info_of(m["interface"])
+    test = ocr_rec.load_data(config_mod.from_dict(m["config"]).data, info).test
+    package = tmp / "package-openvino"
+    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "package", str(export_dir), "--engine", "openvino",
+                        "--no-triton", "--out", str(package)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise PipeError(f"pipe package --engine openvino exited {r.returncode}: {r.stderr.strip()[-200:]}")
+
+    def body(image: np.ndarray) -> bytes:
+        buf = io.BytesIO()
+        Image.fromarray(image).save(buf, "PNG")
+        return json.dumps({"images": [base64.b64encode(buf.getvalue()).decode()]}).encode()
+
+    bodies = [body(im) for im in test.images]
+    threads = os.cpu_count() or 1
+    server = serving.start_server("ocr", package, tmp / "serve-ocr.log", "--threads", str(threads))
+    try:
+        loadgen.run(server.url, bodies, _CLIENTS, count=-(-len(bodies) // _CLIENTS))  # untimed: first sights
+        out = {n: loadgen.run(server.url, bodies, n, count=len(bodies) // n) for n in (1, _CLIENTS)}
+        import httpx
+
+        answers = []
+        for i in range(0, len(bodies), 32):  # the texts served, for the accuracy beside the rate
+            chunk = [json.loads(b)["images"][0] for b in bodies[i:i + 32]]
+            got = httpx.post(server.url + "/v1/predict", json={"images": chunk}, timeout=120).json()["lines"]
+            answers += [(a["text"], a["score"]) for a in got]
+    finally:
+        serving.stop(server.proc)
+    return {"clients": out, "threads": threads, "lines": len(bodies),
+            "acc": ocr_rec.score(answers, test, info)["acc"]}
 
 
 def measure(export_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:

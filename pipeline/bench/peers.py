@@ -118,7 +118,7 @@ def _model_rows(name: str, build: Any, quick: bool) -> list[Row]:
         return [packaged, *_rows(name, peers, gc_before, gc_after, triton is not None, kserve is not None)]
     finally:
         for p in peers:
-            serving._stop(p.proc)
+            serving.stop(p.proc)
         if worktree is not None:
             subprocess.run(["git", "-C", str(_REPO), "worktree", "remove", "--force", str(worktree)],
                            capture_output=True, check=False)
@@ -324,7 +324,7 @@ def _wait(proc: subprocess.Popen, log: Path, line: re.Pattern | None, ready: str
                     if c.get(base + ready).status_code == 200:
                         return base
             if proc.poll() is not None or time.monotonic() > deadline:
-                serving._stop(proc)
+                serving.stop(proc)
                 raise PipeError(f"bench: {proc.args[0]} not ready (exit {proc.poll()}): {text.strip()[-400:]}")
             time.sleep(0.2)
 

@@ -126,7 +126,7 @@ def _image_rows(quick: bool, name: str, build: Callable[[Path, bool], dict[str, 
     servers: list[_Server] = []
     try:
         for key, package in build(tmp, quick).items():
-            servers.append(_start_server(key, package, tmp / f"serve-{key}.log"))
+            servers.append(start_server(key, package, tmp / f"serve-{key}.log"))
         fp32, auto = sorted(servers, key=lambda s: s.key != "fp32")
         inp = auto.spec["inputs"][0]  # these image models take one input
         x = {inp["name"]: np.random.RandomState(0).standard_normal((64, *inp["shape"][1:])).astype(np.float32)}
@@ -149,7 +149,7 @@ def _image_rows(quick: bool, name: str, build: Callable[[Path, bool], dict[str, 
             rss_after = _usage(auto.proc.pid)[0]
     finally:
         for s in servers:
-            _stop(s.proc)
+            stop(s.proc)
         shutil.rmtree(tmp, ignore_errors=True)
 
     if load:
@@ -422,7 +422,7 @@ def served_text_rows(name: str, package: Path, quick: bool) -> list[Row]:
     from pipeline.serving import spec as spec_mod, validate
 
     total, rounds = (400, 1) if quick else (2000, 2)
-    server = _start_server("package", package, package.parent / f"serve-{package.name}.log")
+    server = start_server("package", package, package.parent / f"serve-{package.name}.log")
     try:
         ds = data_mod.load(DataConfig(source="chinese_sentiment"))
         texts = [ds.texts[i] for i in ds.test.idx[:256]]
@@ -435,7 +435,7 @@ def served_text_rows(name: str, package: Path, quick: bool) -> list[Row]:
         return _package_rows(f"{name}, max_len {spec.text.max_len}", server, served[server.key], eng, x,
                              "one-review", f"the same reviews as {shapes}")
     finally:
-        _stop(server.proc)
+        stop(server.proc)
 
 
 def _pngs(chw: tuple[int, ...], n: int) -> list[str]:
@@ -512,11 +512,12 @@ _READY = re.compile(r"\((\S+) (\S+), \d+ predictor\(s\) x (\d+) thread\(s\), bat
                     r"listening on (http://127\.0\.0\.1:\d+)")
 
 
-def _start_server(key: str, package: Path, log_path: Path) -> _Server:
-    """`pipe serve PACKAGE --port 0` on 127.0.0.1; returns once /readyz is 200."""
+def start_server(key: str, package: Path, log_path: Path, *flags: str) -> _Server:
+    """`pipe serve PACKAGE --port 0 FLAGS` on 127.0.0.1; returns once /readyz is 200."""
     import httpx
 
-    cmd = [sys.executable, "-m", "pipeline.cli", "serve", str(package), "--host", "127.0.0.1", "--port", "0"]
+    cmd = [sys.executable, "-m", "pipeline.cli", "serve", str(Path(package).resolve()), "--host", "127.0.0.1",
+           "--port", "0", *flags]
     with open(log_path, "wb") as log:  # a file, not a pipe: nothing to drain while the load runs
         proc = subprocess.Popen(cmd, cwd=_REPO, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + _START_S
@@ -536,11 +537,11 @@ def _start_server(key: str, package: Path, log_path: Path) -> _Server:
                     raise PipeError(f"bench: `pipe serve` not ready (exit {proc.poll()}): {text.strip()[-500:]}")
                 time.sleep(0.1)
     except BaseException:
-        _stop(proc)
+        stop(proc)
         raise
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def stop(proc: subprocess.Popen) -> None:
     """SIGTERM (the server drains, then closes its predictors), wait, else kill it and its predictors."""
     children = _children(proc.pid)
     if proc.poll() is None:
