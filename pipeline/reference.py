@@ -18,6 +18,12 @@ reported; outputs of other dtypes report the fraction of equal elements (`equal`
 also records the task's metrics on the set's targets (`task_metrics`: fp32's and the packaged engine's), not
 gated. Which output is the logits comes from the task (`logits`: its public name, `pipeline.tasks.Info`).
 
+A task whose outputs are large and judged by a decoded answer (ocr_rec: [N, T, 6625] softmax, judged by the
+text) gives a `reference_digest` (ocr_rec: per step the class and its probability): the set stores that
+(`digest/<key>`, metadata `digest`), every check digests what the engine returned the same way, and the
+task's `reference_agreement` (the share of lines decoding to the same text) is held to `min_agreement` as
+top-1 agreement is; SQNR on the digest's float tensors as on any float output.
+
 Sets made before every tensor was stored hold two keys, `inputs` (the only input) and `outputs` (the
 logits); they still check, on the logits.
 """
@@ -37,6 +43,7 @@ from pipeline.serving.spec import REFERENCE_FILE as FILE  # the package contract
 SAMPLES = 256
 _SEED = 0
 _FORMAT = "2"  # metadata "pipe.reference"; sets without it are the two-key format before it
+DIGEST = "digest/"  # a task's compact form of the outputs, stored in their place (metadata "digest": "1")
 # A runner: a batch of feeds by the served program's input names -> its outputs by output name (program or
 # public name; a bare array is the logits, or the only output).
 Runner = Callable[[dict[str, np.ndarray]], Any]
@@ -87,14 +94,19 @@ def draw_set(export_config: dict[str, Any], interface: dict[str, Any], vocab: di
 
 
 def save(path: Path, io_: iospec.IO, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray],
-         logits: str) -> None:
+         logits: str, digest: Mapping[str, np.ndarray] | None = None) -> None:
     """Every input and output of `io_` (arrays by program name) under its public name; `logits`: the logits
-    output's public name ("" for a task without logits), in the metadata."""
+    output's public name ("" for a task without logits), in the metadata. With `digest` (the task's
+    `reference_digest` of the outputs), that is stored in place of the outputs (`digest/<key>`)."""
     from safetensors.numpy import save_file
 
     tensors = {f"input/{t.public}": np.ascontiguousarray(inputs[t.name]) for t in io_.inputs}
-    tensors.update({f"output/{t.public}": np.ascontiguousarray(outputs[t.name]) for t in io_.outputs})
-    save_file(tensors, str(path), metadata={"pipe.reference": _FORMAT, "logits": logits})
+    if digest is None:
+        tensors.update({f"output/{t.public}": np.ascontiguousarray(outputs[t.name]) for t in io_.outputs})
+    else:
+        tensors.update({f"{DIGEST}{k}": np.ascontiguousarray(v) for k, v in digest.items()})
+    save_file(tensors, str(path), metadata={"pipe.reference": _FORMAT, "logits": logits,
+                                            **({"digest": "1"} if digest is not None else {})})
 
 
 def _read(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -124,6 +136,9 @@ def load_set(path: Path, io_: iospec.IO, text_len: int | None = None
         got_in = {k.split("/", 1)[1]: v for k, v in t.items() if k.startswith("input/")}
         got_out = {k.split("/", 1)[1]: v for k, v in t.items() if k.startswith("output/")}
         known = {f"input/{x.public}" for x in io_.inputs} | {f"output/{x.public}" for x in io_.outputs}
+        if meta.get("digest"):  # the task's compact form of the outputs (`save`)
+            got_out = {k: v for k, v in t.items() if k.startswith(DIGEST)}
+            known = {f"input/{x.public}" for x in io_.inputs} | set(got_out)
         if set(t) != known:
             raise InputError(f"{path}: holds {', '.join(sorted(t))}; the package's tensors are "
                              f"{', '.join(f'input/{x.public}' for x in io_.inputs)}, "
@@ -141,6 +156,8 @@ def load_set(path: Path, io_: iospec.IO, text_len: int | None = None
             raise InputError(f"{path}: input {x.public!r} is {a.dtype} {list(a.shape[1:])}; the package takes "
                              f"{x.dtype} {list(want[1:])}")
         inputs[x.name] = a
+    if meta.get("digest"):
+        return inputs, got_out
     for x in io_.outputs:
         if x.public in got_out:
             a = got_out[x.public]
@@ -181,13 +198,43 @@ def sqnr_db(got: np.ndarray, ref: np.ndarray) -> float | None:
     return 10 * math.log10(max(signal, np.finfo(np.float64).tiny) / noise)  # finite: manifests and /v1 are JSON
 
 
+def compare_digest(got: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], io_: iospec.IO,
+                   min_sqnr_db: float | None, task: Any, info: Any) -> dict[str, Any]:
+    """`got` (every output by program name) against a set stored as the task's digest (`ref`: `digest/<key>`):
+    the task's `reference_digest` of `got`, then per key max|diff| and SQNR (float) or the fraction equal,
+    and `agreement`, the task's `reference_agreement` (the share of samples answered alike), which
+    `verdict` holds to the budget as top-1 agreement."""
+    want = {k[len(DIGEST):]: v for k, v in ref.items()}
+    n = len(next(iter(want.values())))
+    missing = next((t.public for t in io_.outputs if t.name not in got), None)
+    if missing is not None:
+        return {"samples": int(n), "top1_agreement": None, "agreement": 0.0, "max_abs_diff": float("inf"),
+                "error": f"output {missing!r}: not returned"}
+    have = task.reference_digest({t.public: np.asarray(got[t.name]) for t in io_.outputs}, info)
+    per: dict[str, dict[str, Any]] = {}
+    for k, r in want.items():
+        g = have.get(k)
+        if g is None or g.shape != r.shape:
+            return {"samples": int(n), "top1_agreement": None, "agreement": 0.0, "max_abs_diff": float("inf"),
+                    "error": f"reference {k!r}: " + ("not in the task's digest" if g is None else
+                                                     f"shape {list(g.shape)}, the reference has {list(r.shape)}")}
+        per[k] = ({"max_abs_diff": float(np.abs(g.astype(np.float64) - r).max(initial=0.0)), "sqnr_db": sqnr_db(g, r)}
+                  if r.dtype.kind == "f" else {"equal": float(np.count_nonzero(g == r)) / max(r.size, 1)})
+    first = next((v["max_abs_diff"] for v in per.values() if "max_abs_diff" in v), 0.0)
+    out = {"samples": int(n), "top1_agreement": None, "agreement": float(task.reference_agreement(have, want, info)),
+           "max_abs_diff": first, "logits": None, "outputs": per}
+    return out if min_sqnr_db is None else {**out, "min_sqnr_db": float(min_sqnr_db)}
+
+
 def compare(got: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], io_: iospec.IO,
-            min_sqnr_db: float | None = None, *, logits: str) -> dict[str, Any]:
+            min_sqnr_db: float | None = None, *, logits: str, task: Any = None, info: Any = None) -> dict[str, Any]:
     """Top-1 agreement on the logits (`logits`: their public name, the task's `Info.logits`; "": a task
     without logits, whose agreement is None) and max|diff| of the logits (else of the first output, `IO.main`); per output
     (public name): float outputs max|diff| and SQNR in dB, others the fraction of equal elements.
     `min_sqnr_db` (None: no SQNR budget, as packages made before it) travels in the result for `verdict`.
     An output missing or of another shape is an `error`."""
+    if any(k.startswith(DIGEST) for k in ref):
+        return compare_digest(got, ref, io_, min_sqnr_db, task, info)
     head = io_.output(logits) if logits else io_.main()
     n = len(ref[head.name])
     per: dict[str, dict[str, Any]] = {}
@@ -223,9 +270,10 @@ def below_sqnr(result: dict[str, Any]) -> list[str]:
 
 
 def verdict(result: dict[str, Any], budget: float) -> bool:
-    """Top-1 agreement on the logits within `budget` (a task without logits: none to hold) and every other
-    float output within min_sqnr_db."""
+    """Top-1 agreement on the logits (or a digest's `agreement`) within `budget` (a task without either: none
+    to hold) and every other float output within min_sqnr_db."""
     agree = result.get("top1_agreement")
+    agree = result.get("agreement") if agree is None else agree
     return "error" not in result and (agree is None or agree >= budget) and not below_sqnr(result)
 
 
@@ -243,13 +291,15 @@ def check(spec: Any, runners: list[Runner], batch: int) -> tuple[dict[str, Any] 
         raise InputError(f"{path}: logits of {y[spec.io.output(logits).name].shape[1]} classes; the package has "
                          f"{len(spec.labels)} labels")
     budget, min_db = float(ref["min_agreement"]), ref.get("min_sqnr_db")
-    results = [compare(run(fn, x, batch, spec.io), y, spec.io, min_db, logits=logits) for fn in runners]
+    results = [compare(run(fn, x, batch, spec.io), y, spec.io, min_db, logits=logits, task=spec.task, info=spec.info)
+               for fn in runners]
     return min(results, key=lambda r: (verdict(r, budget), _agreement(r), -r["max_abs_diff"])), budget
 
 
 def _agreement(result: dict[str, Any]) -> float:
     """The result's top-1 agreement for ranking runners; a task without logits ranks on the rest."""
     agree = result.get("top1_agreement")
+    agree = result.get("agreement") if agree is None else agree
     return 1.0 if agree is None else agree
 
 
@@ -325,7 +375,10 @@ def describe(result: dict[str, Any], budget: float) -> str:
     without logits: every output's)."""
     if "error" in result:
         return f"reference check: {result['error']}"
-    if result.get("top1_agreement") is None:
+    if result.get("agreement") is not None:
+        line = (f"reference check: {result['samples']} samples, answers agreeing with fp32 "
+                f"{result['agreement']:.4f} (budget {budget:g})")
+    elif result.get("top1_agreement") is None:
         line = f"reference check: {result['samples']} samples against fp32"
     else:
         line = (f"reference check: {result['samples']} samples, top-1 agreement with fp32 "

@@ -146,7 +146,7 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
     on = engines.names(names, desc, str(source.files[0]))  # the packaged file's own names
     served = _renamed(desc, on)
     checked = None if packaged is None else (packaged, _runner(packaged, desc, source.files[0]))
-    ref_x, ref_y, ref_check = _reference(src, source, cfg, text, desc, fp32_run, checked, task, info)
+    ref_x, ref_y, ref_check, ref_digest = _reference(src, source, cfg, text, desc, fp32_run, checked, task, info)
     doc = {**src.manifest["config"], "package": dataclasses.asdict(cfg)}
     with artifacts.write_stage(out_dir, "package", doc, src) as w:
         model_files = MODEL_FILES[source.format]
@@ -154,7 +154,7 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
             _copy_model(f, w.dir / dest)
         if text is not None:
             shutil.copyfile(source.vocab, w.dir / text["vocab_file"])
-        reference.save(w.dir / reference.FILE, desc, ref_x, ref_y, info.logits)
+        reference.save(w.dir / reference.FILE, desc, ref_x, ref_y, info.logits, ref_digest)
         metrics: dict[str, Any] = {"precision": source.precision, "variant": source.variant, "engine": source.engine,
                                    "reference": ref_check, "cpu": cpu.capability()}
         metrics.update({f"variant_{k}": v for k, v in source.variant_metrics.items()
@@ -444,7 +444,8 @@ def _packaged_engine(source: _Source, fp32: Any, threads: int) -> Any | None:
 def _reference(src: artifacts.Artifact, source: _Source, cfg: PackageConfig, text: dict[str, Any] | None,
                desc: iospec.IO, fp32: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
                packaged: tuple[Any, Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]] | None,
-               task: Any, info: tasks.Info) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, Any]]:
+               task: Any, info: tasks.Info
+               ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray] | None]:
     """The reference set (`pipeline/reference.py`): real inputs, the fp32 program's outputs (every one), and
     the packaged program's agreement with them here, through the engine `pipe serve` runs (`packaged`: the
     engine and its feeds -> outputs; None when this CPU cannot run it). Below the budget (top-1 agreement on
@@ -467,22 +468,27 @@ def _reference(src: artifacts.Artifact, source: _Source, cfg: PackageConfig, tex
     def scored(outputs: dict[str, np.ndarray]) -> dict[str, float]:
         return task.metrics_of({t.public: outputs[t.name] for t in desc.outputs}, targets, info)
 
+    digest = None  # a task's compact form of the outputs (reference.py), stored and checked in their place
+    if hasattr(task, "reference_digest"):
+        digest = task.reference_digest({t.public: y[t.name] for t in desc.outputs}, info)
+
     out: dict[str, Any] = {"samples": int(iospec.num_rows(x)), "min_agreement": budget, "min_sqnr_db": min_db,
                            "cpu": cpu.summary(), "task_metrics": {"fp32": scored(y)}}
     if packaged is None:
         out["not_run_here"] = runtime.bf16_unsupported()
         print(f"package: reference check not run here ({out['not_run_here']}); pipe serve runs it where it serves")
-        return x, y, out
+        return x, y, out, digest
     eng, run_ = packaged
     got = reference.run(run_, x, cfg.max_batch_size, desc)
-    result = reference.compare(got, y, desc, min_db, logits=info.logits)
+    ref = y if digest is None else {reference.DIGEST + k: v for k, v in digest.items()}
+    result = reference.compare(got, ref, desc, min_db, logits=info.logits, task=task, info=info)
     out["task_metrics"]["packaged"] = scored(got)
     out.update(result, engine=eng.describe())
     print(f"package: {reference.describe(result, budget)} on {source.engine} {source.precision} here")
     if not reference.verdict(result, budget):
         raise GateError(f"package: {source.variant} fails its own {reference.describe(result, budget)} on this CPU "
                         f"({cpu.summary()}); nothing written. Package fp32: pipe package {src.path} --precision fp32")
-    return x, y, out
+    return x, y, out, digest
 
 
 def _copy_model(src: Path, dest: Path) -> None:
@@ -684,7 +690,8 @@ def _serving_spec(name: str, source: _Source, served: iospec.IO,
         "triton": triton,
         "reference": {"file": reference.FILE, "samples": ref_check["samples"],
                       "min_agreement": ref_check["min_agreement"], "min_sqnr_db": ref_check["min_sqnr_db"],
-                      "at_package": {k: ref_check.get(k) for k in ("top1_agreement", "max_abs_diff", "cpu")}},
+                      "at_package": {k: ref_check.get(k) for k in ("top1_agreement", "agreement", "max_abs_diff", "cpu")
+                                     if k in ref_check or k != "agreement"}},
     }
     if text is not None:
         doc["text"] = text

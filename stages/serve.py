@@ -251,6 +251,10 @@ class _Metrics:
                   "measured here at start-up", registry=r).set(state.reference["top1_agreement"])
             Gauge("pipe_reference_max_abs_diff", "max|diff| against the package's fp32 reference outputs, measured "
                   "here at start-up", registry=r).set(state.reference["max_abs_diff"])
+        if state.reference is not None and state.reference.get("agreement") is not None:  # a task's digest
+            Gauge("pipe_reference_agreement", "Share of the reference samples answered as fp32 answered them "
+                  "(the task's reference_agreement, e.g. ocr_rec's decoded texts), measured here at start-up",
+                  registry=r).set(state.reference["agreement"])
 
         r.register(_GcCollector(state))
 

@@ -33,6 +33,10 @@ input's fixed shape:
     prepare_images(images, info, size)   RGB uint8 [H, W, 3] images -> [(positions, batch array)], each
                                            batch of one shape (the server batches only equal shapes)
     reference_set(data_cfg, info, n)     up to n real inputs as one array, and their targets
+    reference_digest(outputs, info)      optional: the compact form of outputs the reference set keeps and
+                                           checks (ocr_rec: per step the class and its probability)
+    reference_agreement(got, ref, info)  with it: the share of samples whose answer is the same (gated by
+                                           compress.min_agreement, as top-1 agreement for classification)
 
 `info` (`Info`) carries what the data and config know: the labels, the postprocessing settings, and
 train.label_smoothing. Tasks import nothing from the stages; the stages call tasks only through this.

@@ -20,6 +20,7 @@ import yaml
 from pipeline import artifacts, config as config_mod, engines, iospec, reference, tasks
 from pipeline.cli import main
 from pipeline.engines import paddle as paddle_engine
+from pipeline.serving import spec as spec_mod
 from pipeline.tasks import ocr_rec
 from tests.serving_helpers import metric, start_server
 from tests.stages.test_triton import tritonserver  # noqa: F401 (a fixture)
@@ -81,7 +82,13 @@ def test_the_package_keeps_the_line_width_dynamic(package, export, ppocr_rec_exp
     x, y = reference.load_set(package / reference.FILE, desc)
     (arr,) = x.values()
     assert arr.shape[:3] == (16, 3, 48) and arr.shape[3] % 64 == 0 and arr.shape[3] >= 320
-    assert (package / reference.FILE).stat().st_size < 25e6  # outputs are [W/8, 6625] floats a line
+    # the outputs as the task's digest: per step the class and its probability, not [16, T, 6625] floats
+    steps = arr.shape[3] // 8
+    assert {k: (v.dtype, v.shape) for k, v in y.items()} == {
+        "digest/steps": (np.dtype("int32"), (16, steps)), "digest/step_probs": (np.dtype("float32"), (16, steps))}
+    assert (package / reference.FILE).stat().st_size < arr.nbytes + 16 * steps * 8 + 4096
+    probs = run({"x": arr})["probs"]
+    np.testing.assert_array_equal(y["digest/steps"], probs.argmax(-1))
     art = artifacts.verify(ppocr_rec_export, ("export",))
     want, texts = ocr_rec.reference_set(config_mod.from_dict(art.manifest["config"]).data, info, 256)
     np.testing.assert_array_equal(arr, want)
@@ -89,6 +96,7 @@ def test_the_package_keeps_the_line_width_dynamic(package, export, ppocr_rec_exp
         config_mod.from_dict(art.manifest["config"]).data, info).val.texts)
     m = artifacts.verify(package, ("package",)).manifest["metrics"]["reference"]
     assert m["samples"] == 16 and m["task_metrics"]["fp32"] == m["task_metrics"]["packaged"]
+    assert m["agreement"] == 1.0 and m["outputs"]["steps"]["equal"] == 1.0
     assert m["task_metrics"]["fp32"]["acc"] >= 0.8  # PP-OCRv4 on clean generated lines (facts §17: ~0.97)
 
 
@@ -256,3 +264,22 @@ def test_the_triton_repository_in_a_real_tritonserver_at_two_widths(tritonserver
         client.close()
         assert triton.stop() == 0
     assert tree_hash(repo) == before
+
+
+def test_the_reference_check_holds_decoded_texts_to_the_budget(package, export, cli):
+    """`pipe inspect --verify` runs the digest check on this machine; a set whose stored paths differ from
+    what the engine computes on 2 of its 16 lines agrees 0.875 < 0.99: below budget, said in one line."""
+    code, out, err = cli("inspect", package, "--verify")
+    assert code == 0, err
+    assert "16 samples, answers agreeing with fp32 1.0000 (budget 0.99)" in out, out
+    spec = spec_mod.load_package(package)
+    x, y = reference.load_set(package / reference.FILE, spec.io)
+    _, _, run = export
+    got = {t.name: run({"x": next(iter(x.values()))})[t.public] for t in spec.io.outputs}
+    bad = dict(y)
+    bad["digest/steps"] = y["digest/steps"].copy()
+    bad["digest/steps"][[3, 7], 0] = 17  # another character where those lines start
+    result = reference.compare(got, bad, spec.io, 20.0, logits="", task=spec.task, info=spec.info)
+    assert result["agreement"] == 14 / 16 and not reference.verdict(result, 0.99)
+    assert "answers agreeing with fp32 0.8750 (budget 0.99)" in reference.describe(result, 0.99)
+    assert reference.verdict(reference.compare(got, y, spec.io, 20.0, logits="", task=spec.task, info=spec.info), 0.99)

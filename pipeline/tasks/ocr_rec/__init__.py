@@ -14,7 +14,8 @@ what a user may tune is in `settings`, with PaddleOCR's defaults. Beyond the com
 `from_program`, `default_source`, `load_data`, `batches`, `decode`, `score`, `files`, `output_roles`; and
 `recognise` runs any engine over line images in those batches and answers in the images' order (the bench).
 Its input's width is dynamic, so it also supplies what `pipe package` and `pipe serve` call for such an
-input (pipeline/tasks/__init__.py): `sample_limits`, `example_shapes`, `prepare_images`, `reference_set`.
+input (pipeline/tasks/__init__.py): `sample_limits`, `example_shapes`, `prepare_images`, `reference_set`,
+and the compact form its reference set keeps: `reference_digest`, `reference_agreement`.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ settings: dict[str, Any] = {"ignore_space": True, "nfkc": False, "min_width": 32
 default_source = data_mod.BUILT_IN
 KEYS_FILE = "keys.txt"
 OUTPUT = "probs"
-REFERENCE_LINES = 16  # a package's reference set (reference_set): the size of its outputs decides
+REFERENCE_LINES = 16  # a package's reference set (reference_set): its inputs' size decides
 
 
 # ------------------------------------------------------------------ the common contract
@@ -177,9 +178,8 @@ def prepare_images(images: Sequence[np.ndarray], info: Any, size: int) -> list[t
 
 def reference_set(cfg: Any, info: Any, n: int) -> tuple[np.ndarray, list[str]]:
     """Up to `n` real lines (at most REFERENCE_LINES) for a package's reference check: the narrowest of the
-    test and val splits (a line's output is [W/8, keys + 2] floats: 16 lines at 320 px are 17 MB, 36 lines
-    padded to 1,024 px were 152 MB), prepared as served, padded to one width (the set is one tensor), and
-    their texts."""
+    test and val splits (the inputs are stored: 16 lines at 320 px are 2.9 MB; the outputs only as
+    `reference_digest`), prepared as served, padded to one width (the set is one tensor), and their texts."""
     ds = load_data(cfg, info)
     st = info.settings
     pool = [(sp, i) for sp in (ds.test, ds.val) for i in range(len(sp))]
@@ -189,6 +189,22 @@ def reference_set(cfg: Any, info: Any, n: int) -> tuple[np.ndarray, list[str]]:
     order = sorted(range(len(pool)), key=lambda k: prepared[k].shape[2])[:min(n, REFERENCE_LINES)]
     x = lines.collate([prepared[k] for k in order], int(st["width_bucket"]), int(st["min_width"]))
     return x, [pool[k][0].texts[pool[k][1]] for k in order]
+
+
+def reference_digest(outputs: dict[str, np.ndarray], info: Any) -> dict[str, np.ndarray]:
+    """What a package's reference set keeps of a batch's outputs and checks where it serves: per step the
+    class (int32) and its probability, [N, T] each (the softmax itself is [N, T, 6625] floats)."""
+    p = _probs(outputs, "reference set")
+    return {"steps": p.argmax(-1).astype(np.int32), "step_probs": p.max(-1).astype(np.float32)}
+
+
+def reference_agreement(got: dict[str, np.ndarray], ref: dict[str, np.ndarray], info: Any) -> float:
+    """The share of lines whose CTC path decodes to the same text (repeats merged, blanks dropped)."""
+    def texts(steps: np.ndarray) -> list[tuple[int, ...]]:
+        return [tuple(int(c) for i, c in enumerate(row) if c != 0 and (i == 0 or c != row[i - 1])) for row in steps]
+
+    a, b = texts(got["steps"]), texts(ref["steps"])
+    return float(np.mean([x == y for x, y in zip(a, b, strict=True)])) if a else 1.0
 
 
 def _probs(outputs: dict[str, np.ndarray], where: str) -> np.ndarray:
