@@ -19,6 +19,7 @@ from pipeline.serving.spec import check_vocab
 from pipeline.serving.v2 import datatype
 
 _EXAMPLE_TEXT = "这个手机很好用"
+_INLINE_LABELS = 50  # more labels than this are read from serving.yaml in the examples, not written into them
 
 
 def example_ids(vocab: Path | None, text: dict[str, Any] | None) -> list[int] | None:
@@ -73,6 +74,10 @@ def _answer_line(spec: dict[str, Any], text: bool) -> str:
     if _logits(spec) is not None:
         return ("The answer: `{\"labels\": [...], \"scores\": [...], \"logits\": [[...]]}` (one entry per sample; "
                 "`scores` is the softmax probability of the label). " + errors)
+    if task["name"] == "ocr_rec":
+        return ("The answer: `{\"lines\": [{\"text\": \"...\", \"score\": 0.99}, ...]}`, one per image (or "
+                "tensor row) in the order sent: CTC greedy decode with the package's keys, `score` the mean "
+                "probability of the kept characters. " + errors)
     if task["name"] == "detection":
         cfg = task["settings"]
         return ("The answer: `{\"detections\": [[{\"label\": \"...\", \"score\": 0.93, \"box\": [x1, y1, x2, y2]}, "
@@ -92,19 +97,37 @@ def _postprocess(spec: dict[str, Any], var: str) -> list[str]:
                 "from pipeline.tasks import detection",
                 f"boxes = detection.decode({var}, settings)  # per image: [x1, y1, x2, y2, score, class], "
                 "model-input pixels"]
+    if len(spec["labels"]) > _INLINE_LABELS:  # e.g. ocr_rec's 6,623 keys: read from serving.yaml, not inlined
+        return ["import yaml",
+                "from pipeline import tasks",
+                "doc = yaml.safe_load(open(\"serving.yaml\", encoding=\"utf-8\"))  # in the package directory",
+                "task = tasks.get(doc[\"task\"][\"spec\"])",
+                f"answer = task.answer({var}, tasks.Info(tuple(doc[\"labels\"]), doc[\"task\"][\"settings\"]), None)",
+                "print(answer)"]
     return ["from pipeline import tasks",
             f"task = tasks.get({task['spec']!r})",
             f"answer = task.answer({var}, tasks.Info({spec['labels']!r}, {task['settings']!r}), None)"]
+
+
+def _example_sample(spec: dict[str, Any], inp: dict[str, Any]) -> list[int]:
+    """The input's per-sample shape in the examples: its own, or for a task with a dynamic input (ocr_rec's
+    width) the task's first example shape."""
+    task = tasks.get(_task(spec)["spec"])
+    if not tasks.dynamic(task):
+        return list(inp["shape"][1:])
+    info = tasks.Info(tuple(spec["labels"]), {**task.settings, **(_task(spec)["settings"] or {})})
+    return [int(d) for d in task.example_shapes(info)[0]]
 
 
 def render(spec: dict[str, Any], ids: list[int] | None) -> str:
     ins, outs = spec["inputs"], spec["outputs"]
     if len(ins) > 1 and spec.get("text") is None:
         return _render_inputs(spec)
-    inp = ins[0]
     outp = _logits(spec)  # None: a task without logits
     text = spec.get("text")
-    sample = list(inp["shape"][1:])
+    sample = _example_sample(spec, ins[0])
+    dynamic = sample != list(ins[0]["shape"][1:])  # a task's own images, any size (ocr_rec's lines)
+    inp = {**ins[0], "shape": [-1, *sample]}
     if text is not None:
         tensor_json = json.dumps({"inputs": [ids]}, separators=(",", ":"))
         x_line = f"x = np.array([{ids}], np.int64)  # token ids of {_EXAMPLE_TEXT!r} (pipe serve pads them)"
@@ -112,11 +135,11 @@ def render(spec: dict[str, Any], ids: list[int] | None) -> str:
     else:
         tensor_json = json.dumps({"inputs": [json.loads(_zeros(inp))]}, separators=(",", ":"))
         x_line = (f"x = np.zeros(({', '.join(['1'] + [str(d) for d in sample])}), np.{inp['dtype']})  "
-                  "# one sample, already preprocessed")
+                  "# one sample, already preprocessed" + (" (any width up to the task's limit)" if dynamic else ""))
         body_line = "json={\"inputs\": x.tolist()}"
     if len(tensor_json) > 600:
         tensor_json = None
-    image = spec["preprocessing"].get("kind") == "image"
+    image = spec["preprocessing"].get("kind") == "image" or dynamic
     lines = _head(spec)
     if text is not None:
         lines += [
@@ -141,7 +164,11 @@ def render(spec: dict[str, Any], ids: list[int] | None) -> str:
             lines += [f"# the same text as token ids of {text['vocab_file']}:"]
         lines += ["curl -s http://127.0.0.1:8000/v1/predict -H 'Content-Type: application/json' \\",
                   f"     -d '{tensor_json}'"]
-    if image:
+    if dynamic:
+        lines += [f"# PNG or JPEG images of any size, prepared by task {_task(spec)['spec']} as at import:",
+                  "curl -s http://127.0.0.1:8000/v1/predict -H 'Content-Type: application/json' \\",
+                  "     -d '{\"images\": [\"'$(base64 -w0 picture.png)'\"]}'"]
+    elif image:
         lines += ["# a PNG or JPEG, resized and normalised as at training time:",
                   "curl -s http://127.0.0.1:8000/v1/predict -H 'Content-Type: application/json' \\",
                   "     -d '{\"images\": [\"'$(base64 -w0 picture.png)'\"]}'"]
@@ -156,13 +183,18 @@ def render(spec: dict[str, Any], ids: list[int] | None) -> str:
         "import httpx" + ("" if text is not None else ", numpy as np"),
         "",
     ]
-    if text is None:
+    if dynamic:
+        lines[-2] = "import base64, httpx"
+        lines += ["png = base64.b64encode(open(\"picture.png\", \"rb\").read()).decode()"]
+        body_line = "json={\"images\": [png]}"
+    elif text is None:
         lines += [x_line]
     lines += [
         f"r = httpx.post(\"http://127.0.0.1:8000/v1/predict\", {body_line})",
         "r.raise_for_status()",
         "print(r.json()" + ("[\"labels\"]" if outp is not None else
-                            "[\"detections\"][0]" if _task(spec)["name"] == "detection" else "") + ")",
+                            "[\"detections\"][0]" if _task(spec)["name"] == "detection" else
+                            "[\"lines\"]" if dynamic else "") + ")",
         "```",
         "",
         "Paddle Serving clients (`paddle-serving-client` 0.9.0, Python <= 3.9) work unchanged against "

@@ -283,3 +283,34 @@ def test_the_reference_check_holds_decoded_texts_to_the_budget(package, export, 
     assert result["agreement"] == 14 / 16 and not reference.verdict(result, 0.99)
     assert "answers agreeing with fp32 0.8750 (budget 0.99)" in reference.describe(result, 0.99)
     assert reference.verdict(reference.compare(got, y, spec.io, 20.0, logits="", task=spec.task, info=spec.info), 0.99)
+
+
+def test_the_package_readme_examples_work(server, package, export, tmp_path):
+    """The package README's curl and Python examples for line images, and its tritonclient example with a
+    tensor of the first example width, run as written (port substituted) against the server."""
+    import json
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    _, test, _ = export
+    readme = (package / "README.md").read_text(encoding="utf-8").replace("127.0.0.1:8000",
+                                                                          server.url.split("//", 1)[1])
+    assert "np.zeros((1, 3, 48, 320)" in readme and "-1)" not in readme and len(readme) < 20_000
+    blocks = {lang: re.findall(rf"```{lang}\n(.*?)```", readme, re.S) for lang in ("sh", "python")}
+    Image.fromarray(test.images[0]).save(tmp_path / "picture.png")
+    want = ocr_rec.recognise([test.images[0]], export[0], export[2], 1)[0][0]
+    if shutil.which("curl"):
+        curl = next(b for b in blocks["sh"] if "base64 -w0 picture.png" in b)
+        proc = subprocess.run(["bash", "-c", "set -e\n" + curl], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 0 and json.loads(proc.stdout)["lines"][0]["text"] == want, proc.stderr
+    v1 = next(b for b in blocks["python"] if "picture.png" in b)
+    proc = subprocess.run([sys.executable, "-c", v1], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and repr(want) in proc.stdout, proc.stderr[-1000:]
+    v2 = next(b for b in blocks["python"] if "tritonclient" in b)
+    proc = subprocess.run([sys.executable, "-c", v2], cwd=package, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "'lines'" in proc.stdout, proc.stderr[-1000:]
