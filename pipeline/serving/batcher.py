@@ -7,7 +7,9 @@ input of the package, one batch size); a batch concatenates each input along axi
 output back by rows. Every sample of a batch has the package's per-sample shapes (text: ids padded to
 max_len, see `validate.canonical_ids`), so requests of different text lengths batch together and get the
 outputs they would get alone; a task with a dynamic input (ocr_rec's width buckets) sends requests of
-different shapes, and a batch holds one shape (the next request of another shape starts the next batch). A predictor process that dies fails its batch (500) and is restarted.
+different shapes, and a batch holds one shape: a thread forming a batch sets requests of another shape aside
+(up to 64, in order) and keeps taking this shape behind them; the oldest set-aside request starts the next
+batch, with every set-aside request of its shape. A predictor process that dies fails its batch (500) and is restarted.
 
 Test hook: while the file named by PIPE_FAULT_HOLD_PREDICTOR exists, each predictor thread waits before
 its warm-up and, holding the request it just took, before forming a batch: tests can keep the server
@@ -17,6 +19,7 @@ unready, fill the queue behind it, or hold a request in flight.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import queue
@@ -32,19 +35,21 @@ from pipeline.errors import PipeError
 from pipeline.serving.predictor import START_S, PredictorProcess
 from pipeline.serving.spec import Settings, Spec
 
+_HOLD_MAX = 64  # requests of other shapes a thread sets aside while it fills a batch of one shape
 _EXIT_WAIT_S = 5.0  # how long a predictor whose pipe closed gets to finish exiting before it is judged alive
 
 HOLD_ENV = "PIPE_FAULT_HOLD_PREDICTOR"
 log = logging.getLogger("pipe.serve")
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: its feeds are arrays (the held deque removes by ==)
 class Job:
     feeds: dict[str, np.ndarray]  # the package's inputs by program name, checked: one batch size, `n`
     n: int
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     queued: float = 0.0  # time.perf_counter() when it entered the queue
+    held: bool = False  # taken from the queue and set aside for a later batch (another shape)
 
 
 def _same_shapes(a: Job, b: Job) -> bool:
@@ -120,18 +125,23 @@ class Batcher:
         except Exception:
             log.exception("pipe serve: warm-up failed; /readyz stays 503")
             return
-        carry: Job | None = None
+        held: collections.deque[Job] = collections.deque()  # taken, of another shape: the next batches'
         stop = False
-        while not stop:
-            job = carry or self.q.get()
-            carry = None
+        while not stop or held:
+            job = held.popleft() if held else self.q.get()
             if job is None:
                 break
             self._wait_hold()  # test hook: the job is taken, the queue fills behind it
             batch, rows = [job], job.n
-            self._take(1)
+            if not job.held:  # a held job was counted when it was set aside
+                self._take(1)
+            for other in list(held):  # held requests of this shape first, oldest first
+                if rows + other.n <= self.s.max_batch_size and _same_shapes(other, job):
+                    held.remove(other)
+                    batch.append(other)
+                    rows += other.n
             deadline = time.monotonic() + self.s.max_wait_ms / 1000
-            while rows < self.s.max_batch_size:
+            while rows < self.s.max_batch_size and not stop:
                 try:
                     nxt = self.q.get_nowait()
                 except queue.Empty:
@@ -149,10 +159,15 @@ class Batcher:
                     break
                 if nxt.future.done():
                     continue
-                if rows + nxt.n > self.s.max_batch_size or not _same_shapes(nxt, job):
-                    carry = nxt
-                    break
                 self._take(1)
+                if rows + nxt.n > self.s.max_batch_size or not _same_shapes(nxt, job):
+                    # another shape (or too many rows): set aside for a later batch, and keep looking for
+                    # this shape behind it, a bounded way ahead
+                    nxt.held = True
+                    held.append(nxt)
+                    if len(held) >= _HOLD_MAX or rows + nxt.n > self.s.max_batch_size:
+                        break
+                    continue
                 batch.append(nxt)
                 rows += nxt.n
             try:

@@ -314,3 +314,50 @@ def test_the_package_readme_examples_work(server, package, export, tmp_path):
     v2 = next(b for b in blocks["python"] if "tritonclient" in b)
     proc = subprocess.run([sys.executable, "-c", v2], cwd=package, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "'lines'" in proc.stdout, proc.stderr[-1000:]
+
+
+def test_a_batch_takes_its_shape_from_behind_other_shapes(package, export, tmp_path):
+    """Requests of two widths queued alternately behind a held predictor run as two batches, one per width
+    (a thread sets the other width aside and keeps taking its own behind it), each request answered what it
+    gets alone; the queue in arrival order would have run nine batches of one."""
+    import concurrent.futures as cf
+    import time
+
+    from pipeline.serving import batcher
+
+    info, _, run = export
+    a, b = _two_widths(export)
+    hold = tmp_path / "hold"
+    srv = start_server(package, "--max-batch-size", "8", env={batcher.HOLD_ENV: str(hold)})
+
+    def post(x: np.ndarray) -> str:
+        r = httpx.post(srv.url + "/v1/predict", json={"inputs": x.tolist()}, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()["lines"][0]["text"]
+
+    def gauge(name: str) -> float:
+        return metric(httpx.get(srv.url + "/metrics").text, name, 0.0)
+
+    try:
+        runs0 = gauge("pipe_batch_size_count")
+        hold.touch()
+        order = [a, b] * 4 + [a]
+        with cf.ThreadPoolExecutor(len(order)) as pool:
+            futures = [pool.submit(post, order[0])]
+            deadline = time.monotonic() + 30
+            while gauge("pipe_inflight_requests") < 1 or gauge("pipe_queue_depth") > 0:  # taken and held
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            for i, x in enumerate(order[1:], 2):
+                futures.append(pool.submit(post, x))
+                while gauge("pipe_queue_depth") < i - 1:  # queued in this order
+                    assert time.monotonic() < deadline
+                    time.sleep(0.01)
+            hold.unlink()
+            texts = [f.result() for f in futures]
+        assert gauge("pipe_batch_size_count") - runs0 == 2
+        want = {x.shape[3]: ocr_rec.decode(run({"x": x}), info)[0][0] for x in (a, b)}
+        assert texts == [want[x.shape[3]] for x in order]
+    finally:
+        hold.unlink(missing_ok=True)
+        assert srv.stop() == 0
