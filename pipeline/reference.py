@@ -198,6 +198,13 @@ def sqnr_db(got: np.ndarray, ref: np.ndarray) -> float | None:
     return 10 * math.log10(max(signal, np.finfo(np.float64).tiny) / noise)  # finite: manifests and /v1 are JSON
 
 
+def _measure(got: np.ndarray, ref: np.ndarray) -> dict[str, Any]:
+    """One tensor against its reference: float max|diff| and SQNR, other dtypes the fraction equal."""
+    if ref.dtype.kind == "f":
+        return {"max_abs_diff": float(np.abs(got.astype(np.float64) - ref).max(initial=0.0)), "sqnr_db": sqnr_db(got, ref)}
+    return {"equal": float(np.count_nonzero(got == ref)) / max(ref.size, 1)}
+
+
 def compare_digest(got: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], io_: iospec.IO,
                    min_sqnr_db: float | None, task: Any, info: Any) -> dict[str, Any]:
     """`got` (every output by program name) against a set stored as the task's digest (`ref`: `digest/<key>`):
@@ -218,8 +225,7 @@ def compare_digest(got: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray],
             return {"samples": int(n), "top1_agreement": None, "agreement": 0.0, "max_abs_diff": float("inf"),
                     "error": f"reference {k!r}: " + ("not in the task's digest" if g is None else
                                                      f"shape {list(g.shape)}, the reference has {list(r.shape)}")}
-        per[k] = ({"max_abs_diff": float(np.abs(g.astype(np.float64) - r).max(initial=0.0)), "sqnr_db": sqnr_db(g, r)}
-                  if r.dtype.kind == "f" else {"equal": float(np.count_nonzero(g == r)) / max(r.size, 1)})
+        per[k] = _measure(g, r)
     first = next((v["max_abs_diff"] for v in per.values() if "max_abs_diff" in v), 0.0)
     out = {"samples": int(n), "top1_agreement": None, "agreement": float(task.reference_agreement(have, want, info)),
            "max_abs_diff": first, "logits": None, "outputs": per}
@@ -246,11 +252,7 @@ def compare(got: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], io_: i
             return {"samples": int(n), "top1_agreement": 0.0 if logits else None, "max_abs_diff": float("inf"),
                     "error": f"output {t.public!r}: " + ("not returned" if g is None else
                                                          f"shape {list(g.shape)}, the reference has {list(r.shape)}")}
-        if r.dtype.kind == "f":
-            per[t.public] = {"max_abs_diff": float(np.abs(g.astype(np.float64) - r).max(initial=0.0)),
-                             "sqnr_db": sqnr_db(g, r)}
-        else:
-            per[t.public] = {"equal": float(np.count_nonzero(g == r)) / max(r.size, 1)}
+        per[t.public] = _measure(g, r)
     agree = None
     if logits:
         top = [np.asarray(d[head.name]).argmax(axis=1) for d in (got, ref)]

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.serving import v2 as v2_mod
-from pipeline.serving.spec import DTYPES, Settings, Spec, limits_of
-from pipeline.serving.validate import image_inputs, names, sample_shape, takes_images, task_images
+from pipeline.serving.spec import DTYPES, Settings, Spec
+from pipeline.serving.validate import bounds, image_inputs, names, sample_shape, takes_images, task_images
 from pipeline.serving.wire import ENGINE_NAME, PACKAGE
 
 DOCS_ASSETS = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css", "favicon.png": "image/png"}
@@ -238,21 +238,12 @@ def _tensor(spec: Spec, s: Settings, t: Any) -> dict[str, Any]:
                 "description": f"int64 token ids, one row per text, each padded with {text.pad_id} or truncated to "
                                f"max_len {text.max_len}",
                 "items": {"type": "array", "minItems": 1, "items": ids}}
-    sample = sample_shape(spec, t)
     schema = _element(t.dtype)
-    for lo, hi in reversed(_bounds(spec, t)):
+    for lo, hi in reversed(bounds(spec, t)):
         schema = {"type": "array", "minItems": lo, "maxItems": hi, "items": schema}
-    dims = ", ".join(str(d) if d != -1 else f"1..{hi}" for d, (_, hi) in zip(sample, _bounds(spec, t)))
+    dims = ", ".join(str(lo) if lo == hi else f"{lo}..{hi}" for lo, hi in bounds(spec, t))
     return {"type": "array", "minItems": 1, "maxItems": n, "items": schema,
             "description": f"{t.dtype} [N, {dims}], preprocessed as at training time"}
-
-
-def _bounds(spec: Spec, t: Any) -> list[tuple[int, int]]:
-    """(min, max) of each per-sample dim of input `t`: a fixed dim exactly, a task's dynamic one 1..its
-    `sample_limits` (`spec.limits_of`)."""
-    sample = sample_shape(spec, t)
-    lim = limits_of(spec.task, spec.info) or sample
-    return [(d, d) if d != -1 else (1, m) for d, m in zip(sample, lim)]
 
 
 def _output(t: Any, n: int) -> dict[str, Any]:
@@ -325,12 +316,12 @@ def _feed(spec: Spec, s: Settings, t: Any) -> dict[str, Any]:
                 "description": "shape[0] x shape[1] ids, row by row"}
         sizes: dict[str, Any] = {}
     elif -1 in sample:  # a task's dynamic input (ocr_rec's width): each dim within its bounds
-        bounds = _bounds(spec, t)
+        dims = bounds(spec, t)
         shape = {"type": "array", "prefixItems": [{"type": "integer", "minimum": 1, "maximum": n},
                                                   *({"type": "integer", "minimum": lo, "maximum": hi}
-                                                    for lo, hi in bounds)],
+                                                    for lo, hi in dims)],
                  "minItems": 1 + len(sample), "maxItems": 1 + len(sample)}
-        data = {"type": "array", "minItems": 1, "maxItems": n * int(np.prod([hi for _, hi in bounds])),
+        data = {"type": "array", "minItems": 1, "maxItems": n * int(np.prod([hi for _, hi in dims])),
                 "items": _element(t.dtype), "description": "prod(shape) values, C order"}
         sizes = {}
     else:

@@ -145,18 +145,22 @@ def expected(spec: Spec, s: Settings, t: iospec.Tensor) -> str:
         text = spec.text
         return (f"int64 token ids: 1..{s.max_batch_size} rows of >= 1 ids each (each padded or truncated to "
                 f"max_len {text.max_len}), ids 0..{_id_limit(spec, t) - 1}")
-    lim = limits_of(spec.task, spec.info) or sample_shape(spec, t)
-    dims = ", ".join(str(d) if d != -1 else f"1..{m}" for d, m in zip(sample_shape(spec, t), lim))
+    dims = ", ".join(str(lo) if lo == hi else f"{lo}..{hi}" for lo, hi in bounds(spec, t))
     return f"{t.dtype} [N, {dims}] with 1 <= N <= {s.max_batch_size}"
 
 
-def _fits(spec: Spec, t: iospec.Tensor, shape: tuple[int, ...]) -> bool:
-    """A sample shape against input `t`: its fixed dims equal, its dynamic ones (a task's dynamic input)
-    1..the task's `sample_limits`."""
+def bounds(spec: Spec, t: iospec.Tensor) -> list[tuple[int, int]]:
+    """(min, max) of each per-sample dim of input `t`: a fixed dim exactly, a task's dynamic one 1..its
+    `sample_limits` (`spec.limits_of`)."""
     sample = sample_shape(spec, t)
     lim = limits_of(spec.task, spec.info) or sample
-    return len(shape) == len(sample) and all(g == d if d != -1 else 1 <= g <= m
-                                             for d, g, m in zip(sample, shape, lim))
+    return [(d, d) if d != -1 else (1, m) for d, m in zip(sample, lim)]
+
+
+def _fits(spec: Spec, t: iospec.Tensor, shape: tuple[int, ...]) -> bool:
+    """A sample shape against input `t` (`bounds`)."""
+    b = bounds(spec, t)
+    return len(shape) == len(b) and all(lo <= g <= hi for g, (lo, hi) in zip(shape, b))
 
 
 def as_tensor(obj: Any, spec: Spec, s: Settings, t: iospec.Tensor, where: str) -> np.ndarray:
