@@ -147,8 +147,9 @@ class DistillConfig:
 @dataclass(frozen=True)
 class CompressConfig:
     int8: bool = _opt(False, "post-training int8 quantization of the export (--int8)")
-    backend: str = _opt("both", "int8 engine: paddle (PaddleSlim + oneDNN int8), onnxruntime, or both",
-                        ("paddle", "onnxruntime", "both"))
+    backend: str = _opt("both", "int8 engine: paddle (PaddleSlim + oneDNN int8), onnxruntime, or both; openvino: only "
+                                "OpenVINO's own route (NNCF with a per-layer search: ocr_rec models)",
+                        ("paddle", "onnxruntime", "both", "openvino"))
     algo: str = _opt("avg", "activation calibration (PaddleSlim's names); onnxruntime uses its closest method",
                      ("avg", "KL", "hist", "mse"))
     calib_batches: int = _opt(0, "calibration batches, drawn from the train split; 0 = up to 10 whole batches, all of "

@@ -13,7 +13,7 @@ import numpy as np
 from pipeline import cpu, engines as engines_mod, iospec
 from pipeline.config import CompressConfig
 from pipeline.engines import paddle as paddle_engine
-from pipeline.errors import PipeError
+from pipeline.errors import GateError, PipeError
 
 SPEED_MARGIN = 1.05  # "faster" means at least 5% faster at batch 1 (p50) and at batch 32
 
@@ -87,6 +87,22 @@ def status(name: str, v: dict[str, Any], base: dict[str, Any], ccfg: CompressCon
                     f"then {'agreement ' + _num(agree, '.4f') + ', ' if agree is not None else ''}drop {drop:.2f} points, {v['speedup_bs1']:.2f}x fp32 at batch 1 "
                     f"and {v['speedup_bs32']:.2f}x at batch 32: not both within budget and faster")
     return "ok"
+
+
+def timing_fields(lat: list[float], thr: list[float], batch: int) -> dict[str, float]:
+    """A variant's p50/p99 ms at batch 1 and items/s at `batch` from its interleaved timings (seconds a call)."""
+    return {"latency_ms_p50_bs1": float(np.percentile(lat, 50) * 1e3),
+            "latency_ms_p99_bs1": float(np.percentile(lat, 99) * 1e3),
+            "items_per_s_bs32": float(batch / np.median(thr))}
+
+
+def speed_fields(name: str, v: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """A measured variant's speed against fp32 (`base`): the two speedups, whether it is faster, the note."""
+    s1 = base["latency_ms_p50_bs1"] / v["latency_ms_p50_bs1"]
+    s32 = v["items_per_s_bs32"] / base["items_per_s_bs32"]
+    return {"speedup_bs1": s1, "speedup_bs32": s32,
+            "faster_than_fp32": None if name == "fp32" else bool(min(s1, s32) >= SPEED_MARGIN),
+            "note": "" if name == "fp32" else speed_note(s1, s32)}
 
 
 def speed_note(s1: float, s32: float) -> str:
@@ -188,3 +204,22 @@ def _verdict(name: str, v: dict[str, Any]) -> str:
         return f"faster at bs{1 if s1 else 32} only"
     slower = max(v["speedup_bs1"], v["speedup_bs32"]) <= 1 / SPEED_MARGIN
     return "[red]SLOWER[/red]" if slower else "[yellow]not faster[/yellow]"
+
+
+def gate(metrics: dict[str, Any], variants: dict[str, dict[str, Any]], ccfg: CompressConfig, n: int) -> None:
+    """An int8 variant within budget, at most max_drop points below fp32, or exit 4 (nothing written)."""
+    drop = metrics["int8_drop_points"]
+    if not int8_names(variants):
+        raise PipeError("int8: no int8 variant could be built (" + "; ".join(
+            f"{k}: {why}" for k, why in metrics["int8_unsupported"].items()) + ")")
+    if drop is None:
+        raise GateError("int8 gate: no int8 variant within budget on this CPU (" + "; ".join(
+            f"{k}: {why}" for k, why in metrics["int8_not_shippable"].items()) + f"); CPU: {cpu.summary()}; "
+            "nothing written")
+    if drop > ccfg.max_drop:
+        best = metrics["best_int8"]
+        others = ", ".join(f"{k} {variants[k]['accuracy']:.2%}" for k in int8_names(variants) if k != best)
+        what = "" if metrics["metric"] == "acc" else f"{metrics['metric']} "  # classification: the accuracy
+        raise GateError(f"int8 gate: best int8 variant {best} {what}{variants[best]['accuracy']:.2%} vs fp32 "
+                        f"{variants['fp32']['accuracy']:.2%} on {n} test samples: drop {drop:.2f} points > "
+                        f"max_drop {ccfg.max_drop:g}" + (f" ({others})" if others else "") + "; nothing written")

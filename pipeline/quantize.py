@@ -7,13 +7,15 @@ processes of this module, which re-check the sha256 of every file they read (int
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -57,22 +59,24 @@ def output_layers(nodes: list[tuple[str, str, list[str], list[str]]], outputs: l
     return [nodes[i][0] for i in sorted(found)]
 
 
-def int8_paddle(src: artifacts.Artifact, io: dict[str, Any], calib: dict[str, np.ndarray], ccfg: CompressConfig,
+def int8_paddle(src: artifacts.Artifact, io: dict[str, Any], calib: list[dict[str, np.ndarray]], ccfg: CompressConfig,
                 dest: Path, threads: int, keep_outputs: bool = False) -> list[str]:
     """PaddleSlim reads only the legacy program, and only with FLAGS_enable_pir_api=0 set before paddle
-    is imported: a child process. The calibration batches go through its stdin as raw bytes, input after
-    input (float32 images, int64 token ids: PaddleSlim keeps integer feeds integer), each under its name in
-    the legacy program. `keep_outputs`: the layers producing the outputs stay fp32 (`output_layers`); returns
-    their weights' names."""
+    is imported: a child process. The calibration batches (`calib`: each a feed dict by the interface's input
+    names; batches may differ in shape, e.g. OCR lines of several widths) go through its stdin as raw bytes,
+    batch after batch and input after input (float32 images, int64 token ids: PaddleSlim keeps integer feeds
+    integer), each under its name in the legacy program. `keep_outputs`: the layers producing the outputs
+    stay fp32 (`output_layers`); returns their weights' names."""
     files = {"model.pdmodel": io["legacy_model"], "model.pdiparams": io["legacy_params"]}
     legacy = dict(zip((t.name for t in io["desc"].inputs), io["legacy_inputs"]))
     spec = {"model_dir": str(src.file(io["legacy_model"]).parent.resolve()),
             "files": {name: {"path": str(src.file(rel).resolve()), "sha256": src.manifest["files"][rel]["sha256"]}
                       for name, rel in files.items()},
             "dest": str(dest.resolve()), "algo": ccfg.algo, "keep_outputs": bool(keep_outputs),
-            "inputs": [{"name": legacy[k], "dtype": a.dtype.name, "shape": list(a.shape)} for k, a in calib.items()]}
-    out = _child("--paddleslim", spec, b"".join(a.tobytes() for a in calib.values()), {"FLAGS_enable_pir_api": "0"},
-                 threads, "PaddleSlim quantization")
+            "batches": [[{"name": legacy[k], "dtype": a.dtype.name, "shape": list(a.shape)} for k, a in b.items()]
+                        for b in calib]}
+    raw = b"".join(np.ascontiguousarray(a).tobytes() for b in calib for a in b.values())
+    out = _child("--paddleslim", spec, raw, {"FLAGS_enable_pir_api": "0"}, threads, "PaddleSlim quantization")
     if not (dest / "model.pdmodel").is_file():
         raise PipeError("PaddleSlim wrote no model.pdmodel")
     lines = [ln for ln in out.decode(errors="replace").splitlines() if ln.startswith("fp32_layers ")]
@@ -90,10 +94,11 @@ def to_onnx(src: artifacts.Artifact, dest: Path, threads: int) -> None:
         raise PipeError("paddle2onnx wrote no model.onnx")
 
 
-def int8_onnx(model: Path, io: dict[str, Any], calib: dict[str, np.ndarray], ccfg: CompressConfig, dest: Path,
+def int8_onnx(model: Path, io: dict[str, Any], calib: list[dict[str, np.ndarray]], ccfg: CompressConfig, dest: Path,
               threads: int, keep_outputs: bool = False) -> list[str]:
-    """onnxruntime QDQ int8 of the fp32 ONNX `model`, calibrated on dicts keyed by that file's own input
-    names (`engines.names`: by name, whatever order the file lists them in). The int8 file must take its
+    """onnxruntime QDQ int8 of the fp32 ONNX `model`, calibrated on the batches `calib` (feed dicts by the
+    interface's input names) keyed by that file's own input names (`engines.names`: by name, whatever order
+    the file lists them in). The int8 file must take its
     inputs in the same dtypes (integer inputs are never quantized). `keep_outputs`: the nodes producing the
     outputs stay fp32 (`output_layers`, onnxruntime's nodes_to_exclude); returns their names."""
     import onnx
@@ -104,7 +109,7 @@ def int8_onnx(model: Path, io: dict[str, Any], calib: dict[str, np.ndarray], ccf
     ort.set_default_logger_severity(3)  # else every optimizer session warns about unused initializers
     desc = io["desc"]
     on = engines_mod.names(ort_engine.load([model], threads=threads), desc, str(model))
-    batches = [{on[k]: a[i] for k, a in calib.items()} for i in range(iospec.num_rows(calib))]
+    batches = [{on[k]: a for k, a in b.items()} for b in calib]
 
     class _Reader(q.CalibrationDataReader):
         def __init__(self) -> None:
@@ -152,6 +157,74 @@ def int8_onnx(model: Path, io: dict[str, Any], calib: dict[str, np.ndarray], ccf
     return kept
 
 
+# NNCF's preset for models with attention blocks: on PP-OCRv4 rec (an SVTR neck) its default preset lost 7.4
+# points of line accuracy, the transformer one 2.1 (facts §17).
+NNCF_MODEL_TYPE = "transformer"
+_OV_QUANTIZED = ("Convolution", "GroupConvolution", "MatMul", "ConvolutionBackpropData")
+
+
+def int8_openvino(files: list[Path], calib: list[dict[str, np.ndarray]], val: list[Any],
+                  score: Callable[[Callable[[dict[str, np.ndarray]], list[np.ndarray]], list[Any]], float],
+                  max_drop: float, exact: bool, dest: Path) -> dict[str, Any]:
+    """OpenVINO int8 with a per-layer sensitivity search, by NNCF: the model OpenVINO reads from `files` (the
+    legacy program or an ONNX file), quantized on the batches `calib` (feed dicts by its input names; shapes
+    may differ), then `nncf.quantize_with_accuracy_control` ranks the quantized layers by what each one's
+    quantization costs `score` on the items `val` and returns them to fp32, the costliest first, until the
+    score is within `max_drop` of the fp32 model's. `score(run, items)`: run (feeds -> the model's outputs,
+    in its order) over some of `val`, higher is better. `exact`: this CPU's int8 is exact (VNNI); else every
+    layer's weights get NNCF's overflow fix (7-bit, as onnxruntime's reduce_range: pipeline/cpu.py). Writes
+    dest/model.xml + model.bin; returns the search's record: score of int8 everywhere and after, the layers
+    kept in fp32."""
+    import logging
+
+    import nncf
+    import openvino as ov
+
+    nncf.set_log_level(logging.ERROR)
+    core = ov.Core()
+    model = core.read_model(*(str(f) for f in files))
+    names = {p.get_any_name() for p in model.inputs}
+    if any(set(b) != names for b in calib):
+        raise PipeError(f"{files[0]}: OpenVINO reads inputs {sorted(names)}; the calibration feeds {sorted(calib[0])}")
+
+    def scored(compiled: Any, items: Any) -> float:
+        def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+            res = compiled(feeds)
+            return [res[o] for o in compiled.outputs]
+        return float(score(run, list(items)))
+
+    fix = nncf.OverflowFix.FIRST_LAYER if exact else nncf.OverflowFix.ENABLE
+    kw = dict(model_type=nncf.ModelType.TRANSFORMER, subset_size=len(calib))
+    cal = nncf.Dataset(calib)
+    print(f"compress: NNCF int8 of {files[0].name} on {len(calib)} calibration batches, then its per-layer search on "
+          f"{len(val)} val batches (minutes)", flush=True)
+    with contextlib.redirect_stdout(io.StringIO()):  # NNCF's progress bars (rich, on stdout)
+        full = nncf.quantize(model, cal, advanced_parameters=nncf.AdvancedQuantizationParameters(overflow_fix=fix), **kw)
+        full_score = scored(core.compile_model(full, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}), val)
+        searched = nncf.quantize_with_accuracy_control(
+            model, cal, nncf.Dataset(val), validation_fn=scored, max_drop=max_drop, drop_type=nncf.DropType.ABSOLUTE,
+            advanced_quantization_parameters=nncf.AdvancedQuantizationParameters(overflow_fix=fix), **kw)
+    after = scored(core.compile_model(searched, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}), val)
+    everywhere, kept = _ov_quantized(full), _ov_quantized(searched)
+    dest.mkdir()
+    ov.save_model(searched, str(dest / "model.xml"), compress_to_fp16=False)
+    return {"method": "nncf.quantize_with_accuracy_control", "nncf": nncf.__version__, "model_type": NNCF_MODEL_TYPE,
+            "overflow_fix": fix.value, "max_drop": max_drop, "score_int8_everywhere": full_score, "score": after,
+            "layers_int8": len(kept), "layers_quantizable": len(everywhere),
+            "fp32_layers": sorted(everywhere - kept)}
+
+
+def _ov_quantized(model: Any) -> set[str]:
+    """The compute layers (convolutions, matmuls) of an OpenVINO model that take a quantized activation: a
+    FakeQuantize feeds one of their inputs."""
+    out = set()
+    for op in model.get_ordered_ops():
+        if op.get_type_name() in _OV_QUANTIZED and any(
+                i.get_source_output().get_node().get_type_name() == "FakeQuantize" for i in op.inputs()):
+            out.add(op.get_friendly_name())
+    return out
+
+
 def _onnx_input_types(path: Path) -> dict[str, int]:
     """A model file's graph inputs (initializers aside): name -> ONNX element type."""
     import onnx
@@ -159,6 +232,11 @@ def _onnx_input_types(path: Path) -> dict[str, int]:
     g = onnx.load(str(path), load_external_data=False).graph
     weights = {w.name for w in g.initializer}
     return {i.name: i.type.tensor_type.elem_type for i in g.input if i.name not in weights}
+
+
+def split_batches(calib: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """{input: (batches, batch_size, ...)} -> one feed dict per batch (what the quantizers take)."""
+    return [{k: a[i] for k, a in calib.items()} for i in range(len(next(iter(calib.values()))))]
 
 
 def ort_op_types(desc: iospec.IO) -> tuple[list[str] | None, str]:
@@ -202,14 +280,16 @@ def _read_verified(files: dict[str, dict[str, str]]) -> None:
 def _paddleslim_main(spec: dict[str, Any]) -> int:
     """Child (FLAGS_enable_pir_api=0): quant_post_static on the legacy program."""
     _read_verified(spec["files"])
-    raw, calib, at = sys.stdin.buffer.read(), {}, 0
-    for t in spec["inputs"]:  # input after input, as the parent wrote them
-        dtype, shape = np.dtype(t["dtype"]), [int(d) for d in t["shape"]]
-        calib[t["name"]] = np.frombuffer(raw, dtype, int(np.prod(shape)), at).reshape(shape).copy()  # aligned
-        at += calib[t["name"]].nbytes
-    if at != len(raw):
-        raise InputError(f"calibration: {len(raw)} bytes on stdin, the inputs take {at}")
-    batches, size = spec["inputs"][0]["shape"][:2]
+    raw, calib, at = sys.stdin.buffer.read(), [], 0
+    for batch in spec["batches"]:  # batch after batch, input after input, as the parent wrote them
+        feeds = {}
+        for t in batch:
+            dtype, shape = np.dtype(t["dtype"]), [int(d) for d in t["shape"]]
+            feeds[t["name"]] = np.frombuffer(raw, dtype, int(np.prod(shape)), at).reshape(shape).copy()  # aligned
+            at += feeds[t["name"]].nbytes
+        calib.append(feeds)
+    if at != len(raw) or not calib:
+        raise InputError(f"calibration: {len(raw)} bytes on stdin, {len(calib)} batches that take {at}")
     paddle = runtime.import_paddle(int(os.environ.get("OMP_NUM_THREADS", "1")))
     paddle.enable_static()
     from paddleslim.quant import quant_post_static
@@ -230,14 +310,13 @@ def _paddleslim_main(spec: dict[str, Any]) -> int:
         print("fp32_layers " + json.dumps(skip), flush=True)
 
     def loader() -> Iterator[dict[str, np.ndarray]]:  # a callable of feed dicts: a list or batch_generator fail
-        for i in range(batches):
-            yield {name: a[i] for name, a in calib.items()}
+        yield from calib
 
     quant_post_static(
         executor=paddle.static.Executor(paddle.CPUPlace()), model_dir=spec["model_dir"],
         quantize_model_path=spec["dest"], model_filename=Path(spec["files"]["model.pdmodel"]["path"]).name,
         params_filename=Path(spec["files"]["model.pdiparams"]["path"]).name, data_loader=loader,
-        batch_size=size, batch_nums=batches, algo=spec["algo"], round_type="round",
+        batch_size=iospec.num_rows(calib[0]), batch_nums=len(calib), algo=spec["algo"], round_type="round",
         # onnx_format=True stores the weights as int8 (digits: 81 KB of params vs 304 KB with False) and
         # was closer to fp32 (max|diff| 0.89 vs 2.93); oneDNN int8 runs both.
         quantizable_op_type=list(QUANT_OPS), onnx_format=True, skip_tensor_list=skip or None)

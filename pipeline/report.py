@@ -356,7 +356,8 @@ def _variant_rows(stages: dict[str, Stage], task: Task) -> tuple[list[tuple[str,
         every = v.get("metrics") if isinstance(v.get("metrics"), dict) else {}
         rows.append((prefix + name, {
             "status": status, "engine": v.get("engine", _NA), "precision": v.get("precision", _NA),
-            "accuracy": v.get("accuracy"), "agreement": v.get("top1_agreement"),
+            "accuracy": v.get("accuracy"), "agreement": v.get("top1_agreement") if v.get("top1_agreement") is not None
+            else v.get("char_agreement"),  # ocr_rec: its answers' agreement with fp32's, per character
             "metrics": {k: v.get("accuracy") if k == task.monitor else every.get(k) for k in task.metrics},
             "size_mb": size / _MB if isinstance(size, (int, float)) else None,
             "p50": v.get("latency_ms_p50_bs1"), "p99": v.get("latency_ms_p99_bs1"),
@@ -368,6 +369,14 @@ def _variant_rows(stages: dict[str, Stage], task: Task) -> tuple[list[tuple[str,
         notes.append(f"CPU where compress measured, and its int8 capability: {cpu.summary(cap)}. Top-1 agreement "
                      f"is over {cm.get('agreement_samples', _NA)} samples of all "
                      f"splits; budget compress.min_agreement {cm.get('min_agreement', _NA)}.")
+    elif isinstance(cap, dict) and cm.get("agreement") == "char_agreement":  # a task that owns its data (ocr_rec)
+        search = cm.get("openvino_search") or {}
+        notes.append(f"CPU where compress measured, and its int8 capability: {cpu.summary(cap)}. Agreement is the "
+                     f"answers' with fp32's, per character, over {cm.get('agreement_samples', _NA)} val and test "
+                     f"lines; budget compress.min_agreement {cm.get('min_agreement', _NA)}."
+                     + (f" openvino-int8: NNCF's per-layer search kept {len(search.get('fp32_layers') or [])} of "
+                        f"{search.get('layers_quantizable', _NA)} layers in fp32 "
+                        f"({', '.join(search.get('fp32_layers') or []) or 'none'})." if search else ""))
     elif isinstance(cap, dict):  # no logits: fidelity is each output's SQNR against fp32
         outs = cm.get("sqnr_budget_outputs")
         notes.append(f"CPU where compress measured, and its int8 capability: {cpu.summary(cap)}. Fidelity to fp32 "

@@ -67,25 +67,22 @@ import hashlib
 import json
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from pipeline import artifacts, config as config_mod, cpu, data as data_mod, fidelity, iospec, quantize, runtime, tasks
+from pipeline.timing import WARMUP as _WARMUP, interleaved
 from pipeline import engines as engines_mod
 from pipeline.engines import openvino as ov_engine, ort as ort_engine, paddle as paddle_engine
 from pipeline.config import CompressConfig, RunConfig
-from pipeline.errors import GateError, InputError, ParityError, PipeError
+from pipeline.errors import InputError, ParityError, PipeError
 
 _EVAL_BATCH = 256
 _FIDELITY_MAX = 4096  # samples of all splits on which agreement and max|diff| are measured
 _FIDELITY_SEED = 0
 _BS_THROUGHPUT = 32
-_WARMUP = 20  # runs per variant and batch size before anything is timed
-_ROUNDS, _SEGMENTS, _BLOCK_WARMUP = 10, 2, 3  # see interleaved()
-_SWITCH_PAUSE_S = 0.3  # > KMP_BLOCKTIME (200 ms): the other engine's threads have stopped spinning
 _BACKEND_VARIANTS = {"paddle": ("int8-paddle",), "onnxruntime": ("onnx-fp32", "int8-onnx")}
 _VARIANT_FILES = {
     "int8-paddle": ("int8-paddle/model.pdmodel", "int8-paddle/model.pdiparams"),
@@ -104,6 +101,13 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path) -> Path:
         raise InputError("--distill: name the student model with --student (e.g. --student mlp, "
                          "or text_cnn for a text model)")
     src = artifacts.verify(in_dir, ("export",))
+    if tasks.owns_data(_task_of(src)):  # its own data and batches (ocr_rec): measured on them, not on arrays
+        from pipeline import compress_owned
+
+        return compress_owned.run(cfg, src, out_dir)
+    if ccfg.backend == "openvino":
+        raise InputError("--backend openvino: OpenVINO's own int8 route (NNCF with a per-layer search) is for ocr_rec "
+                         "models so far; here openvino-int8 runs onnxruntime's int8 file: use --backend onnxruntime or both")
     distilled = None
     if ccfg.distill:  # from here on, the student's export is what gets measured and quantized
         _check_student(src, ccfg.student)
@@ -125,11 +129,12 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path) -> Path:
         keep = bool(getattr(io["task"], "int8_fp32_outputs", False))
         fp32_layers: dict[str, list[str]] = {}
         if "paddle" in backends and "int8-paddle" not in skipped:
-            fp32_layers["int8-paddle"] = quantize.int8_paddle(src, io, calib, ccfg, w.dir / "int8-paddle", threads, keep)
+            fp32_layers["int8-paddle"] = quantize.int8_paddle(src, io, quantize.split_batches(calib), ccfg,
+                                                              w.dir / "int8-paddle", threads, keep)
         if "onnxruntime" in backends:
             quantize.to_onnx(src, w.dir / "onnx-fp32", threads)
-            fp32_layers["int8-onnx"] = quantize.int8_onnx(w.dir / "onnx-fp32/model.onnx", io, calib, ccfg,
-                                                          w.dir / "int8-onnx", threads, keep)
+            fp32_layers["int8-onnx"] = quantize.int8_onnx(w.dir / "onnx-fp32/model.onnx", io, quantize.split_batches(calib),
+                                                          ccfg, w.dir / "int8-onnx", threads, keep)
         engines = _engines(src, w.dir, io, backends, skipped, threads)  # may add to `skipped`
         if ccfg.openvino:
             engines.update(_openvino(src, w.dir, io, engines, threads))
@@ -144,10 +149,20 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path) -> Path:
         if distilled is not None:
             w.metrics["distill"] = distilled
         if ccfg.int8:
-            _gate(w.metrics, variants, ccfg, len(y_test))
+            fidelity.gate(w.metrics, variants, ccfg, len(y_test))
         w.interface = src.manifest["interface"]
         w.extra = {"format": "variants", "tools": _tool_versions()}
     return out_dir
+
+
+def _task_of(src: artifacts.Artifact) -> Any:
+    try:
+        iface = src.manifest["interface"]
+        return tasks.from_interface(iface, iospec.IO.from_interface(iface))[0]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise InputError(f"{src.path / artifacts.MANIFEST}: not an export this pipe can compress (no interface)") from None
+    except InputError as e:
+        raise InputError(f"{src.path / artifacts.MANIFEST}: {e}") from None
 
 
 def _distill(cfg: RunConfig, teacher: artifacts.Artifact, run_dir: Path) -> tuple[artifacts.Artifact, dict[str, Any]]:
@@ -271,7 +286,6 @@ def _read_export(src: artifacts.Artifact) -> dict[str, Any]:
         data_mod.input_preprocessing(io["pre"], [t.public for t in desc.inputs])  # describes these inputs
     except InputError as e:
         raise InputError(f"{where}: {e}") from None
-    tasks.refuse_own_data(io["task"], "compress", str(where))
     logits = desc.logits() if io["info"].logits else None
     if logits is not None and (np.dtype(logits.dtype).kind != "f" or len(logits.shape) != 2):
         raise InputError(f"{where}: the logits output {logits.public!r} must be float (N, classes), got "
@@ -562,21 +576,14 @@ def _measure(engines: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: 
                      "max_abs_logit_fp32": f["absmax"][main], "fp32_absmax": f["absmax"],
                      "agreement_samples": int(f["samples"]),
                      "test_top1_agreement": float((test_top[name] == test_top["fp32"]).mean()) if logits else None,
-                     "fidelity": f["outputs"],
-                     "latency_ms_p50_bs1": float(np.percentile(lat[name], 50) * 1e3),
-                     "latency_ms_p99_bs1": float(np.percentile(lat[name], 99) * 1e3),
-                     "items_per_s_bs32": float(_BS_THROUGHPUT / np.median(thr[name]))}
+                     "fidelity": f["outputs"], **fidelity.timing_fields(lat[name], thr[name], _BS_THROUGHPUT)}
     base = out["fp32"]
     for name, v in out.items():
         if not v["supported"]:
             v.update(speedup_bs1=None, speedup_bs32=None, faster_than_fp32=None, note=v["reason"],
                      status=f"unsupported: {v['reason']}", shippable=False)
             continue
-        s1 = base["latency_ms_p50_bs1"] / v["latency_ms_p50_bs1"]
-        s32 = v["items_per_s_bs32"] / base["items_per_s_bs32"]
-        v.update(speedup_bs1=s1, speedup_bs32=s32,
-                 faster_than_fp32=None if name == "fp32" else bool(min(s1, s32) >= fidelity.SPEED_MARGIN),
-                 note="" if name == "fp32" else fidelity.speed_note(s1, s32))
+        v.update(fidelity.speed_fields(name, v, base))
         v["status"] = fidelity.status(name, v, base, ccfg, logits, io["task"].maximize)
         v["shippable"] = v["status"] == "ok"
     if "int8-onnx" in out and "onnx-fp32" in out and out["int8-onnx"]["supported"]:  # int8 on its own engine
@@ -606,39 +613,6 @@ def fidelity_batches(ds: data_mod.Dataset, prep: Prep) -> Iterator[Feeds]:
     for sp, rows in data_mod.draw(ds, _FIDELITY_MAX, _FIDELITY_SEED):
         for i in range(0, len(rows), _EVAL_BATCH):
             yield prep(sp, rows[i:i + _EVAL_BATCH])
-
-
-def interleaved(groups: list[dict[str, Callable[[Feeds], Feeds]]], x: Feeds, n: int) -> dict[str, list[float]]:
-    """Seconds per call of each variant's `run` (`runner`) on `x`, one batch of every input by name; `n` per
-    variant. Each group (one engine) is timed in `_SEGMENTS` turns, groups alternating; within a turn every
-    variant runs a block of calls per round, the order rotating each round, so a noisy neighbour or a clock
-    change hits fp32 and int8 alike. The first `_BLOCK_WARMUP` calls of a block (threads waking up) are not
-    timed.
-
-    Engines are not mixed call by call: Paddle's OpenMP threads spin ~200 ms after a call (KMP_BLOCKTIME)
-    and onnxruntime's spin too, so alternating engines measured their fight for the 2 cores (fp32 p50
-    13 ms instead of 0.5 ms), which no server running one engine sees. A pause lets them go idle."""
-    for runs in groups:
-        for fn in runs.values():
-            for _ in range(_WARMUP):
-                fn(x)
-    times: dict[str, list[float]] = {name: [] for runs in groups for name in runs}
-    rounds = -(-_ROUNDS // _SEGMENTS)
-    block = -(-n // (rounds * _SEGMENTS))
-    for _ in range(_SEGMENTS):
-        for runs in groups:
-            time.sleep(_SWITCH_PAUSE_S)
-            names = list(runs)
-            for r in range(rounds):
-                k = r % len(names)
-                for name in names[k:] + names[:k]:
-                    todo = min(block, n - len(times[name]))
-                    for i in range(_BLOCK_WARMUP + todo if todo > 0 else 0):
-                        t0 = time.perf_counter()
-                        runs[name](x)
-                        if i >= _BLOCK_WARMUP:
-                            times[name].append(time.perf_counter() - t0)
-    return times
 
 
 def _onnx_parity(variants: dict[str, dict[str, Any]], tol: float) -> dict[str, Any]:
@@ -720,21 +694,3 @@ def _metrics(variants: dict[str, dict[str, Any]], parity: dict[str, Any], ccfg: 
         "variants": {n: {k: val for k, val in v.items() if k not in ("max_abs_logit_fp32", "fp32_absmax")}
                      for n, v in variants.items()},
     }
-
-
-def _gate(metrics: dict[str, Any], variants: dict[str, dict[str, Any]], ccfg: CompressConfig, n: int) -> None:
-    drop = metrics["int8_drop_points"]
-    if not fidelity.int8_names(variants):
-        raise PipeError("int8: no int8 variant could be built (" + "; ".join(
-            f"{k}: {why}" for k, why in metrics["int8_unsupported"].items()) + ")")
-    if drop is None:
-        raise GateError("int8 gate: no int8 variant within budget on this CPU (" + "; ".join(
-            f"{k}: {why}" for k, why in metrics["int8_not_shippable"].items()) + f"); CPU: {cpu.summary()}; "
-            "nothing written")
-    if drop > ccfg.max_drop:
-        best = metrics["best_int8"]
-        others = ", ".join(f"{k} {variants[k]['accuracy']:.2%}" for k in fidelity.int8_names(variants) if k != best)
-        what = "" if metrics["metric"] == "acc" else f"{metrics['metric']} "  # classification: the accuracy
-        raise GateError(f"int8 gate: best int8 variant {best} {what}{variants[best]['accuracy']:.2%} vs fp32 "
-                        f"{variants['fp32']['accuracy']:.2%} on {n} test samples: drop {drop:.2f} points > "
-                        f"max_drop {ccfg.max_drop:g}" + (f" ({others})" if others else "") + "; nothing written")

@@ -306,13 +306,16 @@ def _from_compress(comp: artifacts.Artifact, cfg: PackageConfig, engine: str) ->
     if fmt == "onnx":  # Triton serves the very file the package serves
         source.onnx, source.onnx_variant, source.onnx_precision = paths[0], f"compress:{name}", source.precision
     elif cfg.triton:
+        # an int8 ONNX below budget (e.g. onnxruntime's on PP-OCRv4 rec) is never what Triton serves
         onnx_name = next((n for n in _ONNX_VARIANTS[source.precision] if isinstance(variants.get(n), dict)
-                          and variants[n].get("supported") is not False), None)
+                          and variants[n].get("supported") is not False and variants[n].get("shippable") is not False),
+                         None)
         if onnx_name is not None:
             onnx_files = [f for f in variants[onnx_name].get("files") or [] if str(f).endswith(".onnx")]
             if len(onnx_files) != 1:
                 raise InputError(f"{where}: metrics.variants.{onnx_name} must list one .onnx file")
-            source.onnx, source.onnx_variant = comp.file(str(onnx_files[0])), f"compress:{onnx_name}"
+            held = exp if variants[onnx_name].get("source") == "export" else comp  # the export's model.onnx
+            source.onnx, source.onnx_variant = held.file(str(onnx_files[0])), f"compress:{onnx_name}"
             source.onnx_precision = "int8" if onnx_name.startswith("int8") else "fp32"
     return source
 

@@ -16,6 +16,7 @@ def test_served_loads_the_openvino_package_and_reads_what_the_export_reads(ppocr
     info = ocr_rec.info_of(m["interface"])
     test = ocr_rec.load_data(config_mod.from_dict(m["config"]).data, info).test
     assert got["lines"] == len(test) and got["threads"] >= 1
+    assert (got["variant"], got["engine"]) == ("export-legacy", "openvino")  # no compress artifact: OpenVINO fp32
     assert set(got["clients"]) == {1, ocr._CLIENTS}
     for n, r in got["clients"].items():
         assert r["errors"] == 0 and r["done"] == (len(test) // n) * n and r["rate"] > 0, (n, r)

@@ -334,3 +334,20 @@ def test_the_real_pp_ocrv4_recognizer_reads_generated_lines(real_keys):
     answers = ocr_rec.recognise(lines_.images, info, run, 6)
     got = ocr_rec.score(answers, lines_, info)
     assert got["acc"] >= 0.85 and got["norm_edit_dis"] >= 0.97, got  # measured 0.96 / 0.996
+
+
+# ------------------------------------------------------------------ agreement with fp32 (compress, reference set)
+
+
+def test_agreement_is_per_character_and_ignores_what_the_metric_ignores():
+    """A line differing in one character of four agrees 0.75, not 0; a trailing space the model emits at the
+    right margin is no difference, as RecMetric (ignore_space) sees it; decoded from the digest's CTC path."""
+    ref = _probs([[1, 0, 2, 3, 4, 0], [3, 3, 0, 4, 0, 0]])  # "ab中文", "中文"
+    got = _probs([[1, 0, 2, 3, 3, 0], [3, 0, 4, 0, 5, 0]])  # "ab中" (one lost), "中文 " (a trailing space)
+    digest = lambda p: ocr_rec.reference_digest({"probs": p}, INFO)  # noqa: E731
+    assert ocr_rec.reference_agreement(digest(got), digest(ref), INFO) == pytest.approx((0.75 + 1.0) / 2)
+    assert ocr_rec.reference_agreement(digest(ref), digest(ref), INFO) == 1.0
+    keep = tasks.Info(KEYS, {**ocr_rec.settings, "ignore_space": False})
+    assert ocr_rec.reference_agreement(digest(got), digest(ref), keep) == pytest.approx((0.75 + 2 / 3) / 2)
+    assert ocr_rec.fidelity({"probs": got[1:]}, {"probs": ref[1:]}, INFO) == {"text_agreement": 1.0}
+    assert ocr_rec.subset(ocr_rec.data_mod.Lines([np.zeros(1), np.ones(1)], ["x", "y"]), [1]).texts == ["y"]

@@ -1,4 +1,5 @@
-"""OCR text recognition rows: the real PP-OCRv4 recognizer imported (`pipe import`), then each fp32 engine on
+"""OCR text recognition rows: the real PP-OCRv4 recognizer imported (`pipe import`) and compressed (`pipe compress
+--int8 --backend openvino`: NNCF with the per-layer search), then each fp32 engine and OpenVINO int8 on
 the same generated lines against RapidOCR's own recognizer (rapidocr-onnxruntime 1.4.4: the same weights
 converted to ONNX, on onnxruntime, in-process), side by side in this one run.
 
@@ -7,8 +8,8 @@ RecMetric), and ms per line with every line alone (batch 1) and in the task's wi
 timing the whole path (pre-processing, the engine, decode) as RapidOCR's figure includes its own.
 RapidOCR runs its own pre-processing, batching (sorted by aspect ratio, its rec_batch_num of 6, width at
 least 320) and decode on PNGs of the same lines, in its own venv (.venv/rapidocr, made by `make bench`).
-Then served: the import packaged on OpenVINO (`pipe package --engine openvino`, its fastest fp32 engine
-here) and run by `pipe serve --threads <cores>`, one line image (base64 PNG) per `/v1/predict` request from
+Then served: the compress artifact packaged as `pipe package` picks (the fastest variant within budget; the
+import on OpenVINO fp32 if compress refused) and run by `pipe serve --threads <cores>`, one line image (base64 PNG) per `/v1/predict` request from
 1 and from 8 keep-alive clients in this process (`pipeline/bench/loadgen.py`), every test line once per
 load after one untimed pass; against RapidOCR's recognizer in-process (no HTTP at all), same lines, this
 run. On a 2-core machine the clients, the HTTP server and the predictor share the CPU.
@@ -54,7 +55,9 @@ def rows(quick: bool) -> list[Row]:
         rows_: list[Row] = [(f"`pipe import` PP-OCRv4 rec (convert to PIR and ONNX, parity, measure on "
                              f"{m['metrics']['samples']['val'] + m['metrics']['samples']['test']} lines), wall time",
                              f"{seconds:.0f} s", "", "")]
-        measured = measure(out, m)
+        comp, comp_row = _compress(out, Path(tmp))
+        rows_.append(comp_row)
+        measured = measure(out, m, comp)
         rows_ += [(f"PP-OCRv4 rec, {name}, {measured['lines']} generated test lines",
                    f"line accuracy {v['acc']:.1%}, 1 - NED {v['norm_edit_dis']:.4f}, "
                    f"{v['ms_bs1']:.1f} ms/line alone, {v['ms_bs8']:.1f} ms/line in batches of {_BATCH}",
@@ -74,20 +77,39 @@ def rows(quick: bool) -> list[Row]:
                       f"of its two modes), lines/s, engine alone, same lines",
                       f"{ratio:.2f}x (accuracy {best[1]['acc']:.1%} vs {peer['acc']:.1%})", ">= 1.0x at equal accuracy",
                       "met" if ratio >= 1.0 and same else "**missed**"))
-        rows_ += _served_rows(out, measured, Path(tmp))
+        rows_ += _served_rows(out, comp, measured, Path(tmp))
     return rows_
 
 
-def _served_rows(export_dir: Path, measured: dict[str, Any], tmp: Path) -> list[Row]:
-    """pipe serve on the OpenVINO package at 1 and 8 clients, against RapidOCR's in-process figures."""
+def _compress(export_dir: Path, tmp: Path) -> tuple[Path | None, Row]:
+    """`pipe compress --int8 --backend openvino` of the import (NNCF with the per-layer search), timed; None
+    when it is refused (its line says why)."""
+    out = tmp / "compress"
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "compress", str(export_dir), "--int8", "--backend",
+                        "openvino", "--out", str(out)], capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if r.returncode != 0:
+        return None, ("`pipe compress --int8 --backend openvino`", f"exit {r.returncode}: {r.stderr.strip()[-300:]}",
+                      "", "**refused**" if r.returncode == 4 else "**failed**")
+    s = artifacts.verify(out, ("compress",)).manifest["metrics"]["openvino_search"]
+    return out, ("`pipe compress --int8 --backend openvino` (NNCF, per-layer search on the val lines), wall time",
+                 f"{seconds:.0f} s; int8 everywhere {s['score_int8_everywhere']:.1%} on val, "
+                 f"{len(s['fp32_layers'])} of {s['layers_quantizable']} layers kept in fp32 -> {s['score']:.1%}",
+                 "", "")
+
+
+def _served_rows(export_dir: Path, comp: Path | None, measured: dict[str, Any], tmp: Path) -> list[Row]:
+    """pipe serve at 1 and 8 clients (the package `pipe package` makes of the compress artifact, else the
+    import's on OpenVINO fp32), against RapidOCR's in-process figures."""
     try:
-        got = served(export_dir, tmp)
+        got = served(export_dir, tmp, comp)
     except PipeError as e:
-        return [("pipe serve, PP-OCRv4 rec on OpenVINO", f"failed: {str(e)[-300:]}", "", "**failed**")]
+        return [("pipe serve, PP-OCRv4 rec", f"failed: {str(e)[-300:]}", "", "**failed**")]
     peer = measured["rapidocr"]
     one, eight = got["clients"][1], got["clients"][_CLIENTS]
     rows_: list[Row] = [
-        (f"pipe serve, PP-OCRv4 rec on OpenVINO (legacy program), --threads {got['threads']}, one line per /v1 "
+        (f"pipe serve, PP-OCRv4 rec, {got['variant']} on {got['engine']}, --threads {got['threads']}, one line per /v1 "
          f"request, {got['lines']} lines, {n} client(s)",
          f"{r['rate']:.1f} lines/s, p50 {r['p50']:.1f} ms, p99 {r['p99']:.1f} ms, line accuracy {got['acc']:.1%}"
          + (f", {r['errors']} errors" if r["errors"] else ""), "", "")
@@ -106,9 +128,10 @@ def _served_rows(export_dir: Path, measured: dict[str, Any], tmp: Path) -> list[
     return rows_
 
 
-def served(export_dir: Path, tmp: Path) -> dict[str, Any]:
-    """Package `export_dir` on OpenVINO, serve it with one engine thread per core, and load it with one line
-    per request from 1 and `_CLIENTS` clients (each line once per load, after one untimed pass)."""
+def served(export_dir: Path, tmp: Path, comp: Path | None = None) -> dict[str, Any]:
+    """Package the compress artifact `comp` (what `pipe package` picks: the fastest within budget), else
+    `export_dir` on OpenVINO fp32, serve it with one engine thread per core, and load it with one line per
+    request from 1 and `_CLIENTS` clients (each line once per load, after one untimed pass)."""
     import base64
     import io
     import os
@@ -120,11 +143,13 @@ def served(export_dir: Path, tmp: Path) -> dict[str, Any]:
     m = artifacts.verify(export_dir, ("export",)).manifest
     info = ocr_rec.info_of(m["interface"])
     test = ocr_rec.load_data(config_mod.from_dict(m["config"]).data, info).test
-    package = tmp / "package-openvino"
-    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "package", str(export_dir), "--engine", "openvino",
-                        "--no-triton", "--out", str(package)], capture_output=True, text=True)
+    package = tmp / "package-served"
+    args = [str(comp)] if comp is not None else [str(export_dir), "--engine", "openvino"]
+    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "package", *args, "--no-triton", "--out", str(package)],
+                       capture_output=True, text=True)
     if r.returncode != 0:
-        raise PipeError(f"pipe package --engine openvino exited {r.returncode}: {r.stderr.strip()[-200:]}")
+        raise PipeError(f"pipe package {' '.join(args[1:])} exited {r.returncode}: {r.stderr.strip()[-200:]}")
+    pm = artifacts.verify(package, ("package",)).manifest["metrics"]
 
     def body(image: np.ndarray) -> bytes:
         buf = io.BytesIO()
@@ -146,12 +171,13 @@ def served(export_dir: Path, tmp: Path) -> dict[str, Any]:
             answers += [(a["text"], a["score"]) for a in got]
     finally:
         serving.stop(server.proc)
-    return {"clients": out, "threads": threads, "lines": len(bodies),
+    return {"clients": out, "threads": threads, "lines": len(bodies), "variant": pm["variant"], "engine": pm["engine"],
             "acc": ocr_rec.score(answers, test, info)["acc"]}
 
 
-def measure(export_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    """Every fp32 engine on the import artifact's test lines, then RapidOCR's recognizer on the same lines."""
+def measure(export_dir: Path, manifest: dict[str, Any], comp: Path | None = None) -> dict[str, Any]:
+    """Every fp32 engine on the import artifact's test lines, OpenVINO int8 of the compress artifact `comp`
+    (if given), then RapidOCR's recognizer on the same lines."""
     info = ocr_rec.info_of(manifest["interface"])
     data = ocr_rec.load_data(config_mod.from_dict(manifest["config"]).data, info)
     desc = iospec.IO.from_interface(manifest["interface"])
@@ -161,9 +187,14 @@ def measure(export_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
              "onnxruntime (model.onnx)": ("onnxruntime", ["model.onnx"]),
              "openvino (legacy program)": ("openvino", ["legacy/model.pdmodel", "legacy/model.pdiparams"]),
              "openvino (model.onnx)": ("openvino", ["model.onnx"])}
+    paths = {name: (engine, [export_dir / f for f in rel], "fp32") for name, (engine, rel) in files.items()}
+    if comp is not None:
+        paths["openvino int8 (NNCF, per-layer search)"] = (
+            "openvino", [comp / "openvino-int8/model.xml", comp / "openvino-int8/model.bin"], "int8")
     out: dict[str, Any] = {"lines": len(data.test), "engines": {}}
-    for name, (engine, rel) in files.items():
-        run = engines_mod.bind(engines_mod.ENGINES[engine].load([export_dir / f for f in rel], threads=threads), desc, name)
+    for name, (engine, files_, precision) in paths.items():
+        eng = engines_mod.ENGINES[engine].load(files_, threads=threads, precision=precision)
+        run = engines_mod.bind(eng, desc, name)
         for size in (_BATCH, 1):  # warm-up: every width once (Paddle with oneDNN is slow at a width's first sight)
             ocr_rec.recognise(data.test.images, info, run, size)
         answers, t_batch = _timed(run, data.test.images, info, _BATCH)

@@ -27,7 +27,8 @@ from pipeline.engines import feeds as feeds_mod, ort as ort_engine
 from pipeline.errors import InputError, PipeError
 
 NAME = "openvino"
-FORMATS = ("onnx", "legacy")  # what it reads: model.onnx, or model.pdmodel + model.pdiparams
+FORMATS = ("onnx", "legacy", "ir")  # what it reads: model.onnx, model.pdmodel + model.pdiparams, or its own
+# model.xml + model.bin (what `pipe compress` writes for a model NNCF quantized)
 
 
 @dataclass
@@ -74,7 +75,7 @@ def available() -> str:
 
 
 def load(files: list[Path], *, threads: int, precision: str = "fp32", device: str = "cpu") -> Engine:
-    """`files` = [model.onnx] or [model.pdmodel, model.pdiparams]. device: cpu, or gpu[:N] (OpenVINO's GPU
+    """`files` = [model.onnx], [model.pdmodel, model.pdiparams] or [model.xml, model.bin]. device: cpu, or gpu[:N] (OpenVINO's GPU
     plugin: the same code path, never run here)."""
     gpu = runtime.device_index(device, "--device")
     if precision not in ("fp32", "int8"):

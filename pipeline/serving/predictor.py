@@ -188,7 +188,7 @@ def read_frame(f: Any) -> tuple[dict[str, Any], bytes]:
 # its scales are stored with other dims than the program declares, facts note section 13).
 _RUNS = {"paddle_inference": {"pir": ("fp32", "bf16"), "legacy": ("fp32", "int8")},
          "onnxruntime": {"onnx": ("fp32", "int8")},
-         "openvino": {"onnx": ("fp32", "int8"), "legacy": ("fp32",)}}
+         "openvino": {"onnx": ("fp32", "int8"), "legacy": ("fp32",), "ir": ("fp32", "int8")}}
 
 
 def engine_for(spec: Spec, override: str = "") -> str:

@@ -37,7 +37,7 @@ DTYPES = {
 }
 # The model files of a package, by serving.yaml's model.format (besides the Triton directory).
 MODEL_FILES = {"pir": ("model.json", "model.pdiparams"), "legacy": ("model.pdmodel", "model.pdiparams"),
-               "onnx": ("model.onnx",)}
+               "onnx": ("model.onnx",), "ir": ("model.xml", "model.bin")}
 PARAMS_FILE = "model.pdiparams"
 DEFAULT_ENGINE = "paddle_inference"  # packages made before serving.yaml named an engine
 DOC_FILES = ("serving.yaml", "serving_client_conf.prototxt", "README.md")

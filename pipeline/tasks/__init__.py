@@ -132,13 +132,11 @@ def dynamic(task: Any) -> bool:
     return hasattr(task, "prepare_images")
 
 
-def refuse_own_data(task: Any, stage: str, where: str) -> None:
-    """A task that owns its data and batching (`load_data`: ocr_rec, whose input has a dynamic width) goes
-    through `pipe import`, `pipe package` and `pipe serve` so far; a stage built on fixed-shape arrays says so
-    in one line instead of failing somewhere inside."""
-    if hasattr(task, "load_data"):
-        raise InputError(f"{where}: pipe {stage} does not take {task.name} models yet (a dynamic-width input "
-                         f"and the task's own data); pipe import measured this one: see its manifest's metrics")
+def owns_data(task: Any) -> bool:
+    """A task that owns its data and batching (`load_data`, `batches(split, info, size, limit, rows)`, `decode`,
+    `score`: ocr_rec, whose input has a dynamic width): `pipe compress` measures it on its own batches
+    (pipeline/compress_owned.py) instead of fixed-shape arrays."""
+    return hasattr(task, "load_data")
 
 
 def fidelity(task: Any, got: dict[str, Any], ref: dict[str, Any], info: Info) -> dict[str, float]:

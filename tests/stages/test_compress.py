@@ -390,7 +390,9 @@ def test_wrong_input_exits_2_naming_the_file(exported, tmp_path, cli, target, ex
 @pytest.mark.parametrize("args, expect", [
     ([], "nothing to do: pass --int8"),
     (["--int8", "--max-drop", "-1"], "--max-drop: must be >= 0, got -1.0"),
-    (["--int8", "--backend", "tensorrt"], "--backend: must be one of paddle, onnxruntime, both, got 'tensorrt'"),
+    (["--int8", "--backend", "tensorrt"], "--backend: must be one of paddle, onnxruntime, both, openvino, got 'tensorrt'"),
+    (["--int8", "--backend", "openvino"], "--backend openvino: OpenVINO's own int8 route (NNCF with a per-layer search) "
+                                          "is for ocr_rec models so far"),
     (["--int8", "--algo", "max"], "--algo: must be one of avg, KL, hist, mse, got 'max'"),
     (["--int8", "--calib-batches", "1000"], "--calib-batches 1000 (compress.calib_batches) x compress.calib_batch_size "
                                             "32 = 32000 samples, but the train split has"),

@@ -196,7 +196,7 @@ def test_a_legacy_made_onnx_with_reversed_inputs_is_calibrated_and_run_by_name(c
     ds = data_mod.load(config_mod.from_dict(exp.manifest["config"]).data)
     prep = compress._preparer(ds, io)
     ccfg = config_mod.CompressConfig(int8=True, calib_batches=CALIB_BATCHES)
-    quantize.int8_onnx(onnx32, io, compress._calibration_batches(ds, prep, ccfg), ccfg, tmp_path / "q", 1)
+    quantize.int8_onnx(onnx32, io, quantize.split_batches(compress._calibration_batches(ds, prep, ccfg)), ccfg, tmp_path / "q", 1)
     int8 = tmp_path / "q" / "model.onnx"
     assert ort_engine.load([int8], threads=1, precision="int8").inputs == ["feat", "img"]
 

@@ -246,11 +246,11 @@ def test_a_failed_import_leaves_an_existing_artifact_untouched(imported, rec_src
     assert tree_hash(out) == before
 
 
-def test_compress_refuses_an_ocr_rec_export_in_one_line(imported, tmp_path, cli):
-    """compress is built on fixed-shape arrays and data.source loaders: it says so, naming the manifest,
-    instead of failing inside (package and serve take it: tests/stages/test_serve_ocr_rec.py)."""
-    err = _one_line_error(cli, "compress", imported, "--int8", "--out", tmp_path / "compress")
-    assert "pipe compress does not take ocr_rec models yet" in err and "manifest.json" in err, err
+def test_compress_refuses_to_distill_an_ocr_rec_export_in_one_line(imported, tmp_path, cli):
+    """compress takes an ocr_rec export for int8 (tests/stages/test_compress_ocr_rec.py), not for distillation:
+    it says so, naming the manifest, before reading any data."""
+    err = _one_line_error(cli, "compress", imported, "--distill", "--student", "mlp", "--out", tmp_path / "compress")
+    assert "--distill" in err and "ocr_rec" in err and "manifest.json" in err, err
     assert not (tmp_path / "compress").exists()
 
 

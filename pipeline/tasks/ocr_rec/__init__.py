@@ -11,8 +11,9 @@ The model: one float32 image input [N, 3, 48, W] (W dynamic) and one output of p
 probabilities [N, W/8, keys + 2]. Its keys are the task's labels (`Info.labels`, in the key file's order);
 what a user may tune is in `settings`, with PaddleOCR's defaults. Beyond the common task contract
 (pipeline/tasks/__init__.py), a task that owns its data supplies what `pipe import` calls:
-`from_program`, `default_source`, `load_data`, `batches`, `decode`, `score`, `files`, `output_roles`; and
-`recognise` runs any engine over line images in those batches and answers in the images' order (the bench).
+`from_program`, `default_source`, `load_data`, `batches`, `decode`, `score`, `files`, `output_roles`, and what
+`pipe compress` calls besides (pipeline/compress_owned.py): `subset` and `reference_agreement`; `recognise`
+runs any engine over line images in those batches and answers in the images' order (the bench).
 Its input's width is dynamic, so it also supplies what `pipe package` and `pipe serve` call for such an
 input (pipeline/tasks/__init__.py): `sample_limits`, `example_shapes`, `prepare_images`, `reference_set`,
 and the compact form its reference set keeps: `reference_digest`, `reference_agreement`.
@@ -74,9 +75,18 @@ def answer(outputs: dict[str, np.ndarray], info: Any, sizes: Any = None) -> dict
 
 
 def fidelity(got: dict[str, np.ndarray], ref: dict[str, np.ndarray], info: Any) -> dict[str, float]:
-    """The share of lines whose decoded text is the same in `got` as in `ref` (e.g. int8 against fp32)."""
+    """The share of lines whose decoded text is the same in `got` as in `ref` (e.g. int8 against fp32), compared
+    as the metric compares a line with its label (`same_text`)."""
     a, b = decode(got, info), decode(ref, info)
-    return {"text_agreement": float(np.mean([x[0] == y[0] for x, y in zip(a, b)])) if a else 1.0}
+    return {"text_agreement": float(np.mean([same_text(x[0], y[0], info) for x, y in zip(a, b)])) if a else 1.0}
+
+
+def same_text(a: str, b: str, info: Any) -> bool:
+    """Two answers are the same as the metric sees them: with `ignore_space`, a trailing space the model emits at
+    a line's right margin (facts §17) is no difference."""
+    st = info.settings
+    return text.normalise(a, bool(st["ignore_space"]), bool(st["nfkc"])) == \
+        text.normalise(b, bool(st["ignore_space"]), bool(st["nfkc"]))
 
 
 # ------------------------------------------------------------------ what pipe import calls
@@ -115,16 +125,17 @@ def load_data(cfg: Any, info: Any) -> data_mod.Data:
     return data_mod.load(cfg, info.labels)
 
 
-def batches(split: data_mod.Lines, info: Any, size: int, limit: int | None = None
+def batches(split: data_mod.Lines, info: Any, size: int, limit: int | None = None, rows: Sequence[int] | None = None
             ) -> Iterator[tuple[list[int], dict[str, np.ndarray]]]:
     """(positions in the split, {input: [n, 3, 48, W]}) in order of width, `size` lines at a time; the first
-    `limit` lines only, if given."""
+    `limit` lines only, or the lines at `rows`, if given."""
     st = info.settings
     n = len(split) if limit is None else min(limit, len(split))
-    prepared = [lines.prepare(split.images[i], int(st["max_width"])) for i in range(n)]
+    at = list(range(n)) if rows is None else [int(r) for r in rows]
+    prepared = [lines.prepare(split.images[i], int(st["max_width"])) for i in at]
     for pos in lines.plan([p.shape[2] for p in prepared], size):
-        yield pos, {st.get("input", "x"): lines.collate([prepared[i] for i in pos], int(st["width_bucket"]),
-                                                        int(st["min_width"]))}
+        yield [at[i] for i in pos], {st.get("input", "x"): lines.collate([prepared[i] for i in pos],
+                                                                         int(st["width_bucket"]), int(st["min_width"]))}
 
 
 def decode(outputs: dict[str, np.ndarray], info: Any) -> list[tuple[str, float]]:
@@ -199,12 +210,27 @@ def reference_digest(outputs: dict[str, np.ndarray], info: Any) -> dict[str, np.
 
 
 def reference_agreement(got: dict[str, np.ndarray], ref: dict[str, np.ndarray], info: Any) -> float:
-    """The share of lines whose CTC path decodes to the same text (repeats merged, blanks dropped)."""
-    def texts(steps: np.ndarray) -> list[tuple[int, ...]]:
-        return [tuple(int(c) for i, c in enumerate(row) if c != 0 and (i == 0 or c != row[i - 1])) for row in steps]
+    """How far `got`'s answers are `ref`'s, per character: the mean over lines of 1 - the normalised edit
+    distance between the texts their CTC paths decode to (repeats merged, blanks dropped), compared as the
+    metric compares a line with its label (`same_text`). A character is what the model predicts, as a class
+    is for a classifier: 0.99 = one character in a hundred differs (a line of 15 characters differing in
+    one scores 0.933; the share of identical lines would count it as a whole line lost)."""
+    from rapidfuzz.distance import Levenshtein
+
+    chars = ("",) + tuple(info.labels) + (" ",)
+    st = info.settings
+
+    def texts(steps: np.ndarray) -> list[str]:
+        return [text.normalise("".join(chars[c] for i, c in enumerate(row) if c != text.BLANK and (i == 0 or c != row[i - 1])),
+                               bool(st["ignore_space"]), bool(st["nfkc"])) for row in steps]
 
     a, b = texts(got["steps"]), texts(ref["steps"])
-    return float(np.mean([x == y for x, y in zip(a, b, strict=True)])) if a else 1.0
+    return float(np.mean([1.0 - Levenshtein.normalized_distance(x, y) for x, y in zip(a, b, strict=True)])) if a else 1.0
+
+
+def subset(split: data_mod.Lines, rows: Sequence[int]) -> data_mod.Lines:
+    """The lines at `rows`, in that order (what the int8 search scores a part of the val split on)."""
+    return data_mod.Lines([split.images[i] for i in rows], [split.texts[i] for i in rows])
 
 
 def _probs(outputs: dict[str, np.ndarray], where: str) -> np.ndarray:

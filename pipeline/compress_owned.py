@@ -1,0 +1,394 @@
+"""`pipe compress` of a model whose task owns its data and batching (`load_data`: ocr_rec, a text line of any
+width), called by stages/compress.py. It writes the artifact every compress writes (`metrics.variants`, read
+by `pipe package` and pipeline/choose.py), measured on the task's own batches (width buckets), not on
+fixed-shape arrays:
+
+- `fp32`: Paddle Inference on the export's PIR program; `bf16` the same with oneDNN bf16, where the CPU has it;
+- `openvino-fp32`: OpenVINO on the export's legacy program (else its model.onnx); `onnx-fp32`: onnxruntime on
+  the export's model.onnx (`pipe import` converted and parity-checked it);
+- `openvino-int8` (`compress.openvino`): `openvino-int8/model.xml` + `model.bin`, NNCF's post-training int8
+  with a per-layer sensitivity search (`quantize.int8_openvino`): every quantizable layer in int8 first,
+  then the layers whose quantization costs the most on the val split go back to fp32, the costliest first,
+  until the task's metric on the val split (ocr_rec: line accuracy) is within `compress.max_drop` points of
+  fp32's. Which layers stayed fp32, and what int8 everywhere scored, is in `metrics.openvino_search`; the
+  test split judges the result afterwards, as every variant;
+- `int8-onnx` (`--backend onnxruntime|both`): onnxruntime static QDQ of the export's model.onnx;
+- `int8-paddle` (`--backend paddle|both`): PaddleSlim on the legacy program, run by oneDNN int8.
+  These two quantize every layer (they have no search): they are measured and judged like the others.
+
+Calibration: `calib_batches` x `calib_batch_size` train lines (default all of up to 10 x 32), a seeded draw,
+in the task's batches (sorted by width, bucketed as served), so every route calibrates at the widths it
+serves. Each variant is judged on the test split by the task's metric (ocr_rec: line accuracy), against fp32
+by the agreement of its answers with fp32's over the val and test lines (the task's `reference_agreement`:
+ocr_rec's is per character, 1 - the normalised edit distance between the two texts, compared as the metric
+compares; `char_agreement`, below compress.min_agreement: never shipped), and timed interleaved (pipeline/timing.py)
+at batch 1 and batch 32 on the narrowest test lines (real lines at the first served width, `_timing_batches`). The gate is
+every compress's: an int8 variant within budget or exit 4, nothing written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from pipeline import artifacts, config as config_mod, cpu, engines as engines_mod, fidelity, iospec, quantize, runtime, \
+    tasks, timing
+from pipeline.config import CompressConfig, RunConfig
+from pipeline.engines import openvino as ov_engine, ort as ort_engine, paddle as paddle_engine
+from pipeline.errors import InputError, PipeError
+
+Feeds = dict[str, np.ndarray]
+Run = Callable[[Feeds], Feeds]
+_TIMING_BATCH = 32  # items/s at batch 32, as every compress measures it (pipeline/choose.py reads both speeds)
+_TIMING_WARMUP = 3  # a batch of 32 lines takes ~0.3 s: fewer warm-up calls than a small model's 20
+_AUTO_CALIB_BATCHES = 10
+_CALIB_WARN_BELOW = 100
+
+
+def run(cfg: RunConfig, src: artifacts.Artifact, out_dir: Path) -> Path:
+    ccfg = cfg.compress
+    iface = src.manifest["interface"]
+    desc = iospec.IO.from_interface(iface)
+    task, info = tasks.from_interface(iface, desc)
+    where = src.path / artifacts.MANIFEST
+    if ccfg.distill:
+        raise InputError(f"--distill: {where}: a {task.name} model is not distilled by pipe compress; --int8 only")
+    exp_cfg = config_mod.from_dict(src.manifest["config"])
+    data = task.load_data(exp_cfg.data, info)
+    _check_data(src, data, exp_cfg)
+    size = exp_cfg.import_.batch_size
+    calib_rows = _calibration_rows(len(data.train), ccfg)
+    calib = [feeds for _, feeds in task.batches(data.train, info, ccfg.calib_batch_size, rows=calib_rows)]
+    backends = {"both": ("paddle", "onnxruntime"), "openvino": ()}.get(ccfg.backend, (ccfg.backend,))
+    if ccfg.backend == "openvino" and not ccfg.openvino:
+        raise InputError("--backend openvino with compress.openvino false: no int8 route left to run")
+    legacy = src.manifest.get("legacy") or {}
+    legacy_files = [src.file(legacy["model"]), src.file(legacy["params"])] if legacy.get("available", True) \
+        and "model" in legacy else None
+    onnx = src.file("model.onnx") if "model.onnx" in src.manifest["files"] else None
+    threads = runtime.threads_per_process(1)
+    runtime.import_paddle(threads)
+    doc = dataclasses.replace(exp_cfg, compress=ccfg).to_dict()
+    with artifacts.write_stage(out_dir, "compress", doc, src) as w:
+        built = _fp32_variants(src, desc, legacy_files, onnx, threads)
+        ref = _evaluate(built["fp32"]["run"], data, task, info, size)
+        search = None
+        if ccfg.openvino:
+            built["openvino-int8"], search = _openvino_int8(legacy_files or [onnx], desc, calib, data, task, info, size,
+                                                            ccfg, w.dir)
+        if "onnxruntime" in backends:
+            built["int8-onnx"] = _ort_int8(onnx, desc, calib, ccfg, w.dir, threads)
+        if "paddle" in backends:
+            built["int8-paddle"] = _paddle_int8(src, legacy, legacy_files, desc, calib, ccfg, w.dir, threads)
+        variants, shape = _measure(built, src, w.dir, data, task, info, size, ref, ccfg)
+        w.metrics = _metrics(variants, ccfg, task, calib, calib_rows, len(data.train), len(data.test), threads, search,
+                             size, shape)
+        _print(variants, task, len(data.test), w.metrics)
+        fidelity.gate(w.metrics, variants, ccfg, len(data.test))
+        w.interface = iface
+        w.extra = {"format": "variants", "tools": _versions()}
+    return out_dir
+
+
+# ------------------------------------------------------------------ data
+
+
+def _check_data(src: artifacts.Artifact, data: Any, exp_cfg: RunConfig) -> None:
+    """The task's data is read again from data.source: it must still be what the export was measured on."""
+    was = (src.manifest.get("metrics") or {}).get("samples") or {}
+    now = {s: len(getattr(data, s)) for s in ("train", "val", "test")}
+    if any(was.get(s) not in (None, n) for s, n in now.items()):
+        raise InputError(f"{src.path / artifacts.MANIFEST}: measured on {was}; data.source {exp_cfg.data.source!r} "
+                         f"now gives {now}; the data changed")
+    if not now["test"] or not now["val"] or not now["train"]:
+        raise InputError(f"data.source {exp_cfg.data.source!r}: compress needs train (calibration), val (the int8 "
+                         f"search) and test lines; it has {now}")
+
+
+def _calibration_rows(n: int, ccfg: CompressConfig) -> np.ndarray:
+    """Which train lines calibrate: a seeded draw of calib_batches x calib_batch_size (0: up to 10 batches, all of
+    a smaller split); a count the split cannot fill is an error, a thin one a warning."""
+    size = ccfg.calib_batch_size
+    if ccfg.calib_batches:
+        want = ccfg.calib_batches * size
+        if want > n:
+            raise InputError(f"--calib-batches {ccfg.calib_batches} (compress.calib_batches) x compress.calib_batch_size "
+                             f"{size} = {want} lines, but the train split has {n}; lower it or leave it at 0")
+    else:
+        want = min(n, _AUTO_CALIB_BATCHES * size)
+    if want < _CALIB_WARN_BELOW:
+        import sys
+        print(f"warning: compress calibrates int8 on {want} lines (the train split has {n}); fewer than "
+              f"{_CALIB_WARN_BELOW} may set poor ranges", file=sys.stderr)
+    return np.sort(np.random.default_rng(ccfg.calib_seed).permutation(n)[:want])
+
+
+def _evaluate(run: Run, data: Any, task: Any, info: tasks.Info, size: int) -> dict[str, Any]:
+    """A variant over the val and test splits in the task's batches: per split the answers in order, the
+    task's metrics, and each batch's digest (what agreement is judged on: ocr_rec, the CTC path)."""
+    out: dict[str, Any] = {}
+    for sp in ("val", "test"):
+        split = getattr(data, sp)
+        answers: list[Any] = [None] * len(split)
+        digests = []
+        for pos, feeds in task.batches(split, info, size):
+            y = run(feeds)
+            for p, a in zip(pos, task.decode(y, info), strict=True):
+                answers[p] = a
+            digests.append((len(pos), task.reference_digest(y, info)))
+        out[sp] = {"answers": answers, "digests": digests, "metrics": task.score(answers, split, info)}
+    return out
+
+
+def _agreement(got: dict[str, Any], ref: dict[str, Any], task: Any, info: tasks.Info, splits: tuple[str, ...]
+               ) -> tuple[float, int]:
+    """The share of lines of `splits` answered as fp32 answers them (the task's `reference_agreement`)."""
+    total = same = 0.0
+    for sp in splits:
+        for (n, g), (_, r) in zip(got[sp]["digests"], ref[sp]["digests"], strict=True):
+            same += n * task.reference_agreement(g, r, info)
+            total += n
+    return same / total, int(total)
+
+
+# ------------------------------------------------------------------ variants
+
+
+def _bound(eng: Any, desc: iospec.IO, where: Path, fmt: str, files: list[str], source: str) -> dict[str, Any]:
+    info = eng.describe()
+    return {"run": engines_mod.bind(eng, desc, str(where)), "describe": info, "engine": info["engine"],
+            "precision": info["precision"], "inputs": list(eng.inputs), "outputs": list(eng.outputs),
+            "format": fmt, "files": files, "source": source}
+
+
+def _unsupported(engine: str, fmt: str, precision: str, source: str, reason: str, desc: iospec.IO) -> dict[str, Any]:
+    return {"run": None, "reason": reason, "engine": engine, "format": fmt, "precision": precision, "files": [],
+            "source": source, "inputs": [t.name for t in desc.inputs], "outputs": [t.name for t in desc.outputs]}
+
+
+def _fp32_variants(src: artifacts.Artifact, desc: iospec.IO, legacy: list[Path] | None, onnx: Path | None,
+                   threads: int) -> dict[str, dict[str, Any]]:
+    pir = [src.file("model.json"), src.file("model.pdiparams")]
+    out = {"fp32": _bound(paddle_engine.load(pir, threads=threads), desc, pir[0], "pir", [], "export")}
+    why = runtime.bf16_unsupported()
+    if not why:
+        try:
+            out["bf16"] = _bound(paddle_engine.load(pir, threads=threads, precision="bf16"), desc, pir[0], "pir", [],
+                                 "export")
+        except PipeError as e:
+            why = f"oneDNN bf16 cannot run this model: {e}"
+    if why:
+        out["bf16"] = _unsupported(paddle_engine.NAME, "pir", "bf16", "export", why, desc)
+    rel = lambda p: p.relative_to(src.path).as_posix()  # noqa: E731
+    for fmt, files in (("legacy", legacy), ("onnx", [onnx] if onnx else None)):
+        if files and not ov_engine.available():
+            try:
+                out["openvino-fp32"] = _bound(ov_engine.load(files, threads=threads), desc, files[0], fmt,
+                                              [rel(f) for f in files], "export")
+                break
+            except PipeError as e:
+                out["openvino-fp32"] = _unsupported(ov_engine.NAME, fmt, "fp32", "export", str(e), desc)
+    if onnx is not None:
+        out["onnx-fp32"] = _bound(ort_engine.load([onnx], threads=threads), desc, onnx, "onnx", [rel(onnx)], "export")
+    return out
+
+
+def _openvino_int8(files: list[Path], desc: iospec.IO, calib: list[Feeds], data: Any, task: Any, info: tasks.Info,
+                   size: int, ccfg: CompressConfig, cdir: Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """NNCF int8 with the per-layer search (`quantize.int8_openvino`), scored by the task's metric on the val
+    split (the test split judges it afterwards), within compress.max_drop points of fp32's."""
+    why = ov_engine.available() or _nncf_missing()
+    if why:
+        return _unsupported(ov_engine.NAME, "ir", "int8", "compress", why, desc), None
+    val = data.val
+    items = [(tuple(pos), feeds) for pos, feeds in task.batches(val, info, size)]
+    outs = [t.public for t in desc.outputs]
+
+    def score(run: Callable[[Feeds], list[np.ndarray]], chosen: list[Any]) -> float:
+        rows = [p for pos, _ in chosen for p in pos]
+        answers = [a for pos, feeds in chosen for a in task.decode(dict(zip(outs, run(feeds), strict=True)), info)]
+        return float(task.score(answers, task.subset(val, rows), info)[task.monitor]) * (1 if task.maximize else -1)
+
+    search = quantize.int8_openvino(files, calib, items, score, ccfg.max_drop / 100, cpu.int8_exact(ov_engine.NAME),
+                                    cdir / "openvino-int8")
+    search.update(score_means=f"{task.monitor} on the {len(val)} val lines", val_lines=len(val), source=files[0].name)
+    paths = [cdir / "openvino-int8/model.xml", cdir / "openvino-int8/model.bin"]
+    eng = ov_engine.load(paths, threads=runtime.threads_per_process(1), precision="int8")
+    return _bound(eng, desc, paths[0], "ir", ["openvino-int8/model.xml", "openvino-int8/model.bin"], "compress"), search
+
+
+def _nncf_missing() -> str:
+    try:
+        import nncf  # noqa: F401
+    except ImportError as e:
+        return f"nncf is not installed ({e}); pip install nncf"
+    return ""
+
+
+def _ort_int8(onnx: Path | None, desc: iospec.IO, calib: list[Feeds], ccfg: CompressConfig, cdir: Path,
+              threads: int) -> dict[str, Any]:
+    if onnx is None:
+        return _unsupported(ort_engine.NAME, "onnx", "int8", "compress", "the export has no model.onnx (import.onnx "
+                            "was off)", desc)
+    quantize.int8_onnx(onnx, {"desc": desc}, calib, ccfg, cdir / "int8-onnx", threads)
+    path = cdir / "int8-onnx/model.onnx"
+    return _bound(ort_engine.load([path], threads=threads, precision="int8"), desc, path, "onnx",
+                  ["int8-onnx/model.onnx"], "compress")
+
+
+def _paddle_int8(src: artifacts.Artifact, legacy: dict[str, Any], files: list[Path] | None, desc: iospec.IO,
+                 calib: list[Feeds], ccfg: CompressConfig, cdir: Path, threads: int) -> dict[str, Any]:
+    if files is None:
+        return _unsupported(paddle_engine.NAME, "legacy", "int8", "compress", "PaddleSlim quantizes only the legacy "
+                            "program, which this export does not have", desc)
+    io = {"desc": desc, "legacy_model": legacy["model"], "legacy_params": legacy["params"],
+          "legacy_inputs": [str(n) for n in legacy["inputs"]]}
+    quantize.int8_paddle(src, io, calib, ccfg, cdir / "int8-paddle", threads)
+    paths = [cdir / "int8-paddle/model.pdmodel", cdir / "int8-paddle/model.pdiparams"]
+    try:
+        eng = paddle_engine.load(paths, threads=threads, precision="int8")
+    except PipeError as e:
+        return _unsupported(paddle_engine.NAME, "legacy", "int8", "compress", f"oneDNN int8 cannot run PaddleSlim's "
+                            f"model: {e}", desc)
+    return _bound(eng, desc, paths[0], "legacy", ["int8-paddle/model.pdmodel", "int8-paddle/model.pdiparams"],
+                  "compress")
+
+
+# ------------------------------------------------------------------ measurement
+
+
+def _measure(built: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: Path, data: Any, task: Any,
+             info: tasks.Info, size: int, ref: dict[str, Any], ccfg: CompressConfig
+             ) -> tuple[dict[str, dict[str, Any]], list[int]]:
+    live = {n: e for n, e in built.items() if e["run"] is not None}
+    evals = {n: ref if n == "fp32" else _evaluate(e["run"], data, task, info, size) for n, e in live.items()}
+    x1, x32 = _timing_batches(data.test, task, info)
+    groups = [g for g in ({n: e["run"] for n, e in live.items() if e["engine"] == engine}
+                          for engine in engines_mod.ENGINES) if g]
+    lat = timing.interleaved(groups, x1, ccfg.latency_runs)
+    thr = timing.interleaved(groups, x32, ccfg.throughput_runs, warmup=_TIMING_WARMUP)
+    out: dict[str, dict[str, Any]] = {}
+    for name, e in built.items():
+        v = {k: e[k] for k in ("format", "precision", "engine", "files", "source", "inputs", "outputs")}
+        v["engine_info"] = e.get("describe")
+        paths = [src.file(f) for f in v["files"] or ("model.json", "model.pdiparams")] if v["source"] == "export" \
+            else [cdir / f for f in v["files"]]
+        v["size_bytes"] = sum(p.stat().st_size for p in paths) if v["files"] or v["source"] == "export" else None
+        v.update(metric=task.monitor, top1_agreement=None, max_abs_diff=None, fidelity=None)
+        if name not in live:
+            out[name] = {**v, "supported": False, "reason": e["reason"], "accuracy": None, "metrics": None,
+                         "val_metrics": None, "char_agreement": None, "agreement_samples": None,
+                         "latency_ms_p50_bs1": None, "latency_ms_p99_bs1": None, "items_per_s_bs32": None,
+                         "speedup_bs1": None, "speedup_bs32": None, "faster_than_fp32": None, "note": e["reason"],
+                         "status": f"unsupported: {e['reason']}", "shippable": False}
+            continue
+        agree, n = _agreement(evals[name], ref, task, info, ("val", "test"))
+        met = evals[name]["test"]["metrics"]
+        out[name] = {**v, "supported": True, "metrics": met, "accuracy": met[task.monitor],
+                     "val_metrics": evals[name]["val"]["metrics"], "char_agreement": agree, "agreement_samples": n,
+                     **fidelity.timing_fields(lat[name], thr[name], _TIMING_BATCH)}
+    base = out["fp32"]
+    for name, v in out.items():
+        if not v["supported"]:
+            continue
+        v.update(fidelity.speed_fields(name, v, base))
+        below = name != "fp32" and v["char_agreement"] < ccfg.min_agreement
+        v["status"] = (f"below budget: character agreement {v['char_agreement']:.4f} < compress.min_agreement "
+                       f"{ccfg.min_agreement:g}" if below else "ok")
+        v["shippable"] = not below
+    return out, [int(d) for d in next(iter(x32.values())).shape]
+
+
+def _timing_batches(split: Any, task: Any, info: tasks.Info) -> tuple[Feeds, Feeds]:
+    """Batch 1 and batch 32 of real lines at one width: the narrowest test lines, each prepared alone, that
+    share the narrowest one's batch shape (ocr_rec: the first width bucket, 320 px), repeated up to 32 if
+    there are fewer."""
+    lines: list[Feeds] = []
+    for _, feeds in task.batches(split, info, 1):  # in order of width
+        if lines and any(feeds[k].shape != lines[0][k].shape for k in feeds):
+            break
+        lines.append(feeds)
+        if len(lines) == _TIMING_BATCH:
+            break
+    rows = np.arange(_TIMING_BATCH) % len(lines)
+    x32 = {k: np.ascontiguousarray(np.concatenate([lines[i][k] for i in rows])) for k in lines[0]}
+    return {k: np.ascontiguousarray(a) for k, a in lines[0].items()}, x32
+
+
+def _metrics(variants: dict[str, dict[str, Any]], ccfg: CompressConfig, task: Any, calib: list[Feeds],
+             rows: np.ndarray, n_train: int, n_test: int, threads: int, search: dict[str, Any] | None, size: int,
+             shape: list[int]) -> dict[str, Any]:
+    base = variants["fp32"]
+    int8 = fidelity.int8_names(variants)
+    ok = [n for n in int8 if variants[n]["shippable"]]
+    sign = 1 if task.maximize else -1
+    best = max(ok, key=lambda n: (sign * variants[n]["accuracy"], -variants[n]["latency_ms_p50_bs1"])) if ok else None
+    live = [n for n, v in variants.items() if v["supported"]]
+    digest = hashlib.sha256()
+    for b in calib:
+        for a in b.values():
+            digest.update(np.ascontiguousarray(a).tobytes())
+    widths = sorted({int(a.shape[-1]) for b in calib for a in b.values()})
+    return {
+        "task": task.name, "metric": task.monitor, "fp32_accuracy": base["accuracy"], "fp32_metrics": base["metrics"],
+        "best_int8": best, "best_int8_accuracy": variants[best]["accuracy"] if best else None,
+        "int8_drop_points": (base["accuracy"] - variants[best]["accuracy"]) * 100 * sign if best else None,
+        "max_drop": ccfg.max_drop, "min_agreement": ccfg.min_agreement, "agreement": "char_agreement",
+        "agreement_samples": base["agreement_samples"],
+        "int8_not_shippable": {n: variants[n]["status"] for n in int8 if not variants[n]["shippable"]},
+        "int8_unsupported": {n: v["reason"] for n, v in variants.items() if v["precision"] == "int8" and not v["supported"]},
+        "cpu": cpu.capability(),
+        "int8_faster_than_fp32": any(variants[n]["faster_than_fp32"] for n in int8),
+        "int8_vs_own_fp32": (own := fidelity.int8_vs_own_fp32(variants)),
+        "int8_pays": any(o["faster"] for o in own.values()),
+        "fastest_bs1": min(live, key=lambda n: variants[n]["latency_ms_p50_bs1"]),
+        "fastest_bs32": max(live, key=lambda n: variants[n]["items_per_s_bs32"]),
+        "test_samples": n_test,
+        "threads": threads,
+        "calibration": {"split": "train", "lines": int(len(rows)), "of": n_train, "batches": len(calib),
+                        "batch_size": ccfg.calib_batch_size, "widths": widths, "seed": ccfg.calib_seed,
+                        "thin": bool(len(rows) < _CALIB_WARN_BELOW), "inputs_sha256": digest.hexdigest(),
+                        "onnxruntime_method": quantize.ORT_CALIB[ccfg.algo][0], "paddleslim_algo": ccfg.algo},
+        "openvino_search": search,
+        "timing": {"latency_runs": ccfg.latency_runs, "throughput_runs": ccfg.throughput_runs, "batch": _TIMING_BATCH,
+                   "lines": "the narrowest test lines of one width (repeated up to 32)",
+                   "shape": shape, "interleaved": True,
+                   "eval_batch": size, "faster_means": f">= {fidelity.SPEED_MARGIN:.2f}x fp32 at batch 1 p50 and batch 32"},
+        "variants": variants,
+    }
+
+
+def _print(variants: dict[str, dict[str, Any]], task: Any, n: int, metrics: dict[str, Any]) -> None:
+    print(f"compress: {task.name}, {n} test lines; agree = the answers' agreement with fp32's over "
+          f"{metrics['agreement_samples']} val and test lines (the task's: ocr_rec per character); CPU: "
+          f"{cpu.summary(metrics['cpu'])}")
+    print(f"  {'variant':<14} {task.monitor:>7} {'drop':>6} {'agree':>6} {'ms bs1':>7} {'lines/s bs32':>12}  status")
+    base = variants["fp32"]
+    for name, v in variants.items():
+        if not v["supported"]:
+            print(f"  {name:<14} unsupported: {v['reason']}")
+            continue
+        drop = (base["accuracy"] - v["accuracy"]) * 100 * (1 if task.maximize else -1)
+        print(f"  {name:<14} {v['accuracy']:>7.2%} {drop:>6.2f} {v['char_agreement']:>6.3f} "
+              f"{v['latency_ms_p50_bs1']:>7.1f} {v['items_per_s_bs32']:>12.1f}  {v['status']}"
+              + (f"; {v['note']}" if v["note"] else ""))
+    s = metrics["openvino_search"]
+    if s:
+        print(f"  openvino-int8: int8 everywhere scored {s['score_int8_everywhere']:.4f} on val, {len(s['fp32_layers'])} "
+              f"of {s['layers_quantizable']} layers back in fp32 -> {s['score']:.4f}: {', '.join(s['fp32_layers']) or 'none'}")
+
+
+def _versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {}
+    for dist in ("nncf", "openvino", "onnxruntime", "paddleslim"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
