@@ -378,8 +378,10 @@ def _print(variants: dict[str, dict[str, Any]], task: Any, n: int, metrics: dict
               + (f"; {v['note']}" if v["note"] else ""))
     s = metrics["openvino_search"]
     if s:
-        print(f"  openvino-int8: int8 everywhere scored {s['score_int8_everywhere']:.4f} on val, {len(s['fp32_layers'])} "
-              f"of {s['layers_quantizable']} layers back in fp32 -> {s['score']:.4f}: {', '.join(s['fp32_layers']) or 'none'}")
+        print(f"  openvino-int8: on val fp32 scored {s['score_fp32']:.4f}, int8 everywhere {s['score_int8_everywhere']:.4f}; "
+              f"{len(s['fp32_layers'])} of {s['layers_quantizable']} layers back in fp32 -> {s['score']:.4f} "
+              f"({'within' if s['reached'] else 'NOT within'} {s['max_drop'] * 100:g} points): "
+              f"{', '.join(s['fp32_layers']) or 'none'}")
 
 
 def _versions() -> dict[str, str]:

@@ -173,8 +173,9 @@ def int8_openvino(files: list[Path], calib: list[dict[str, np.ndarray]], val: li
     score is within `max_drop` of the fp32 model's. `score(run, items)`: run (feeds -> the model's outputs,
     in its order) over some of `val`, higher is better. `exact`: this CPU's int8 is exact (VNNI); else every
     layer's weights get NNCF's overflow fix (7-bit, as onnxruntime's reduce_range: pipeline/cpu.py). Writes
-    dest/model.xml + model.bin; returns the search's record: score of int8 everywhere and after, the layers
-    kept in fp32."""
+    dest/model.xml + model.bin; returns the search's record: the score of fp32, of int8 everywhere and after
+    the search, whether that reached the budget (NNCF returns its best even when no set of layers does), and
+    the layers kept in fp32."""
     import logging
 
     import nncf
@@ -198,18 +199,21 @@ def int8_openvino(files: list[Path], calib: list[dict[str, np.ndarray]], val: li
     cal = nncf.Dataset(calib)
     print(f"compress: NNCF int8 of {files[0].name} on {len(calib)} calibration batches, then its per-layer search on "
           f"{len(val)} val batches (minutes)", flush=True)
+    f32 = {"INFERENCE_PRECISION_HINT": "f32"}
     with contextlib.redirect_stdout(io.StringIO()):  # NNCF's progress bars (rich, on stdout)
+        fp32_score = scored(core.compile_model(model, "CPU", f32), val)
         full = nncf.quantize(model, cal, advanced_parameters=nncf.AdvancedQuantizationParameters(overflow_fix=fix), **kw)
-        full_score = scored(core.compile_model(full, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}), val)
+        full_score = scored(core.compile_model(full, "CPU", f32), val)
         searched = nncf.quantize_with_accuracy_control(
             model, cal, nncf.Dataset(val), validation_fn=scored, max_drop=max_drop, drop_type=nncf.DropType.ABSOLUTE,
             advanced_quantization_parameters=nncf.AdvancedQuantizationParameters(overflow_fix=fix), **kw)
-    after = scored(core.compile_model(searched, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}), val)
+    after = scored(core.compile_model(searched, "CPU", f32), val)
     everywhere, kept = _ov_quantized(full), _ov_quantized(searched)
     dest.mkdir()
     ov.save_model(searched, str(dest / "model.xml"), compress_to_fp16=False)
     return {"method": "nncf.quantize_with_accuracy_control", "nncf": nncf.__version__, "model_type": NNCF_MODEL_TYPE,
-            "overflow_fix": fix.value, "max_drop": max_drop, "score_int8_everywhere": full_score, "score": after,
+            "overflow_fix": fix.value, "max_drop": max_drop, "score_fp32": fp32_score,
+            "score_int8_everywhere": full_score, "score": after, "reached": bool(after >= fp32_score - max_drop - 1e-9),
             "layers_int8": len(kept), "layers_quantizable": len(everywhere),
             "fp32_layers": sorted(everywhere - kept)}
 

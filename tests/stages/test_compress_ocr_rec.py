@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
-from pipeline import artifacts, choose, config as config_mod, engines, iospec, quantize
+from pipeline import artifacts, choose, config as config_mod, cpu, engines, iospec, quantize
 from pipeline.cli import main
 from pipeline.engines import openvino as ov_engine
 from pipeline.tasks import ocr_rec
@@ -25,12 +25,44 @@ QUICK = ["--set", "compress.latency_runs=20", "--set", "compress.throughput_runs
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, rec_src, keys) -> Path:
+def compressed(tmp_path_factory, rec_src, keys) -> tuple[Path, int, str]:
+    """(the run folder, compress's exit code, its stderr)."""
+    import contextlib
+    import io
+
     d = tmp_path_factory.mktemp("ocr-int8")
     assert main(["import", str(rec_src), "--task", "ocr_rec", "--keys", str(keys), "--out", str(d / "export"), *LINES]) == 0
-    assert main(["compress", str(d / "export"), "--out", str(d / "compress"), "--int8", "--backend", "onnxruntime",
-                 *QUICK]) == 0
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["compress", str(d / "export"), "--out", str(d / "compress"), "--int8", "--backend", "onnxruntime",
+                     *QUICK])
+    return d, code, err.getvalue()
+
+
+@pytest.fixture()
+def runs(compressed) -> Path:
+    """The compress artifact where it was written. Where int8 saturates (no VNNI), NNCF's overflow fix puts
+    7-bit weights on every layer; measured here with that branch forced (PIPE_INT8_CAPABILITY=saturating):
+    the search kept 15 of 47 layers in fp32 and still missed on val (93.3% vs 95.6%), test 95.6% vs 100%,
+    and compress refused it (test_the_gate_by_cpu_class)."""
+    d, code, err = compressed
+    if code == 4 and not cpu.int8_exact(ov_engine.NAME):
+        pytest.skip("int8 saturates on this CPU and compress refused openvino-int8 (its own test checks how)")
+    assert code == 0, err
     return d
+
+
+def test_the_gate_by_cpu_class(compressed):
+    """Where int8 is exact (VNNI) this model passes (the tests below check how); where it saturates it may be
+    refused, in one line naming the variant and its figures, nothing written."""
+    d, code, err = compressed
+    if cpu.int8_exact(ov_engine.NAME):
+        assert code == 0, err
+        return
+    assert code in (0, 4), err
+    if code == 4:
+        assert "int8 gate: best int8 variant openvino-int8" in err and "> max_drop 1" in err, err
+        assert "nothing written" in err and not (d / "compress").exists()
 
 
 def test_openvino_int8_keeps_the_costly_layers_in_fp32_and_holds_the_budget(runs):
@@ -51,7 +83,8 @@ def test_openvino_int8_keeps_the_costly_layers_in_fp32_and_holds_the_budget(runs
     assert s["method"] == "nncf.quantize_with_accuracy_control" and s["val_lines"] == 45
     assert s["layers_int8"] + len(s["fp32_layers"]) == s["layers_quantizable"] > 40
     fp32_val = v["fp32"]["val_metrics"]["acc"]
-    assert s["score"] >= fp32_val - m["max_drop"] / 100 - 1e-9  # the search's own budget, on val
+    assert s["score_fp32"] == pytest.approx(fp32_val)  # the same lines on OpenVINO fp32 read as on Paddle
+    assert s["reached"] and s["score"] >= fp32_val - m["max_drop"] / 100 - 1e-9  # the search's own budget, on val
     if s["fp32_layers"]:  # a layer went back to fp32 only because int8 everywhere missed the budget
         assert s["score_int8_everywhere"] < fp32_val - m["max_drop"] / 100
     # what the manifest says stayed fp32 is what the saved model runs in fp32
