@@ -105,7 +105,7 @@ def _served_rows(export_dir: Path, comp: Path | None, measured: dict[str, Any], 
     try:
         got = served(export_dir, tmp, comp)
     except PipeError as e:
-        return [("pipe serve, PP-OCRv4 rec", f"failed: {str(e)[-300:]}", "", "**failed**")]
+        return [("pipe serve, PP-OCRv4 rec", f"failed: {str(e)[:500]}", "", "**failed**")]
     peer = measured["rapidocr"]
     one, eight = got["clients"][1], got["clients"][_CLIENTS]
     rows_: list[Row] = [
@@ -148,7 +148,8 @@ def served(export_dir: Path, tmp: Path, comp: Path | None = None) -> dict[str, A
     r = subprocess.run([sys.executable, "-m", "pipeline.cli", "package", *args, "--no-triton", "--out", str(package)],
                        capture_output=True, text=True)
     if r.returncode != 0:
-        raise PipeError(f"pipe package {' '.join(args[1:])} exited {r.returncode}: {r.stderr.strip()[-200:]}")
+        last = (r.stderr.strip().splitlines() or [""])[-1]  # the one-line error, from its start (what failed)
+        raise PipeError(f"pipe package {' '.join(args[1:])} exited {r.returncode}: {last[:400]}")
     pm = artifacts.verify(package, ("package",)).manifest["metrics"]
 
     def body(image: np.ndarray) -> bytes:
