@@ -79,6 +79,7 @@ def test_openvino_int8_keeps_the_costly_layers_in_fp32_and_holds_the_budget(runs
     assert ov8["format"] == "ir" and ov8["files"] == ["openvino-int8/model.xml", "openvino-int8/model.bin"]
     assert m["best_int8"] == "openvino-int8" and m["int8_drop_points"] <= m["max_drop"]
     assert ov8["status"] == "ok" and ov8["char_agreement"] >= m["min_agreement"]
+    assert ov8["reference_samples"] == 16 and ov8["reference_agreement"] >= m["min_agreement"]  # what package checks
     s = m["openvino_search"]
     assert s["method"] == "nncf.quantize_with_accuracy_control" and s["val_lines"] == 45
     assert s["layers_int8"] + len(s["fp32_layers"]) == s["layers_quantizable"] > 40
