@@ -101,6 +101,16 @@ def concat(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
+def one_output(outputs: dict[str, Any], name: str, where: str, refusal: str) -> Any:
+    """The output a task reads: the only one, or the one import named `name`; else InputError `refusal`
+    followed by the outputs the model has."""
+    if len(outputs) == 1:
+        return next(iter(outputs.values()))
+    if name in outputs:
+        return outputs[name]
+    raise InputError(f"{where}: {refusal}; the model has {len(outputs)} ({', '.join(outputs)})")
+
+
 def settings(task: Any, postprocess: Any) -> dict[str, Any]:
     """The task's postprocessing settings: its defaults, with the `postprocess.*` config keys it has."""
     given = dataclasses.asdict(postprocess) if dataclasses.is_dataclass(postprocess) else dict(postprocess or {})

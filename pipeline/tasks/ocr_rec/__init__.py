@@ -235,12 +235,9 @@ def subset(split: data_mod.Lines, rows: Sequence[int]) -> data_mod.Lines:
 
 def _probs(outputs: dict[str, np.ndarray], where: str) -> np.ndarray:
     """The per-step probabilities: the only output, or the one named `probs` (what import names it)."""
-    if len(outputs) == 1:
-        return next(iter(outputs.values()))
-    if OUTPUT in outputs:
-        return outputs[OUTPUT]
-    raise InputError(f"{where}: ocr_rec reads one output of per-step class probabilities; the model has "
-                     f"{len(outputs)} ({', '.join(outputs)})")
+    from pipeline import tasks
+
+    return tasks.one_output(outputs, OUTPUT, where, "ocr_rec reads one output of per-step class probabilities")
 
 
 def score(answers: Sequence[tuple[str, float]], split: data_mod.Lines, info: Any) -> dict[str, float]:

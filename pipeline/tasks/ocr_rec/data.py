@@ -18,10 +18,11 @@ import hashlib
 import json
 import lzma
 import os
+import unicodedata
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -81,18 +82,7 @@ def _from_label_files(root: Path, seed: int) -> Data:
                          f"'image_path<TAB>text'")
     splits = {s: _read_label_file(p, root) for s, p in found.items() if p is not None}
     train = splits["train"]
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(len(train))
-    take = max(1, round(len(train) * _FRACTION))
-    carved: dict[str, list[int]] = {}
-    at = 0
-    for s in ("val", "test"):
-        if s not in splits:
-            carved[s] = sorted(order[at: at + take].tolist())
-            at += take
-    left = sorted(order[at:].tolist())
-    if not left:
-        raise InputError(f"{found['train']}: {len(train)} lines leave none for training after carving val/test out")
+    left, carved = carve(len(train), set(splits), seed, f"{found['train']}: {len(train)} lines")
 
     def pick(idx: list[int]) -> Lines:
         return Lines([train.images[i] for i in idx], [train.texts[i] for i in idx])
@@ -100,31 +90,58 @@ def _from_label_files(root: Path, seed: int) -> Data:
     return Data(pick(left), splits.get("val") or pick(carved["val"]), splits.get("test") or pick(carved["test"]))
 
 
-def _read_label_file(path: Path, root: Path) -> Lines:
-    from PIL import Image, UnidentifiedImageError
+def carve(n: int, have: set[str], seed: int, what: str) -> tuple[list[int], dict[str, list[int]]]:
+    """A label folder's splits: (the train rows kept for training, {split: train rows} for each of val and test
+    the folder lacks, 15% of train each, seeded by data.split_seed); `what` names the train file's rows."""
+    order = np.random.default_rng(seed).permutation(n)
+    take = max(1, round(n * _FRACTION))
+    carved: dict[str, list[int]] = {}
+    at = 0
+    for s in ("val", "test"):
+        if s not in have:
+            carved[s] = sorted(order[at: at + take].tolist())
+            at += take
+    left = sorted(order[at:].tolist())
+    if not left:
+        raise InputError(f"{what} leave none for training after carving val/test out")
+    return left, carved
 
+
+def label_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a PaddleOCR label file's non-blank lines, split on "\\n" only as PaddleOCR splits
+    (a label may hold U+2028 or \\x85), "\\r" dropped."""
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise InputError(f"{path}: not UTF-8") from None
-    images, texts = [], []
-    for n, line in enumerate(text.split("\n"), 1):  # "\n" only, as PaddleOCR: a label may hold U+2028 or \x85
+    for n, line in enumerate(text.split("\n"), 1):
         line = line.removesuffix("\r")
-        if not line.strip():
-            continue
+        if line.strip():
+            yield n, line
+
+
+def label_image(root: Path, rel: str, where: str) -> np.ndarray:
+    """The image a label line names (`where`: file:line), RGB uint8, from inside the data folder `root`."""
+    from PIL import Image, UnidentifiedImageError
+
+    # checked by name, not resolved: images/ may be a symlink to another disk; ../ and /abs are refused
+    if Path(rel).is_absolute() or os.path.normpath(rel).split(os.sep)[0] == "..":
+        raise InputError(f"{where}: {rel}: outside the data folder {root}")
+    try:
+        with Image.open(root / rel) as im:
+            return np.asarray(im.convert("RGB"))
+    except (OSError, UnidentifiedImageError, ValueError):
+        raise InputError(f"{where}: {rel}: missing or not a decodable image") from None
+
+
+def _read_label_file(path: Path, root: Path) -> Lines:
+    images, texts = [], []
+    for n, line in label_lines(path):
         rel, tab, label = line.partition("\t")
         if not tab:
             raise InputError(f"{path}:{n}: no tab between the image path and its text (PaddleOCR's "
                              f"'image_path<TAB>text')")
-        # checked by name, not resolved: images/ may be a symlink to another disk; ../ and /abs are refused
-        if Path(rel).is_absolute() or os.path.normpath(rel).split(os.sep)[0] == "..":
-            raise InputError(f"{path}:{n}: {rel}: outside the data folder {root}")
-        img = root / rel
-        try:
-            with Image.open(img) as im:
-                images.append(np.asarray(im.convert("RGB")))
-        except (OSError, UnidentifiedImageError, ValueError):
-            raise InputError(f"{path}:{n}: {rel}: missing or not a decodable image") from None
+        images.append(label_image(root, rel, f"{path}:{n}"))
         texts.append(label)
     if not texts:
         raise InputError(f"{path}: no label lines")
@@ -152,12 +169,13 @@ def font_path() -> Path:
     return Path(font.get_TTF_path())
 
 
-def corpus_lines(keys: Sequence[str], count: int, seed: int) -> list[str]:
+def corpus_lines(keys: Sequence[str] | None, count: int, seed: int) -> list[str]:
     """`count` lines of 2-25 characters from the shipped corpus, a third with ASCII mixed in, every character
-    among `keys`; seeded."""
+    among `keys` (None: any letter, digit or punctuation, for a detector, which reads no keys); seeded."""
     raw = lzma.decompress((_ASSETS / "chinese_sentiment.tsv.xz").read_bytes()).decode("utf-8")
-    allowed = set(keys)
     texts = sorted({t.split("\t", 1)[1].strip() for t in raw.splitlines() if "\t" in t})
+    # no keys: letters, digits and punctuation (no emoji: the font has none, a tofu box is no text)
+    allowed = set(keys) if keys is not None else {c for t in texts for c in t if unicodedata.category(c)[0] in "LNP"}
     rng = np.random.default_rng(seed)
     ascii_words = ["2026", "OK", "A4", "USB", "Wi-Fi", "100%", "PP-OCR", "x86", "3.5", "No.7", "CPU", "2.0"]
     out: list[str] = []
