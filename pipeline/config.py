@@ -49,6 +49,8 @@ class DataConfig:
     coco_test_images: str = _opt("", "detection: the folder data.coco_test_json's file_names are relative to")
     ocr_lines: int = _opt(1000, "ocr_lines (ocr_rec's built-in data): text lines generated for train (val and test: "
                                 "15% as many each)", min=10)
+    ocr_pages: int = _opt(100, "ocr_pages (ocr_det's built-in data): text pages generated for train (val and test: "
+                               "15% as many each)", min=10)
     max_len: int = _opt(160, "text: characters kept per text (longer ones are truncated, shorter padded)", min=1)
     min_count: int = _opt(2, "text: a character enters the vocabulary if it occurs this often in train", min=1)
     text_column: str = _opt("text", "text files: the column (or JSON key) holding the text")
@@ -203,8 +205,8 @@ class ImportConfig:
 
     source: str = _opt("", "an exported Paddle model: a directory with one <prefix>.pdmodel or <prefix>.json and its "
                            "<prefix>.pdiparams (PaddleOCR, PaddleX), or the program file; '' = none (pipe all trains)")
-    task: str = _opt("", "what the model is: ocr_rec; '' = the task inference.yml names (PostProcess: CTCLabelDecode "
-                         "is ocr_rec)")
+    task: str = _opt("", "what the model is: ocr_rec or ocr_det; '' = the task inference.yml names (PostProcess: "
+                         "CTCLabelDecode is ocr_rec, DBPostProcess ocr_det)")
     keys: str = _opt("", "ocr_rec: the character key file (PaddleOCR's character_dict_path, one character a line); "
                          "'' = inference.yml's character_dict")
     onnx: bool = _opt(True, "also convert to model.onnx (paddle2onnx, repaired) held to import.parity_tol")

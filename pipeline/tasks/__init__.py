@@ -52,7 +52,7 @@ from typing import Any
 from pipeline.errors import InputError
 
 BUILT_IN = {"classification": "pipeline.tasks.classification", "detection": "pipeline.tasks.detection",
-            "ocr_rec": "pipeline.tasks.ocr_rec"}
+            "ocr_rec": "pipeline.tasks.ocr_rec", "ocr_det": "pipeline.tasks.ocr_det"}
 _REQUIRED = ("name", "metrics", "monitor", "maximize", "targets", "loss", "metrics_of", "answer")
 
 

