@@ -76,7 +76,9 @@ def _f32_interp_scales(model: Path, params: Path, scratch: Path) -> tuple[Path, 
     if prog.format == "legacy":
         if not any("interp" in t for t in paddle_program.read(prog).op_types):
             return model, params, 0
-        paddle_program.translate_to_pir(runtime.import_paddle(), model.with_suffix(""), scratch / "translated")
+        # as paddle2onnx translates it (its upsamplings kept: the float32 scales below are the repair)
+        paddle_program.translate_to_pir(runtime.import_paddle(), model.with_suffix(""), scratch / "translated",
+                                        upsample_as_tile=False)
         model, params = scratch / "translated.json", scratch / "translated.pdiparams"
     doc = json.loads(model.read_text(encoding="utf-8"))
     changed = 0

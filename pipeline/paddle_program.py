@@ -242,10 +242,10 @@ def _read_pir(path: Path, raw: bytes) -> ProgramIO:
                      frozenset(str(op["#"]) for op in ops))
 
 
-def translate_to_pir(paddle: Any, legacy: Path, prefix: Path) -> None:
+def translate_to_pir(paddle: Any, legacy: Path, prefix: Path, upsample_as_tile: bool = True) -> int:
     """Legacy program -> PIR (facts §17: load under OldIrGuard, translate the ProgramDesc, save under IrGuard
     with the data ops' results as feeds and the fetch ops' operands as fetches; jit.load + jit.save and plain
-    PIR-mode loading fail on PP-OCR programs)."""
+    PIR-mode loading fail on PP-OCR programs). Returns how many upsamplings `_upsample_as_tile` rewrote."""
     paddle.enable_static()
     try:
         exe = paddle.static.Executor(paddle.CPUPlace())
@@ -255,12 +255,42 @@ def translate_to_pir(paddle: Any, legacy: Path, prefix: Path) -> None:
                 program, _, _ = paddle.static.load_inference_model(str(legacy), exe)
             translated = paddle.pir.translate_to_pir(program.desc)
             with paddle.pir_utils.IrGuard():
+                rewritten = _upsample_as_tile(paddle, translated) if upsample_as_tile else 0
                 ops = translated.global_block().ops
                 feeds = [op.result(0) for op in ops if op.name() == "pd_op.data"]
                 fetches = [op.operand_source(0) for op in ops if op.name() == "pd_op.fetch"]
                 paddle.static.save_inference_model(str(prefix), feeds, fetches, exe, program=translated)
     finally:
         paddle.disable_static()
+    return rewritten
+
+
+def _upsample_as_tile(paddle: Any, program: Any) -> int:
+    """Each nearest upsampling by whole factors (NCHW, no size inputs: PP-OCRv4 det's FPN, x2/x4/x8) as
+    unsqueeze + tile + flatten, the same values (nearest with integer scales repeats each pixel), as pipe's
+    own detector upsamples (pipeline/detector.py, facts §16). Why: the translation stores the op's `scale` as
+    float64, which Paddle Inference 3.3.1 cannot run with oneDNN ("ConvertPirAttribute2RuntimeAttribute not
+    support [pir::ArrayAttribute<pir::DoubleAttribute>]", open PaddlePaddle/Paddle#79749; float32 fails PIR's
+    verifier); rewritten, the program runs with oneDNN as fast as the legacy one (PP-OCRv4 det: 214 vs 241
+    ms/page, outputs within 2e-10) instead of without its op placement (pipeline/engines/paddle.py: 2.4x slower)."""
+    block, n = program.global_block(), 0
+    with paddle.static.program_guard(program):
+        for op in list(block.ops):
+            if op.name() != "pd_op.nearest_interp":
+                continue
+            a = op.attrs()
+            scale = [float(v) for v in a.get("scale") or []]
+            if (len(scale) != 2 or any(v < 1 or v != int(v) for v in scale) or a.get("data_format") != "NCHW"
+                    or a.get("align_corners") or a.get("out_h") != -1 or a.get("out_w") != -1
+                    or any(op.operand_source(i).initialized() for i in range(1, op.num_operands()))):
+                continue  # sizes given, corners aligned or fractional factors: left as translated
+            paddle.pir.set_insertion_point(op)
+            sh, sw = (int(v) for v in scale)
+            y = paddle.tile(paddle.unsqueeze(op.operand_source(0), [3, 5]), [1, 1, 1, sh, 1, sw])  # [N,C,H,sh,W,sw]
+            op.result(0).replace_all_uses_with(paddle.flatten(paddle.flatten(y, 4, 5), 2, 3))
+            block.remove_op(op)
+            n += 1
+    return n
 
 
 def describe(io_: ProgramIO) -> dict[str, Any]:

@@ -78,9 +78,10 @@ def load(files: list[Path], *, threads: int, precision: str = "fp32", cache_capa
         if f64_interp_scales(program):
             # Paddle 3.3.1's oneDNN executor cannot take an interpolation's float64 `scale` array ("Convert
             # PirAttribute2RuntimeAttribute not support [pir::ArrayAttribute<pir::DoubleAttribute>]": open bug
-            # PaddlePaddle/Paddle#79749, PaddleOCR#17869), which PIR requires of it (float32 fails its
-            # verifier): the program runs without oneDNN's op placement, correct but slower (PP-OCRv4 det on
-            # 30 generated pages of ~800 x 700: 581 ms/page, the legacy program with oneDNN 239, onnxruntime 265)
+            # PaddlePaddle/Paddle#79749, PaddleOCR#17869; facts §16), which PIR requires of it (float32 fails
+            # its verifier): such a program (a PIR source imported as given; import's own translation writes
+            # whole-factor upsamplings as tiles, paddle_program.py) runs without oneDNN's op placement, correct
+            # but ~2x slower (PP-OCRv4 det on 30 pages of ~800 x 700: 514-581 ms/page, tiled 264)
             c.delete_pass("onednn_placement_pass")
             info["onednn_placement"] = "off: the program's interpolations hold float64 scales"
     c.set_cpu_math_library_num_threads(threads)

@@ -5,13 +5,13 @@ inference.yml naming DBPostProcess, and the refusals (one line, exit 2, nothing 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
 from pipeline import artifacts, pretrained
+from pipeline.engines import paddle as paddle_engine
 from pipeline.tasks import ocr_det
 from tests.conftest import direct_answers
 
@@ -56,7 +56,9 @@ def test_import_writes_an_export_artifact(imported, det_src):
     # PIR and ONNX against the source program on the 6 test pages, every box the same
     assert met["parity_samples"] == 6 and met["parity_rel"] <= 1e-3 and met["onnx_parity_rel"] <= 1e-3
     assert met["parity_box_agreement"] == met["onnx_parity_box_agreement"] == 1.0
-    # paddle2onnx needed the 12 float64 nearest_interp scales as float32 (pipeline/p2o.py), no Concat repair
+    # the PIR program's 6 upsamplings as tiles (oneDNN runs it: pipeline/paddle_program.py); paddle2onnx needed
+    # the 12 float64 nearest_interp scales as float32 (pipeline/p2o.py), no Concat repair
+    assert met["pir_upsample_as_tile"] == 6 and not paddle_engine.f64_interp_scales(imported / "model.json")
     assert met["onnx_repaired_interp_scales"] == 12 and met["onnx_repaired_concat_inputs"] == 0
     assert m["onnx"]["opset"] == 14
 
@@ -77,12 +79,16 @@ def test_baseline_equals_a_direct_paddle_inference_run(imported, det_src):
 
 def test_a_pir_source_with_inference_yml_needs_no_task(imported, tmp_path, cli):
     """PaddleX 3's layout: inference.json + inference.pdiparams + inference.yml (DBPostProcess and its
-    thresholds): the task and its settings come from the yml; the PIR program runs in Paddle Inference (its
-    float64 interpolation scales without oneDNN's op placement: pipeline/engines/paddle.py)."""
+    thresholds): the task and its settings come from the yml; the PIR program, as translated with its
+    nearest_interp ops (float64 scales) and copied as given, runs in Paddle Inference without oneDNN's op
+    placement (pipeline/engines/paddle.py)."""
+    from pipeline import paddle_program, runtime
+
     src = tmp_path / "PP-OCRv4_det_pir"
     src.mkdir()
-    shutil.copyfile(imported / "model.json", src / "inference.json")
-    shutil.copyfile(imported / "model.pdiparams", src / "inference.pdiparams")
+    assert paddle_program.translate_to_pir(runtime.import_paddle(), imported / "legacy/model", src / "inference",
+                                           upsample_as_tile=False) == 0
+    assert paddle_engine.f64_interp_scales(src / "inference.json")
     (src / "inference.yml").write_text(yaml.safe_dump(
         {"Global": {"model_name": "PP-OCRv4_mobile_det"},
          "PostProcess": {"name": "DBPostProcess", "thresh": 0.3, "box_thresh": 0.5, "unclip_ratio": 1.5,
@@ -93,6 +99,7 @@ def test_a_pir_source_with_inference_yml_needs_no_task(imported, tmp_path, cli):
     m = artifacts.verify(out, ("export",)).manifest
     assert m["interface"]["task"]["spec"] == "ocr_det" and m["interface"]["task"]["settings"]["box_thresh"] == 0.5
     assert set(m["files"]) == {"model.json", "model.pdiparams"} and m["metrics"]["test_hmean"] >= 0.9
+    assert (out / "model.json").read_bytes() == (src / "inference.json").read_bytes()
 
 
 @pytest.mark.parametrize("case", ["classification", "rec_as_det", "det_as_rec", "keys", "label_line"])
