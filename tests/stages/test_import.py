@@ -58,6 +58,7 @@ def test_import_writes_an_export_artifact(imported, rec_src, keys):
     assert met["parity_tol"] == 1e-2 and met["parity_rel"] <= 1e-2 and met["onnx_parity_rel"] <= 1e-2
     assert met["parity_samples"] == 18 and met["parity_text_agreement"] == met["onnx_parity_text_agreement"] == 1.0
     assert met["onnx_repaired_concat_inputs"] == 5  # paddle2onnx's rank-0 Concat inputs (pipeline/p2o.py)
+    assert met["onnx_repaired_interp_scales"] == met["pir_upsample_as_tile"] == 0  # det's repairs: no-ops here
     assert met["samples"] == {"train": 120, "val": 18, "test": 18}
     assert 0.0 <= met["test_acc"] <= 1.0 and met["test_norm_edit_dis"] >= met["test_acc"]
 
