@@ -40,14 +40,13 @@ from pipeline import artifacts, config as config_mod, cpu, engines as engines_mo
     runtime, tasks, timing
 from pipeline.config import CompressConfig, RunConfig
 from pipeline.engines import openvino as ov_engine, ort as ort_engine, paddle as paddle_engine
+from pipeline.engines import unsupported_variant as _unsupported, variant as _variant
 from pipeline.errors import InputError, PipeError
 
 Feeds = dict[str, np.ndarray]
 Run = Callable[[Feeds], Feeds]
 _TIMING_BATCH = 32  # items/s at batch 32, as every compress measures it (pipeline/choose.py reads both speeds)
 _TIMING_WARMUP = 3  # a batch of 32 lines takes ~0.3 s: fewer warm-up calls than a small model's 20
-_AUTO_CALIB_BATCHES = 10
-_CALIB_WARN_BELOW = 100
 
 
 # what this module calls of a task beyond import's part of the owned-data contract
@@ -70,7 +69,7 @@ def run(cfg: RunConfig, src: artifacts.Artifact, out_dir: Path) -> Path:
     data = task.load_data(exp_cfg.data, info)
     _check_data(src, data, exp_cfg)
     size = exp_cfg.import_.batch_size
-    calib_rows = _calibration_rows(len(data.train), ccfg)
+    calib_rows = quantize.calibration_rows(len(data.train), ccfg, "lines", whole_batches=False)
     calib = [feeds for _, feeds in task.batches(data.train, info, ccfg.calib_batch_size, rows=calib_rows)]
     backends = {"both": ("paddle", "onnxruntime"), "openvino": ()}.get(ccfg.backend, (ccfg.backend,))
     if ccfg.backend == "openvino" and not ccfg.openvino:
@@ -118,24 +117,6 @@ def _check_data(src: artifacts.Artifact, data: Any, exp_cfg: RunConfig) -> None:
                          f"search) and test lines; it has {now}")
 
 
-def _calibration_rows(n: int, ccfg: CompressConfig) -> np.ndarray:
-    """Which train lines calibrate: a seeded draw of calib_batches x calib_batch_size (0: up to 10 batches, all of
-    a smaller split); a count the split cannot fill is an error, a thin one a warning."""
-    size = ccfg.calib_batch_size
-    if ccfg.calib_batches:
-        want = ccfg.calib_batches * size
-        if want > n:
-            raise InputError(f"--calib-batches {ccfg.calib_batches} (compress.calib_batches) x compress.calib_batch_size "
-                             f"{size} = {want} lines, but the train split has {n}; lower it or leave it at 0")
-    else:
-        want = min(n, _AUTO_CALIB_BATCHES * size)
-    if want < _CALIB_WARN_BELOW:
-        import sys
-        print(f"warning: compress calibrates int8 on {want} lines (the train split has {n}); fewer than "
-              f"{_CALIB_WARN_BELOW} may set poor ranges", file=sys.stderr)
-    return np.sort(np.random.default_rng(ccfg.calib_seed).permutation(n)[:want])
-
-
 def _evaluate(run: Run, data: Any, task: Any, info: tasks.Info, size: int) -> dict[str, Any]:
     """A variant over the val and test splits in the task's batches: per split the answers in order, the
     task's metrics, and each batch's digest (what agreement is judged on: ocr_rec, the CTC path)."""
@@ -167,26 +148,14 @@ def _agreement(got: dict[str, Any], ref: dict[str, Any], task: Any, info: tasks.
 # ------------------------------------------------------------------ variants
 
 
-def _bound(eng: Any, desc: iospec.IO, where: Path, fmt: str, files: list[str], source: str) -> dict[str, Any]:
-    info = eng.describe()
-    return {"run": engines_mod.bind(eng, desc, str(where)), "describe": info, "engine": info["engine"],
-            "precision": info["precision"], "inputs": list(eng.inputs), "outputs": list(eng.outputs),
-            "format": fmt, "files": files, "source": source}
-
-
-def _unsupported(engine: str, fmt: str, precision: str, source: str, reason: str, desc: iospec.IO) -> dict[str, Any]:
-    return {"run": None, "reason": reason, "engine": engine, "format": fmt, "precision": precision, "files": [],
-            "source": source, "inputs": [t.name for t in desc.inputs], "outputs": [t.name for t in desc.outputs]}
-
-
 def _fp32_variants(src: artifacts.Artifact, desc: iospec.IO, legacy: list[Path] | None, onnx: Path | None,
                    threads: int) -> dict[str, dict[str, Any]]:
     pir = [src.file("model.json"), src.file("model.pdiparams")]
-    out = {"fp32": _bound(paddle_engine.load(pir, threads=threads), desc, pir[0], "pir", [], "export")}
+    out = {"fp32": _variant(paddle_engine.load(pir, threads=threads), desc, pir[0], "pir", [], "export")}
     why = runtime.bf16_unsupported()
     if not why:
         try:
-            out["bf16"] = _bound(paddle_engine.load(pir, threads=threads, precision="bf16"), desc, pir[0], "pir", [],
+            out["bf16"] = _variant(paddle_engine.load(pir, threads=threads, precision="bf16"), desc, pir[0], "pir", [],
                                  "export")
         except PipeError as e:
             why = f"oneDNN bf16 cannot run this model: {e}"
@@ -196,13 +165,13 @@ def _fp32_variants(src: artifacts.Artifact, desc: iospec.IO, legacy: list[Path] 
     for fmt, files in (("legacy", legacy), ("onnx", [onnx] if onnx else None)):
         if files and not ov_engine.available():
             try:
-                out["openvino-fp32"] = _bound(ov_engine.load(files, threads=threads), desc, files[0], fmt,
+                out["openvino-fp32"] = _variant(ov_engine.load(files, threads=threads), desc, files[0], fmt,
                                               [rel(f) for f in files], "export")
                 break
             except PipeError as e:
                 out["openvino-fp32"] = _unsupported(ov_engine.NAME, fmt, "fp32", "export", str(e), desc)
     if onnx is not None:
-        out["onnx-fp32"] = _bound(ort_engine.load([onnx], threads=threads), desc, onnx, "onnx", [rel(onnx)], "export")
+        out["onnx-fp32"] = _variant(ort_engine.load([onnx], threads=threads), desc, onnx, "onnx", [rel(onnx)], "export")
     return out
 
 
@@ -227,7 +196,7 @@ def _openvino_int8(files: list[Path], desc: iospec.IO, calib: list[Feeds], data:
     search.update(score_means=f"{task.monitor} on the {len(val)} val lines", val_lines=len(val), source=files[0].name)
     paths = [cdir / "openvino-int8/model.xml", cdir / "openvino-int8/model.bin"]
     eng = ov_engine.load(paths, threads=runtime.threads_per_process(1), precision="int8")
-    return _bound(eng, desc, paths[0], "ir", ["openvino-int8/model.xml", "openvino-int8/model.bin"], "compress"), search
+    return _variant(eng, desc, paths[0], "ir", ["openvino-int8/model.xml", "openvino-int8/model.bin"], "compress"), search
 
 
 def _nncf_missing() -> str:
@@ -245,7 +214,7 @@ def _ort_int8(onnx: Path | None, desc: iospec.IO, calib: list[Feeds], ccfg: Comp
                             "was off)", desc)
     quantize.int8_onnx(onnx, {"desc": desc}, calib, ccfg, cdir / "int8-onnx", threads)
     path = cdir / "int8-onnx/model.onnx"
-    return _bound(ort_engine.load([path], threads=threads, precision="int8"), desc, path, "onnx",
+    return _variant(ort_engine.load([path], threads=threads, precision="int8"), desc, path, "onnx",
                   ["int8-onnx/model.onnx"], "compress")
 
 
@@ -263,7 +232,7 @@ def _paddle_int8(src: artifacts.Artifact, legacy: dict[str, Any], files: list[Pa
     except PipeError as e:
         return _unsupported(paddle_engine.NAME, "legacy", "int8", "compress", f"oneDNN int8 cannot run PaddleSlim's "
                             f"model: {e}", desc)
-    return _bound(eng, desc, paths[0], "legacy", ["int8-paddle/model.pdmodel", "int8-paddle/model.pdiparams"],
+    return _variant(eng, desc, paths[0], "legacy", ["int8-paddle/model.pdmodel", "int8-paddle/model.pdiparams"],
                   "compress")
 
 
@@ -378,7 +347,7 @@ def _metrics(variants: dict[str, dict[str, Any]], ccfg: CompressConfig, task: An
         "threads": threads,
         "calibration": {"split": "train", "lines": int(len(rows)), "of": n_train, "batches": len(calib),
                         "batch_size": ccfg.calib_batch_size, "widths": widths, "seed": ccfg.calib_seed,
-                        "thin": bool(len(rows) < _CALIB_WARN_BELOW), "inputs_sha256": digest.hexdigest(),
+                        "thin": bool(len(rows) < quantize.CALIB_WARN_BELOW), "inputs_sha256": digest.hexdigest(),
                         "onnxruntime_method": quantize.ORT_CALIB[ccfg.algo][0], "paddleslim_algo": ccfg.algo},
         "openvino_search": search,
         "timing": {"latency_runs": ccfg.latency_runs, "throughput_runs": ccfg.throughput_runs, "batch": _TIMING_BATCH,

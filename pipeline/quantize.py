@@ -157,6 +157,36 @@ def int8_onnx(model: Path, io: dict[str, Any], calib: list[dict[str, np.ndarray]
     return kept
 
 
+AUTO_CALIB_BATCHES = 10
+# Below this many samples a calibration is said to be thin (not refused): onnxruntime's and PaddleSlim's
+# examples calibrate on a few hundred; 100 is where their per-tensor ranges still see most of a split.
+CALIB_WARN_BELOW = 100
+
+
+def calibration_rows(n: int, ccfg: CompressConfig, unit: str = "samples", whole_batches: bool = True) -> np.ndarray:
+    """Which of a train split's n rows calibrate int8, sorted: a seeded draw without replacement. By default
+    (compress.calib_batches 0) up to 10 batches of compress.calib_batch_size, all of a smaller split (in whole
+    batches if `whole_batches`; a split smaller than one batch is one batch of all of it); an explicit count the
+    split cannot fill is an error. Thin calibration (under CALIB_WARN_BELOW) is said on stderr, not refused.
+    `unit` names the rows in those messages (ocr_rec: lines, which it batches by width itself)."""
+    size = ccfg.calib_batch_size
+    if ccfg.calib_batches:
+        want = ccfg.calib_batches * size
+        if want > n:
+            raise InputError(f"--calib-batches {ccfg.calib_batches} (compress.calib_batches) x compress.calib_batch_size "
+                             f"{size} = {want} {unit}, but the train split has {n}; lower it or leave it at 0 (as "
+                             f"many as the split holds)")
+    elif whole_batches:
+        size = min(size, n)
+        want = min(AUTO_CALIB_BATCHES, n // size) * size
+    else:
+        want = min(n, AUTO_CALIB_BATCHES * size)
+    if want < CALIB_WARN_BELOW:
+        print(f"warning: compress calibrates int8 on {want} {unit} (the train split has {n}); fewer than "
+              f"{CALIB_WARN_BELOW} may set poor ranges", file=sys.stderr)
+    return np.sort(np.random.default_rng(ccfg.calib_seed).permutation(n)[:want])
+
+
 # NNCF's preset for models with attention blocks: on PP-OCRv4 rec (an SVTR neck) its default preset lost 7.4
 # points of line accuracy, the transformer one 2.1 (facts §17).
 NNCF_MODEL_TYPE = "transformer"

@@ -66,7 +66,6 @@ import dataclasses
 import hashlib
 import json
 import shutil
-import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -385,33 +384,12 @@ def _preparer(ds: data_mod.Dataset, io: dict[str, Any]) -> Prep:
         data_mod.encode_texts([ds.texts[j] for j in split.idx[rows]], vocab, max_len), pre), "compress data")
 
 
-_AUTO_CALIB_BATCHES = 10
-# Below this many samples a calibration is said to be thin (not refused): onnxruntime's and PaddleSlim's
-# examples calibrate on a few hundred; 100 is where their per-tensor ranges still see most of a split.
-_CALIB_WARN_BELOW = 100
-
-
 def _calibration_batches(ds: data_mod.Dataset, prep: Prep, ccfg: CompressConfig) -> Feeds:
-    """{input: (batches, batch_size, ...)}: a seeded draw without replacement from the train split. By default
-    (compress.calib_batches 0) up to 10 whole batches, fewer for a smaller split, whose samples then all go in
-    (a split smaller than one batch is one batch of all of it); an explicit count the split cannot fill is an
-    error. Thin calibration (under `_CALIB_WARN_BELOW` samples) is said on stderr and recorded."""
-    n, size = len(ds.train), ccfg.calib_batch_size
-    if ccfg.calib_batches:
-        batches = ccfg.calib_batches
-        if batches * size > n:
-            raise InputError(f"--calib-batches {batches} (compress.calib_batches) x compress.calib_batch_size {size} "
-                             f"= {batches * size} samples, but the train split has {n}; lower it or leave it at 0 "
-                             f"(as many as the split holds)")
-    else:
-        size = min(size, n)
-        batches = min(_AUTO_CALIB_BATCHES, n // size)
-    if batches * size < _CALIB_WARN_BELOW:
-        print(f"warning: compress calibrates int8 on {batches * size} samples (the train split has {n}); fewer than "
-              f"{_CALIB_WARN_BELOW} may set poor ranges", file=sys.stderr)
-    pick = np.random.default_rng(ccfg.calib_seed).permutation(n)[:batches * size]
-    return {k: np.ascontiguousarray(a.reshape(batches, size, *a.shape[1:]))
-            for k, a in prep(ds.train, np.sort(pick)).items()}
+    """{input: (batches, batch_size, ...)}: the train rows `quantize.calibration_rows` draws, in whole batches."""
+    rows = quantize.calibration_rows(len(ds.train), ccfg)
+    size = ccfg.calib_batch_size if ccfg.calib_batches else min(ccfg.calib_batch_size, len(ds.train))
+    batches = len(rows) // size
+    return {k: np.ascontiguousarray(a.reshape(batches, size, *a.shape[1:])) for k, a in prep(ds.train, rows).items()}
 
 
 def _batches(split: data_mod.Split, prep: Prep) -> Iterator[Feeds]:
@@ -444,22 +422,19 @@ def _engines(src: artifacts.Artifact, cdir: Path, io: dict[str, Any], backends: 
     out: dict[str, dict[str, Any]] = {}
     desc = io["desc"]
 
-    def unsupported(name: str, fmt: str, precision: str, source: str, reason: str) -> dict[str, Any]:
-        return {"run": None, "reason": reason, "engine": paddle_engine.NAME, "format": fmt, "precision": precision,
-                "files": [], "source": source, "inputs": [t.name for t in desc.inputs],
-                "outputs": [t.name for t in desc.outputs]}
+    def unsupported(fmt: str, precision: str, source: str, reason: str) -> dict[str, Any]:
+        return engines_mod.unsupported_variant(paddle_engine.NAME, fmt, precision, source, reason, desc)
 
-    out["fp32"] = {**runner(paddle_engine.load(pir, threads=threads), desc, pir[0]), "format": "pir",
-                   "files": [], "source": "export"}
+    out["fp32"] = engines_mod.variant(paddle_engine.load(pir, threads=threads), desc, pir[0], "pir", [], "export")
     bf16_reason = runtime.bf16_unsupported()
     if bf16_reason:
-        out["bf16"] = unsupported("bf16", "pir", "bf16", "export", bf16_reason)
+        out["bf16"] = unsupported("pir", "bf16", "export", bf16_reason)
     else:
         try:
             bf16 = paddle_engine.load(pir, threads=threads, precision="bf16")
-            out["bf16"] = {**runner(bf16, desc, pir[0]), "format": "pir", "files": [], "source": "export"}
+            out["bf16"] = engines_mod.variant(bf16, desc, pir[0], "pir", [], "export")
         except PipeError as e:
-            out["bf16"] = unsupported("bf16", "pir", "bf16", "export", f"oneDNN bf16 cannot run this model: {e}")
+            out["bf16"] = unsupported("pir", "bf16", "export", f"oneDNN bf16 cannot run this model: {e}")
     if "paddle" in backends and "int8-paddle" not in skipped:
         files = [cdir / f for f in _VARIANT_FILES["int8-paddle"]]
         try:
@@ -468,15 +443,15 @@ def _engines(src: artifacts.Artifact, cdir: Path, io: dict[str, Any], backends: 
             shutil.rmtree(cdir / "int8-paddle")
             skipped["int8-paddle"] = f"oneDNN int8 cannot run PaddleSlim's model: {e}"
         else:
-            out["int8-paddle"] = {**runner(eng, desc, files[0]), "format": "legacy",
-                                  "files": list(_VARIANT_FILES["int8-paddle"]), "source": "compress"}
+            out["int8-paddle"] = engines_mod.variant(eng, desc, files[0], "legacy", list(_VARIANT_FILES["int8-paddle"]),
+                                                       "compress")
     if "int8-paddle" in skipped:
-        out["int8-paddle"] = unsupported("int8-paddle", "legacy", "int8", "compress", skipped["int8-paddle"])
+        out["int8-paddle"] = unsupported("legacy", "int8", "compress", skipped["int8-paddle"])
     if "onnxruntime" in backends:
         for name, precision in (("onnx-fp32", "fp32"), ("int8-onnx", "int8")):
             (rel,) = _VARIANT_FILES[name]
             eng = ort_engine.load([cdir / rel], threads=threads, precision=precision)
-            out[name] = {**runner(eng, desc, cdir / rel), "format": "onnx", "files": [rel], "source": "compress"}
+            out[name] = engines_mod.variant(eng, desc, cdir / rel, "onnx", [rel], "compress")
     return out
 
 
@@ -501,28 +476,15 @@ def _openvino(src: artifacts.Artifact, cdir: Path, io: dict[str, Any], built: di
             paths = [src.file(f) if source == "export" else cdir / f for f in files]
             if not all(p.is_file() for p in paths):
                 continue  # the onnxruntime route was not run (--backend paddle)
-            base = {"format": fmt, "files": files, "source": source, "inputs": [t.name for t in desc.inputs],
-                    "outputs": [t.name for t in desc.outputs]}
             try:  # fed by name: OpenVINO lists the legacy program's inputs reversed (facts note section 14)
                 eng = ov_engine.load(paths, threads=threads, precision=precision)
-                out[name] = {**base, **runner(eng, desc, paths[0])}
+                out[name] = engines_mod.variant(eng, desc, paths[0], fmt, files, source)
                 break
             except PipeError as e:
                 why.append(str(e))
-                out[name] = {"run": None, "reason": "; ".join(why), "engine": ov_engine.NAME, "precision": precision,
-                             **base}
+                out[name] = {**engines_mod.unsupported_variant(ov_engine.NAME, fmt, precision, source, "; ".join(why),
+                                                               desc), "files": files}
     return out
-
-
-def runner(eng: Any, desc: iospec.IO, where: Path) -> dict[str, Any]:
-    """What measurement needs of a loaded engine (`pipeline/engines/`): `run` feeds -> outputs, feeds keyed by
-    the interface's input names (as `iospec.IO.feeds` gives them), every output keyed by its public name,
-    mapped onto the engine's own names once (`engines.names`: by name; the legacy program's outputs by
-    position). `inputs`/`outputs`: the engine's names, in its order."""
-    info = eng.describe()
-    run = engines_mod.bind(eng, desc, str(where))
-    return {"run": run, "describe": info, "engine": info["engine"], "precision": info["precision"],
-            "inputs": list(eng.inputs), "outputs": list(eng.outputs)}
 
 
 def _measure(engines: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: Path, ds: data_mod.Dataset,
@@ -649,7 +611,7 @@ def _metrics(variants: dict[str, dict[str, Any]], parity: dict[str, Any], ccfg: 
     op_types, rule = quantize.ort_op_types(desc)
     batches, size = next(iter(calib.values())).shape[:2]  # what was drawn (compress.calib_batches 0: up to 10)
     calibration = {"split": "train", "batches": int(batches), "batch_size": int(size), "samples": int(batches * size),
-                   "thin": bool(batches * size < _CALIB_WARN_BELOW), "seed": ccfg.calib_seed, "paddleslim_algo": ccfg.algo, "paddleslim_onnx_format": True,
+                   "thin": bool(batches * size < quantize.CALIB_WARN_BELOW), "seed": ccfg.calib_seed, "paddleslim_algo": ccfg.algo, "paddleslim_onnx_format": True,
                    "paddleslim_op_types": list(quantize.QUANT_OPS), "onnxruntime_method": method,
                    "onnxruntime_options": extra, "onnxruntime_op_types": op_types or "default",
                    "onnxruntime_op_types_rule": rule, "dtype": "/".join(a.dtype.name for a in calib.values()),

@@ -379,7 +379,7 @@ def _avx2_paddle_rows(runs: list[tuple[str, Path]], quick: bool) -> list[Row]:
 
 def _avx2_paddle_main(comp_dir: str, mode: str) -> int:
     """Child (ONEDNN_MAX_CPU_ISA=AVX2): fp32 and both int8 op sets of one compress dir; one JSON line."""
-    from pipeline import artifacts, config as config_mod, cpu, data as data_mod, iospec, runtime
+    from pipeline import artifacts, config as config_mod, cpu, data as data_mod, engines as engines_mod, iospec, runtime
     from pipeline.engines import paddle as paddle_engine
     from stages import compress
 
@@ -397,7 +397,7 @@ def _avx2_paddle_main(comp_dir: str, mode: str) -> int:
                "all": (paddle_engine.load(int8, threads=threads, precision="int8", int8_ops=set()), int8[0]),
                "no_matmul": (paddle_engine.load(int8, threads=threads, precision="int8",
                                                 int8_ops=set(cpu.ONEDNN_INT8_OPS_NO_VNNI)), int8[0])}
-    runs = {k: compress.runner(e, desc, where)["run"] for k, (e, where) in engines.items()}  # feeds -> outputs, by name
+    runs = {k: engines_mod.bind(e, desc, str(where)) for k, (e, where) in engines.items()}  # feeds -> outputs, by name
     out = desc.logits().public
     logits = {k: np.concatenate([run(x)[out] for x in xs]) for k, run in runs.items()}
     head = xs[0]  # every input by name, as compress times them

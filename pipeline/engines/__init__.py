@@ -22,6 +22,7 @@ A GPU is one more `device` of the same engines (Paddle Inference GPU/TensorRT, o
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
 from pipeline import iospec
@@ -78,6 +79,22 @@ def names(eng: Any, desc: iospec.IO, where: str) -> dict[str, str]:
         real = t.name if by_name else eng.outputs[i]
         out.update({t.name: real, t.public: real})
     return out
+
+
+def variant(eng: Any, desc: iospec.IO, where: Path | str, fmt: str, files: list[str], source: str) -> dict[str, Any]:
+    """A compressed variant as measurement needs it (pipe compress, both routes): `run` feeds -> outputs (`bind`),
+    what the engine says of itself, its own input/output names in its order, and where its files come from."""
+    info = eng.describe()
+    return {"run": bind(eng, desc, str(where)), "describe": info, "engine": info["engine"],
+            "precision": info["precision"], "inputs": list(eng.inputs), "outputs": list(eng.outputs),
+            "format": fmt, "files": files, "source": source}
+
+
+def unsupported_variant(engine: str, fmt: str, precision: str, source: str, reason: str,
+                        desc: iospec.IO) -> dict[str, Any]:
+    """A variant this machine cannot run, with the reason (recorded, not fatal)."""
+    return {"run": None, "reason": reason, "engine": engine, "format": fmt, "precision": precision, "files": [],
+            "source": source, "inputs": [t.name for t in desc.inputs], "outputs": [t.name for t in desc.outputs]}
 
 
 def bind(eng: Any, desc: iospec.IO, where: str) -> Callable[[dict[str, Any]], dict[str, Any]]:

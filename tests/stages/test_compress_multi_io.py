@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import artifacts, config as config_mod, data as data_mod, iospec
+from pipeline import artifacts, config as config_mod, data as data_mod, engines, iospec
 from pipeline.cli import main
 from tests.conftest import REPO, tree_hash
 
@@ -202,8 +202,8 @@ def test_a_legacy_made_onnx_with_reversed_inputs_is_calibrated_and_run_by_name(c
 
     desc = io["desc"]
     pir = [exp.file("model.json"), exp.file("model.pdiparams")]
-    ref = compress.runner(paddle_engine.load(pir, threads=1), desc, pir[0])["run"]
-    got = compress.runner(ort_engine.load([int8], threads=1, precision="int8"), desc, int8)["run"]
+    ref = engines.bind(paddle_engine.load(pir, threads=1), desc, str(pir[0]))
+    got = engines.bind(ort_engine.load([int8], threads=1, precision="int8"), desc, str(int8))
     chunks = list(compress.fidelity_batches(ds, prep))
     refs = [ref(f) for f in chunks]
     fid = fidelity.measure((got(f) for f in chunks), refs, "logits", "legacy int8")
