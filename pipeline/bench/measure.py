@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from pipeline import artifacts, config as config_mod, cpu, data as data_mod, iospec, runtime, tasks
-from pipeline.engines import ENGINES
+from pipeline.engines import ENGINES, bind
 from pipeline.serving.spec import MODEL_FILES
 from pipeline.errors import InputError, PipeError
 
@@ -208,11 +208,8 @@ def _plans(given: str, art: artifacts.Artifact, threads: int, cache: dict[str, _
         row = BenchRow(given, stage, variant, fmt, engine, precision, status, size)
         if (engine, len(paths)) in (("paddle_inference", 2), ("onnxruntime", 1), ("openvino", 1), ("openvino", 2)):
             def build() -> Callable[[Feeds], Feeds]:  # feeds -> every output by public name, fed and fetched by name
-                from stages import compress as c
-
                 eng = ENGINES[engine].load(paths, threads=threads, precision=precision)
-                desc = iospec.IO.from_interface(m["interface"])
-                return c.runner(eng, desc, paths[0])["run"]
+                return bind(eng, iospec.IO.from_interface(m["interface"]), str(paths[0]))
         else:
             build = None
             if row.ok:
