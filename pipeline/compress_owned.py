@@ -156,7 +156,7 @@ def _fp32_variants(src: artifacts.Artifact, desc: iospec.IO, legacy: list[Path] 
     if not why:
         try:
             out["bf16"] = _variant(paddle_engine.load(pir, threads=threads, precision="bf16"), desc, pir[0], "pir", [],
-                                 "export")
+                                   "export")
         except PipeError as e:
             why = f"oneDNN bf16 cannot run this model: {e}"
     if why:
@@ -166,7 +166,7 @@ def _fp32_variants(src: artifacts.Artifact, desc: iospec.IO, legacy: list[Path] 
         if files and not ov_engine.available():
             try:
                 out["openvino-fp32"] = _variant(ov_engine.load(files, threads=threads), desc, files[0], fmt,
-                                              [rel(f) for f in files], "export")
+                                                [rel(f) for f in files], "export")
                 break
             except PipeError as e:
                 out["openvino-fp32"] = _unsupported(ov_engine.NAME, fmt, "fp32", "export", str(e), desc)
@@ -215,7 +215,7 @@ def _ort_int8(onnx: Path | None, desc: iospec.IO, calib: list[Feeds], ccfg: Comp
     quantize.int8_onnx(onnx, {"desc": desc}, calib, ccfg, cdir / "int8-onnx", threads)
     path = cdir / "int8-onnx/model.onnx"
     return _variant(ort_engine.load([path], threads=threads, precision="int8"), desc, path, "onnx",
-                  ["int8-onnx/model.onnx"], "compress")
+                    ["int8-onnx/model.onnx"], "compress")
 
 
 def _paddle_int8(src: artifacts.Artifact, legacy: dict[str, Any], files: list[Path] | None, desc: iospec.IO,
@@ -233,7 +233,7 @@ def _paddle_int8(src: artifacts.Artifact, legacy: dict[str, Any], files: list[Pa
         return _unsupported(paddle_engine.NAME, "legacy", "int8", "compress", f"oneDNN int8 cannot run PaddleSlim's "
                             f"model: {e}", desc)
     return _variant(eng, desc, paths[0], "legacy", ["int8-paddle/model.pdmodel", "int8-paddle/model.pdiparams"],
-                  "compress")
+                    "compress")
 
 
 # ------------------------------------------------------------------ measurement

@@ -81,21 +81,14 @@ def _f32_interp_scales(model: Path, params: Path, scratch: Path) -> tuple[Path, 
                                         upsample_as_tile=False)
         model, params = scratch / "translated.json", scratch / "translated.pdiparams"
     doc = json.loads(model.read_text(encoding="utf-8"))
-    changed = 0
-    for op in doc["program"]["regions"][0]["blocks"][0]["ops"]:
-        if not str(op.get("#", "")).endswith("_interp"):
-            continue
-        for attr in op.get("A", []):
-            if attr.get("N") == "scale":
-                for v in attr["AT"].get("D", []):
-                    if v.get("#") == "0.a_f64":
-                        v["#"] = "0.a_f32"
-                        changed += 1
-    if not changed:
+    entries = paddle_program.f64_interp_scales(doc)
+    if not entries:
         return model, params, 0
+    for v in entries:
+        v["#"] = "0.a_f32"
     fixed = scratch / "f32_scales.json"
     fixed.write_text(json.dumps(doc), encoding="utf-8")
-    return fixed, params, changed
+    return fixed, params, len(entries)
 
 
 def repair_rank0_concat(path: Path) -> int:

@@ -293,6 +293,15 @@ def _upsample_as_tile(paddle: Any, program: Any) -> int:
     return n
 
 
+def f64_interp_scales(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """A PIR program's (its JSON document's) float64 `scale` entries of interpolation ops (nearest_interp,
+    bilinear_interp, ...), as the document's own dicts: what Paddle's translation of a legacy program with an
+    upsampling writes (PP-OCRv4 det's FPN), which oneDNN cannot run and paddle2onnx cannot read."""
+    ops = doc["program"]["regions"][0]["blocks"][0]["ops"]
+    return [v for op in ops if str(op.get("#", "")).endswith("_interp") for a in op.get("A", [])
+            if a.get("N") == "scale" for v in a["AT"].get("D", []) if v.get("#") == "0.a_f64"]
+
+
 def describe(io_: ProgramIO) -> dict[str, Any]:
     return {"inputs": [t.to_dict() for t in io_.inputs], "outputs": [t.to_dict() for t in io_.outputs],
             "params": len(io_.params)}

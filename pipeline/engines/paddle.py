@@ -101,10 +101,9 @@ def f64_interp_scales(program: Path) -> bool:
     raw = program.read_bytes()
     if b'_interp"' not in raw:  # most programs: no need to parse
         return False
-    ops = json.loads(raw)["program"]["regions"][0]["blocks"][0]["ops"]
-    return any(str(op.get("#", "")).endswith("_interp") and any(
-        a.get("N") == "scale" and any(v.get("#") == "0.a_f64" for v in a["AT"].get("D", [])) for a in op.get("A", []))
-        for op in ops)
+    from pipeline import paddle_program
+
+    return bool(paddle_program.f64_interp_scales(json.loads(raw)))
 
 
 def _onednn(c: Any, precision: str, int8_ops: set[str] | None, info: dict[str, Any]) -> None:

@@ -160,3 +160,20 @@ def test_the_int8_search_hardens_every_layer_where_int8_saturates(tmp_path):
     for exact, rec in recs.items():
         assert rec["layers_quantizable"] == 1 and math.isfinite(rec["score"])
         assert (tmp_path / f"q-{exact}" / "model.xml").is_file() and (tmp_path / f"q-{exact}" / "model.bin").is_file()
+
+
+def test_bf16_is_recorded_unsupported_where_the_cpu_has_none(ppocr_rec_export, monkeypatch):
+    """The other CPU class's bf16 branch, forced (ONEDNN_MAX_CPU_ISA=AVX2 cannot force it here: OpenVINO 2026.4
+    segfaults on this model under it): bf16 is a variant with the reason and no run, the fp32 engines still run."""
+    from pipeline import runtime
+    from pipeline.compress_owned import _fp32_variants
+
+    monkeypatch.setattr(runtime, "bf16_unsupported", lambda: "this CPU has no avx512_bf16/amx_bf16: test")
+    src = artifacts.verify(ppocr_rec_export, ("export",))
+    desc = iospec.IO.from_interface(src.manifest["interface"])
+    legacy = [src.file("legacy/model.pdmodel"), src.file("legacy/model.pdiparams")]
+    got = _fp32_variants(src, desc, legacy, src.file("model.onnx"), threads=1)
+    assert got["bf16"]["run"] is None and got["bf16"]["reason"] == "this CPU has no avx512_bf16/amx_bf16: test"
+    assert got["bf16"]["precision"] == "bf16" and got["bf16"]["files"] == []
+    for name in ("fp32", "openvino-fp32", "onnx-fp32"):
+        assert callable(got[name]["run"]) and got[name]["precision"] == "fp32", name
