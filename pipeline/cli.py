@@ -181,7 +181,8 @@ def package(
                                                                 "(batch 1) or throughput (batch 32)."),
     variant: Optional[str] = typer.Option(None, "--variant", help="A compress variant by name (e.g. int8-onnx)."),
     name: Optional[str] = typer.Option(None, "--name", help="Model name (Triton repository); default: the model's."),
-    max_batch_size: int = typer.Option(32, "--max-batch-size", help="Dynamic batching: samples per predictor run."),
+    max_batch_size: int = typer.Option(0, "--max-batch-size", help="Dynamic batching: samples per predictor run "
+                                      "(0: the task's default, 32; ocr_det 4 pages)."),
     max_wait_ms: float = typer.Option(2.0, "--max-wait-ms", help="Dynamic batching: wait for more requests (ms)."),
     triton: bool = typer.Option(True, "--triton/--no-triton", help="Also write the Triton model repository (ONNX)."),
 ) -> None:

@@ -45,12 +45,11 @@ from pipeline.errors import InputError, PipeError
 
 Feeds = dict[str, np.ndarray]
 Run = Callable[[Feeds], Feeds]
-_TIMING_BATCH = 32  # items/s at batch 32, as every compress measures it (pipeline/choose.py reads both speeds)
 _TIMING_WARMUP = 3  # a batch of 32 lines takes ~0.3 s: fewer warm-up calls than a small model's 20
 
 
 # what this module calls of a task beyond import's part of the owned-data contract
-_NEEDS = ("subset", "reference_set", "reference_digest", "reference_agreement")
+_NEEDS = ("subset", "reference_set", "reference_digest", "reference_agreement", "timing_batch")
 
 
 def run(cfg: RunConfig, src: artifacts.Artifact, out_dir: Path) -> Path:
@@ -277,7 +276,7 @@ def _measure(built: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: Pa
         out[name] = {**v, "supported": True, "metrics": met, "accuracy": met[task.monitor],
                      "val_metrics": evals[name]["val"]["metrics"], "char_agreement": agree, "agreement_samples": n,
                      "reference_agreement": ref_agree[name], "reference_samples": int(len(ref_x)),
-                     **fidelity.timing_fields(lat[name], thr[name], _TIMING_BATCH)}
+                     **fidelity.timing_fields(lat[name], thr[name], task.timing_batch)}
     base = out["fp32"]
     for name, v in out.items():
         if not v["supported"]:
@@ -308,9 +307,9 @@ def _timing_batches(split: Any, task: Any, info: tasks.Info) -> tuple[Feeds, Fee
         if lines and any(feeds[k].shape != lines[0][k].shape for k in feeds):
             break
         lines.append(feeds)
-        if len(lines) == _TIMING_BATCH:
+        if len(lines) == task.timing_batch:
             break
-    rows = np.arange(_TIMING_BATCH) % len(lines)
+    rows = np.arange(task.timing_batch) % len(lines)
     x32 = {k: np.ascontiguousarray(np.concatenate([lines[i][k] for i in rows])) for k in lines[0]}
     return {k: np.ascontiguousarray(a) for k, a in lines[0].items()}, x32
 
@@ -350,7 +349,7 @@ def _metrics(variants: dict[str, dict[str, Any]], ccfg: CompressConfig, task: An
                         "thin": bool(len(rows) < quantize.CALIB_WARN_BELOW), "inputs_sha256": digest.hexdigest(),
                         "onnxruntime_method": quantize.ORT_CALIB[ccfg.algo][0], "paddleslim_algo": ccfg.algo},
         "openvino_search": search,
-        "timing": {"latency_runs": ccfg.latency_runs, "throughput_runs": ccfg.throughput_runs, "batch": _TIMING_BATCH,
+        "timing": {"latency_runs": ccfg.latency_runs, "throughput_runs": ccfg.throughput_runs, "batch": task.timing_batch,
                    "lines": "the narrowest test lines of one width (repeated up to 32)",
                    "shape": shape, "interleaved": True,
                    "eval_batch": size, "faster_means": f">= {fidelity.SPEED_MARGIN:.2f}x fp32 at batch 1 p50 and batch 32"},

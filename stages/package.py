@@ -74,6 +74,7 @@ PARAMS_FILE, SERVING_SCHEMA = serving_spec.PARAMS_FILE, serving_spec.SERVING_SCH
 SERVER_DEFAULTS = serving_spec.SERVER_DEFAULTS
 allowlist = serving_spec.allowlist
 _CHECK_BATCH = 8
+DEFAULT_MAX_BATCH = 32  # PackageConfig.max_batch_size 0: the task's `max_batch`, else this
 _CHECK_SEED = 0
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # The Triton ONNX of a Paddle package, by precision, in order of preference (compress variant names).
@@ -94,8 +95,9 @@ class PackageConfig:
     """A compress variant by name (e.g. int8-onnx); '' = chosen by `engine`, `precision` and `optimize`."""
     name: str = ""
     """Model name in serving.yaml and the Triton repository; '' = the trained model's name, sanitised."""
-    max_batch_size: int = 32
-    """Most samples one predictor run takes (dynamic batching), also the per-request cap and Triton's."""
+    max_batch_size: int = 0
+    """Most samples one predictor run takes (dynamic batching), also the per-request cap and Triton's; 0 = the
+    task's default: 32, ocr_det's 4 pages (`max_batch`)."""
     max_wait_ms: float = 2.0
     """How long a batch waits for more requests after its first one arrived."""
     triton: bool = True
@@ -133,6 +135,8 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
     print(f"package: {source.variant} on {source.engine} ({source.why})")
     iface = source.interface
     desc, task, info = _io(src, iface)  # by the export's (PIR) program names
+    if not cfg.max_batch_size:
+        cfg = dataclasses.replace(cfg, max_batch_size=int(getattr(task, "max_batch", DEFAULT_MAX_BATCH)))
     text = _text(src, source, iface)
     name = cfg.name or _sanitise(str(iface.get("model") or "model"))
     checks = _check_batches(desc, iface["preprocessing"], text, task, info)
@@ -198,8 +202,8 @@ def _check_config(cfg: PackageConfig) -> None:
     if cfg.name and not _NAME_RE.match(cfg.name):
         raise InputError(f"--name: letters, digits, '_', '.', '-' (at most 64, starting with a letter or "
                          f"digit), got {cfg.name!r}")
-    if not 1 <= cfg.max_batch_size <= 4096:
-        raise InputError(f"--max-batch-size: must be 1..4096, got {cfg.max_batch_size}")
+    if not 0 <= cfg.max_batch_size <= 4096:
+        raise InputError(f"--max-batch-size: must be 1..4096 (0: the task's default), got {cfg.max_batch_size}")
     if not 0 <= cfg.max_wait_ms <= 1000:
         raise InputError(f"--max-wait-ms: must be 0..1000, got {cfg.max_wait_ms:g}")
 

@@ -467,9 +467,9 @@ def _build_app(state: _State) -> Any:
         if validate.task_images(spec) and isinstance(doc, dict) and "images" in doc:
             # a task that prepares images (ocr_rec: lines of any width): its batches, one shape each, run
             # through the batcher together with every other request's, answered in the request's order
-            groups = await validate.v1_task_images(doc, spec, s)
+            groups, sizes = await validate.v1_task_images(doc, spec, s)
             outs = await asyncio.gather(*(infer(feeds, deadline) for _, feeds in groups))
-            return JSONResponse(validate.v1_answers(groups, list(outs), spec))
+            return JSONResponse(validate.v1_answers(groups, list(outs), spec, sizes))
         feeds, sizes = await validate.v1_request(doc, spec, s)
         return JSONResponse(validate.v1_answer(await infer(feeds, deadline), spec, sizes))
 

@@ -56,6 +56,7 @@ def trained_digits(tmp_path_factory) -> Path:
 
 
 OCR_LINES = ["--set", "data.ocr_lines=120"]  # generated lines: 120 train, 18 val, 18 test
+OCR_PAGES = ["--set", "data.ocr_pages=40"]  # generated pages: 40 train, 6 val, 6 test
 
 
 @pytest.fixture(scope="session")
@@ -86,6 +87,21 @@ def ppocr_rec_export(tmp_path_factory, rec_src, keys) -> Path:
     out = tmp_path_factory.mktemp("ppocr") / "export"
     assert main(["import", str(rec_src), "--task", "ocr_rec", "--keys", str(keys), "--out", str(out),
                  *OCR_LINES]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def det_src(ppocr) -> Path:
+    from pipeline import pretrained
+
+    return ppocr / pretrained.MODELS["det"]
+
+
+@pytest.fixture(scope="session")
+def ppocr_det_export(tmp_path_factory, det_src) -> Path:
+    """`pipe import` of the real PP-OCRv4 detector, once per session; tests only read it."""
+    out = tmp_path_factory.mktemp("ppocr-det") / "export"
+    assert main(["import", str(det_src), "--task", "ocr_det", "--out", str(out), *OCR_PAGES]) == 0
     return out
 
 

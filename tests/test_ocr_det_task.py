@@ -4,6 +4,7 @@ PP-OCRv4 detector through all of it: tests/stages/test_import_ocr_det.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -118,8 +119,10 @@ def test_several_pages_and_max_candidates():
     assert [len(p.boxes) for p in got] == [2, 1]
     assert [len(p.boxes) for p in db.decode(m, {**INFO.settings, "max_candidates": 1})] == [1, 1]
     ans = ocr_det.answer({"maps": m}, INFO, [(128, 256), (64, 128)])
-    assert [len(p["boxes"]) for p in ans["pages"]] == [2, 1]
-    assert all(len(b["points"]) == 4 and isinstance(b["score"], float) for p in ans["pages"] for b in p["boxes"])
+    assert [len(p) for p in ans["boxes"]] == [2, 1]
+    assert all(len(b["points"]) == 4 and isinstance(b["score"], float) for p in ans["boxes"] for b in p)
+    # in each page's own pixels: page 0's map is half its size
+    assert ans["boxes"][0][0]["points"] == (db.to_source(got[0], 128, 256)[0]).tolist()
 
 
 # ------------------------------------------------------------------ the metric
@@ -176,6 +179,81 @@ def test_score_maps_answers_to_each_pages_pixels():
     assert ocr_det.score(answers, split, INFO) == {"hmean": 1.0, "precision": 1.0, "recall": 1.0}
     half = data.Pages([np.zeros((64, 128, 3), np.uint8)], [[truth]], [["x"]])  # the same truth on a smaller page
     assert ocr_det.score(answers, half, INFO)["hmean"] == 0.0
+
+
+# ------------------------------------------------------------------ what package and serve call
+
+
+def test_the_long_side_stays_within_max_side_and_the_limits_say_so():
+    """'min' scales a long, thin page up by its short side; PaddleOCR 3's max_side_limit (4000) caps the long
+    side, and sample_limits is the largest page tensor the settings give (a /v2 tensor beyond: 422)."""
+    assert pages.resized_size(100, 3000, 736, "min") == (128, 4000)  # x 7.36 = 736 x 22080, then x 0.18
+    assert pages.resized_size(100, 3000, 960, "max") == (32, 960)
+    assert ocr_det.sample_limits(INFO) == (3, 960, 960)
+    assert ocr_det.sample_limits(tasks.Info(ocr_det.LABELS, {**ocr_det.settings, "limit_type": "min",
+                                                               "limit_side_len": 736})) == (3, 4000, 4000)
+    assert ocr_det.example_shapes(INFO) == [(3, 960, 704), (3, 704, 960)]  # a 3:4 page upright and on its side
+
+
+def test_prepare_images_batches_pages_of_one_prepared_shape():
+    ims = [np.full((h, w, 3), 40 * i, np.uint8) for i, (h, w) in enumerate(
+        [(100, 300), (500, 700), (101, 299), (100, 300), (98, 302)])]
+    got = ocr_det.prepare_images(ims, INFO, 2)
+    # 100x300, 101x299 and 98x302 all prepare to 96 x 288; 500x700 to 512 x 704; at most 2 per batch
+    assert [(pos, x.shape) for pos, x in got] == [([0, 2], (2, 3, 96, 288)), ([3, 4], (2, 3, 96, 288)),
+                                                 ([1], (1, 3, 512, 704))]
+    for pos, x in got:
+        for k, p in enumerate(pos):
+            np.testing.assert_array_equal(x[k], pages.prepare(ims[p], 960, "max")[0])
+
+
+def test_reference_set_fits_pages_into_one_square_and_scales_their_polygons():
+    cfg = dataclasses.replace(config_mod.RunConfig().data, source=data.BUILT_IN, ocr_pages=7)  # 7, 1 val, 1 test
+    x, targets = ocr_det.reference_set(cfg, INFO, 256)
+    ds = ocr_det.load_data(cfg, INFO)
+    assert x.shape == (2, 3, ocr_det.REFERENCE_SIDE, ocr_det.REFERENCE_SIDE) and len(targets) == 2
+    for k, page in enumerate([ds.test.images[0], ds.val.images[0]]):  # the test split's first, then val's
+        want, shape = pages.prepare(page, ocr_det.REFERENCE_SIDE, "max")
+        h, w = want.shape[1:]
+        np.testing.assert_array_equal(x[k, :, :h, :w], want)
+        assert not x[k, :, h:].any() and not x[k, :, :, w:].any()  # padded with the normalised mean colour
+        polys = (ds.test if k == 0 else ds.val).polys[0]
+        np.testing.assert_allclose(targets[k][0][0], polys[0] * [shape.ratio_w, shape.ratio_h], rtol=1e-6)
+    assert ocr_det.reference_set(cfg, INFO, 1)[0].shape[0] == 1
+
+
+def test_metrics_of_scores_boxes_in_the_maps_own_pixels():
+    m = _map()
+    m[0, 0, 10:20, 20:80] = 0.9
+    (page,) = ocr_det.decode({"maps": m}, INFO)
+    assert ocr_det.metrics_of({"maps": m}, [([page.boxes[0]], ["x"])], INFO)["hmean"] == 1.0
+    assert ocr_det.metrics_of({"maps": m}, [([page.boxes[0] + [0, 30]], ["x"])], INFO)["hmean"] == 0.0
+    assert ocr_det.metrics_of({"maps": m}, [([page.boxes[0]], ["###"])], INFO)["precision"] == 0.0  # 0 of 0
+
+
+def test_reference_agreement_holds_boxes_at_the_metrics_iou():
+    m = np.zeros((3, 1, 64, 128), np.float32)
+    m[:, 0, 10:20, 20:80] = 0.9
+    m[:, 0, 40:50, 20:100] = 0.8
+    ref = ocr_det.reference_digest({"maps": m}, INFO)
+    assert ref["maps"].dtype == np.float16 and ref["maps"].shape == m.shape
+    assert ocr_det.reference_agreement(ref, ref, INFO) == 1.0
+    moved = m.copy()
+    moved[1] = 0
+    moved[1, 0, 11:21, 21:81] = 0.9  # a pixel down and right: the same line
+    moved[1, 0, 40:50, 20:100] = 0.8
+    moved[2, 0, 40:50] = 0  # page 2 loses its second line: P 1, R 0.5, hmean 2/3
+    got = ocr_det.reference_digest({"maps": moved}, INFO)
+    assert ocr_det.reference_agreement(got, ref, INFO) == pytest.approx((1 + 1 + 2 / 3) / 3)
+    empty = ocr_det.reference_digest({"maps": np.zeros_like(m)}, INFO)
+    assert ocr_det.reference_agreement(empty, empty, INFO) == 1.0  # neither finds text: they agree
+    assert ocr_det.reference_agreement(empty, ref, INFO) == 0.0
+
+
+def test_subset_keeps_the_rows_in_order():
+    split = data.Pages([np.full((4, 4, 3), i, np.uint8) for i in range(3)], [[np.zeros((4, 2))]] * 3, [["a"], ["b"], ["c"]])
+    sub = ocr_det.subset(split, [2, 0])
+    assert [int(im[0, 0, 0]) for im in sub.images] == [2, 0] and sub.texts == [["c"], ["a"]]
 
 
 # ------------------------------------------------------------------ generated pages

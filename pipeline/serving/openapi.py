@@ -197,7 +197,26 @@ def _lines(spec: Spec, s: Settings) -> dict[str, Any]:
                   "description": "one per line image (or tensor row), in the order sent"}}}
 
 
-_TASK_ANSWERS = {"detection": _detections, "ocr_rec": _lines}  # /v1's answer schema of tasks without logits, by task name
+def _text_boxes(spec: Spec, s: Settings) -> dict[str, Any]:
+    """pipeline.tasks.ocr_det's answer: per page its text boxes, with serving.yaml's settings."""
+    cfg = spec.info.settings
+    point = {"type": "array", "minItems": 2, "maxItems": 2, "items": {"type": "number"}}
+    box = {"type": "object", "required": ["points", "score"], "additionalProperties": False, "properties": {
+        "points": {"type": "array", "minItems": 4, "maxItems": 4, "items": point,
+                   "description": "[x, y] clockwise from the top left, in the sent page's pixels (tensors: the "
+                                  "map's)"},
+        "score": {"type": "number", "minimum": float(cfg.get("box_thresh", 0)), "maximum": 1,
+                  "description": "the probability map's mean inside the box"}}}
+    per = {"type": "array", "maxItems": int(cfg.get("max_candidates", 1000)), "items": box,
+           "description": f"DB post-processing: map > {cfg.get('thresh')}, box score >= {cfg.get('box_thresh')}, "
+                          f"unclip ratio {cfg.get('unclip_ratio')}"}
+    return {"type": "object", "required": ["boxes"], "additionalProperties": False, "properties": {
+        "boxes": {"type": "array", "minItems": 1, "maxItems": s.max_batch_size, "items": per,
+                  "description": "one list of text boxes per page, in the order sent"}}}
+
+
+# /v1's answer schema of tasks without logits, by task name
+_TASK_ANSWERS = {"detection": _detections, "ocr_rec": _lines, "ocr_det": _text_boxes}
 
 
 def _by_name(props: dict[str, Any], required: bool = True) -> dict[str, Any]:

@@ -78,6 +78,13 @@ def _answer_line(spec: dict[str, Any], text: bool) -> str:
         return ("The answer: `{\"lines\": [{\"text\": \"...\", \"score\": 0.99}, ...]}`, one per image (or "
                 "tensor row) in the order sent: CTC greedy decode with the package's keys, `score` the mean "
                 "probability of the kept characters. " + errors)
+    if task["name"] == "ocr_det":
+        cfg = task["settings"]
+        return ("The answer: `{\"boxes\": [[{\"points\": [[x, y], [x, y], [x, y], [x, y]], \"score\": 0.91}, "
+                "...], ...]}`, one list of text boxes per page in the order sent, each 4 points clockwise from the "
+                "top left in the sent page's pixels (tensors: the map's): DB post-processing with thresh "
+                f"{cfg.get('thresh')}, box_thresh {cfg.get('box_thresh')}, unclip_ratio {cfg.get('unclip_ratio')} "
+                "(serving.yaml `task.settings`); a page without text gets an empty list. " + errors)
     if task["name"] == "detection":
         cfg = task["settings"]
         return ("The answer: `{\"detections\": [[{\"label\": \"...\", \"score\": 0.93, \"box\": [x1, y1, x2, y2]}, "
@@ -135,7 +142,7 @@ def render(spec: dict[str, Any], ids: list[int] | None) -> str:
     else:
         tensor_json = json.dumps({"inputs": [json.loads(_zeros(inp))]}, separators=(",", ":"))
         x_line = (f"x = np.zeros(({', '.join(['1'] + [str(d) for d in sample])}), np.{inp['dtype']})  "
-                  "# one sample, already preprocessed" + (" (any width up to the task's limit)" if dynamic else ""))
+                  "# one sample, already preprocessed" + (" (any size up to the task's limit)" if dynamic else ""))
         body_line = "json={\"inputs\": x.tolist()}"
     if len(tensor_json) > 600:
         tensor_json = None
@@ -194,6 +201,7 @@ def render(spec: dict[str, Any], ids: list[int] | None) -> str:
         "r.raise_for_status()",
         "print(r.json()" + ("[\"labels\"]" if outp is not None else
                             "[\"detections\"][0]" if _task(spec)["name"] == "detection" else
+                            "[\"boxes\"][0]" if _task(spec)["name"] == "ocr_det" else
                             "[\"lines\"]" if dynamic else "") + ")",
         "```",
         "",

@@ -473,10 +473,10 @@ def _decode_all(raws: dict[iospec.Tensor, list[bytes]], spec: Spec, s: Settings
 Groups = list[tuple[list[int], dict[str, np.ndarray]]]  # (positions in the request, feeds by program name)
 
 
-async def v1_task_images(doc: Any, spec: Spec, s: Settings) -> Groups:
+async def v1_task_images(doc: Any, spec: Spec, s: Settings) -> tuple[Groups, list[tuple[int, int]]]:
     """A /v1/predict body of images for a task that prepares them (`task_images`): {"images": [base64
     PNG/JPEG, ...]} (or by input name) -> the task's batches (`prepare_images`), each of one shape and at
-    most max_batch_size, with each batch's positions in the request."""
+    most max_batch_size, with each batch's positions in the request; and each image's (height, width)."""
     t = spec.io.inputs[0]
     if not isinstance(doc, dict) or set(doc) != {"images"}:
         raise ApiError(422, "invalid_request", f"the body must be an object of {fields(spec)}")
@@ -486,20 +486,23 @@ async def v1_task_images(doc: Any, spec: Spec, s: Settings) -> Groups:
         raise ApiError(422, "invalid_request", f"images: a list of 1..{s.max_batch_size} base64 strings")
     raws = [_unbase64(b64, i) for i, b64 in enumerate(value)]
 
-    def prepare() -> Groups:
+    def prepare() -> tuple[Groups, list[tuple[int, int]]]:
         images = [_open_image(raw, i, s, "RGB", None)[0] for i, raw in enumerate(raws)]
-        return [(pos, {t.name: x}) for pos, x in spec.task.prepare_images(images, spec.info, s.max_batch_size)]
+        groups = [(pos, {t.name: x}) for pos, x in spec.task.prepare_images(images, spec.info, s.max_batch_size)]
+        return groups, [(int(im.shape[0]), int(im.shape[1])) for im in images]
 
     return prepare() if inline_decode(raws) else await asyncio.to_thread(prepare)
 
 
-def v1_answers(groups: Groups, outs: list[dict[str, np.ndarray]], spec: Spec) -> dict[str, Any]:
-    """Each batch's outputs -> one /v1 answer in the request's order: the task's answer per batch, whose
-    every field is a list of one item per sample, put back at the samples' positions."""
+def v1_answers(groups: Groups, outs: list[dict[str, np.ndarray]], spec: Spec, sizes: list[tuple[int, int]]
+               ) -> dict[str, Any]:
+    """Each batch's outputs -> one /v1 answer in the request's order: the task's answer per batch (with its
+    images' original sizes, `sizes` in request order), whose every field is a list of one item per sample,
+    put back at the samples' positions."""
     n = sum(len(pos) for pos, _ in groups)
     merged: dict[str, list[Any]] = {}
     for (pos, _), out in zip(groups, outs, strict=True):
-        for key, items in v1_answer(out, spec).items():
+        for key, items in v1_answer(out, spec, [sizes[p] for p in pos]).items():
             merged.setdefault(key, [None] * n)
             for p, item in zip(pos, items, strict=True):
                 merged[key][p] = item

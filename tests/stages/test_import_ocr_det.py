@@ -13,23 +13,14 @@ import yaml
 from pipeline import artifacts, pretrained
 from pipeline.engines import paddle as paddle_engine
 from pipeline.tasks import ocr_det
-from tests.conftest import direct_answers
+from tests.conftest import OCR_PAGES, direct_answers
 
-PAGES = ["--set", "data.ocr_pages=40"]  # generated pages: 40 train (unused by import), 6 val, 6 test
-
-
-@pytest.fixture(scope="module")
-def det_src(ppocr) -> Path:
-    return ppocr / pretrained.MODELS["det"]
+PAGES = OCR_PAGES  # generated pages: 40 train (unused by import), 6 val, 6 test
 
 
 @pytest.fixture(scope="module")
-def imported(tmp_path_factory, det_src) -> Path:
-    from pipeline.cli import main
-
-    out = tmp_path_factory.mktemp("ppocr-det") / "export"
-    assert main(["import", str(det_src), "--task", "ocr_det", "--out", str(out), *PAGES]) == 0
-    return out
+def imported(ppocr_det_export) -> Path:
+    return ppocr_det_export  # the session's import (tests/conftest.py): read only
 
 
 def _one_line_error(cli, *args) -> str:
@@ -129,11 +120,9 @@ def test_a_wrong_task_or_input_is_refused_in_one_line(case, det_src, ppocr, tmp_
     assert not out.exists() or not any(out.iterdir())
 
 
-def test_compress_and_package_refuse_an_ocr_det_export_in_one_line(imported, tmp_path, cli):
-    """The task supplies what import needs, not yet what compress (reference set, search) and package (serving's
-    image preparation for two dynamic sides) call: each says so in one line, writing nothing."""
+def test_compress_refuses_an_ocr_det_export_in_one_line(imported, tmp_path, cli):
+    """The task supplies what import, package and serve need, not yet compress's timing batch: compress says so
+    in one line, writing nothing."""
     err = _one_line_error(cli, "compress", imported, "--int8", "--out", tmp_path / "compress")
-    assert "pipe compress does not take ocr_det models yet" in err and "manifest.json" in err, err
-    err = _one_line_error(cli, "package", imported, "--out", tmp_path / "package")
-    assert "input 'x' shape must be a dynamic batch and fixed dims" in err, err
-    assert not (tmp_path / "compress").exists() and not (tmp_path / "package").exists()
+    assert "pipe compress does not take ocr_det models yet (the task has no timing_batch)" in err, err
+    assert "manifest.json" in err and not (tmp_path / "compress").exists()

@@ -256,7 +256,8 @@ def test_export_onnx_is_reused(run, tmp_path):
     (["--precision", "int8"], "needs a compress artifact"),
     (["--precision", "fp16"], "--precision: must be one of fp32, bf16, int8"),
     (["--name", "../evil"], "--name:"),
-    (["--max-batch-size", "0"], "--max-batch-size: must be 1..4096"),
+    (["--max-batch-size", "-1"], "--max-batch-size: must be 1..4096 (0: the task's default)"),
+    (["--max-batch-size", "4097"], "--max-batch-size: must be 1..4096"),
 ])
 def test_bad_flags_exit_2(run, tmp_path, cli, args, needle):
     before = tree_hash(run / "export")

@@ -13,9 +13,11 @@ The model: one float32 image input [N, 3, H, W] (H, W dynamic, multiples of 32) 
 probability map [N, 1, H, W]. Pages differ in size, so a batch is one page (PaddleOCR evaluates its detectors
 at batch size 1). What a user may tune is in `settings`, with PaddleOCR's defaults. Of the owned-data
 contract (pipeline/tasks/ocr_rec/__init__.py) it supplies what `pipe import` calls: `from_program`,
-`default_source`, `load_data`, `batches`, `decode`, `score`, `files`, `output_roles`; not yet what `pipe
-compress`, `pipe package` and `pipe serve` call for such a task (`subset`, `reference_agreement`,
-`prepare_images`, ...).
+`default_source`, `load_data`, `batches`, `decode`, `score`, `files`, `output_roles`; and what `pipe package`
+and `pipe serve` call for a dynamic input (pipeline/tasks/__init__.py): `sample_limits`, `example_shapes`,
+`prepare_images` (pages of one prepared shape batch together), `reference_set` (a few pages fitted into one
+REFERENCE_SIDE square), `reference_digest` (the map, float16) and `reference_agreement` (how alike two
+runs' boxes are, at the metric's IoU); `max_batch`, the pages a package runs at once by default.
 """
 
 from __future__ import annotations
@@ -42,6 +44,13 @@ settings: dict[str, Any] = {"thresh": 0.3, "box_thresh": 0.6, "max_candidates": 
 default_source = data_mod.BUILT_IN
 OUTPUT = "maps"
 LABELS = ("text",)
+REFERENCE_PAGES = 4  # a package's reference set: 4 pages at 480 x 480 are 11 MB of float32 inputs
+REFERENCE_SIDE = 480
+# Pages per predictor run, a package's default max_batch_size: a page at 960 px is ~0.25 s of 2 cores and
+# ~4 MB of input, pages batch only with pages of their own prepared shape, and the server pads a batch to a
+# power of two with copies (serving/predictor.py): 32, every other package's default, would warm 63 pages
+# per shape and pad 5 pages to 8.
+max_batch = 4
 _YML_KEYS = {"PostProcess": ("thresh", "box_thresh", "max_candidates", "unclip_ratio", "score_mode", "use_dilation")}
 
 
@@ -61,19 +70,24 @@ def check_outputs(outputs: dict[str, np.ndarray], info: Any, where: str) -> None
         raise InputError(f"{where}: ocr_det needs one float [N, 1, H, W] probability map, got {m.dtype} {list(m.shape)}")
 
 
-def metrics_of(outputs: dict[str, np.ndarray], y: Any, info: Any) -> dict[str, float]:
-    raise InputError("ocr_det: pages differ in size; its metrics come from `score` over the task's own batches")
+def metrics_of(outputs: dict[str, np.ndarray], y: Sequence[tuple[list[np.ndarray], list[str]]], info: Any
+               ) -> dict[str, float]:
+    """Precision, recall and hmean of the maps' boxes against `y`, per page its (polygons, texts) in the map's
+    own pixels (the reference set's pages, each fitted into one square: `reference_set`). Pages of other sizes
+    are scored by `score`, which maps boxes back to each page's pixels."""
+    found = decode(outputs, info)
+    return metric.combine(metric.page_counts(polys, [metric.is_dont_care(t) for t in texts], list(p.boxes))
+                          for p, (polys, texts) in zip(found, y, strict=True))
 
 
 def answer(outputs: dict[str, np.ndarray], info: Any, sizes: Any = None) -> dict[str, Any]:
-    """/v1's answer: per page its boxes (4 points clockwise from the top left, in the page's own pixels when
-    `sizes` gives each page's (height, width), else in the map's) and their scores."""
-    found = decode(outputs, info)
+    """/v1's answer: per page its text boxes, each {"points": 4 [x, y] clockwise from the top left, "score"},
+    in the page's own pixels when `sizes` gives each page's (height, width), else in the map's."""
     out = []
-    for k, p in enumerate(found):
+    for k, p in enumerate(decode(outputs, info)):
         boxes = db.to_source(p, *sizes[k]) if sizes is not None else p.boxes
-        out.append({"boxes": [{"points": b.tolist(), "score": s} for b, s in zip(boxes, p.scores)]})
-    return {"pages": out}
+        out.append([{"points": b.tolist(), "score": s} for b, s in zip(boxes, p.scores)])
+    return {"boxes": out}
 
 
 def fidelity(got: dict[str, np.ndarray], ref: dict[str, np.ndarray], info: Any) -> dict[str, float]:
@@ -167,6 +181,86 @@ def score(answers: Sequence[db.Page], split: data_mod.Pages, info: Any) -> dict[
         boxes = db.to_source(a, int(img.shape[0]), int(img.shape[1]))
         counts.append(metric.page_counts(polys, [metric.is_dont_care(t) for t in texts], list(boxes)))
     return metric.combine(counts)
+
+
+# ------------------------------------------------------------------ what package, serve and compress call
+
+
+def sample_limits(info: Any) -> tuple[int, ...]:
+    """The largest page the input takes, per sample: [3, S, S] for the longest side the settings' resize gives
+    (960 for 'max' 960; PaddleOCR 3's 4000 for 'min')."""
+    side = pages.max_side(int(info.settings["limit_side_len"]), str(info.settings["limit_type"]))
+    return (3, side, side)
+
+
+def example_shapes(info: Any) -> list[tuple[int, ...]]:
+    """Per-sample shapes to check conversions and warm engines at: a 3:4 page upright and on its side, as the
+    settings resize them (oneDNN builds kernels per shape on first sight; other pages pay it when first seen)."""
+    st = info.settings
+    out = []
+    for h, w in ((1280, 960), (960, 1280)):
+        rh, rw = pages.resized_size(h, w, int(st["limit_side_len"]), str(st["limit_type"]))
+        out.append((3, rh, rw))
+    return out
+
+
+def prepare_images(images: Sequence[np.ndarray], info: Any, size: int) -> list[tuple[list[int], np.ndarray]]:
+    """RGB uint8 [H, W, 3] pages -> (positions, [n, 3, h, w]) batches of at most `size`, each of one prepared
+    shape (`pages.prepare`: a page is run at its own shape, so its answer is the same alone or with others)."""
+    st = info.settings
+    prepared = [pages.prepare(im, int(st["limit_side_len"]), str(st["limit_type"]))[0] for im in images]
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, x in enumerate(prepared):
+        groups.setdefault(x.shape, []).append(i)
+    return [(pos[k:k + size], np.stack([prepared[i] for i in pos[k:k + size]]))
+            for pos in groups.values() for k in range(0, len(pos), size)]
+
+
+def reference_set(cfg: Any, info: Any, n: int) -> tuple[np.ndarray, list[tuple[list[np.ndarray], list[str]]]]:
+    """Up to `n` real pages (at most REFERENCE_PAGES, the test split's first, then val's) for a package's
+    reference check, as one tensor: each prepared at limit REFERENCE_SIDE 'max' (the served steps, a smaller
+    limit) and padded right and below with zeros (the normalised mean colour) to REFERENCE_SIDE square; and
+    per page its (polygons in those pixels, texts) for `metrics_of`."""
+    ds = load_data(cfg, info)
+    pool = [(sp, i) for sp in (ds.test, ds.val) for i in range(len(sp))][:min(n, REFERENCE_PAGES)]
+    if not pool:
+        raise InputError(f"reference set: data.source {cfg.source!r} has no val or test pages")
+    x = np.zeros((len(pool), 3, REFERENCE_SIDE, REFERENCE_SIDE), np.float32)
+    targets = []
+    for k, (sp, i) in enumerate(pool):
+        page, shape = pages.prepare(sp.images[i], REFERENCE_SIDE, "max")
+        x[k, :, :page.shape[1], :page.shape[2]] = page
+        scale = np.array([shape.ratio_w, shape.ratio_h], np.float32)
+        targets.append(([np.asarray(p, np.float32) * scale for p in sp.polys[i]], list(sp.texts[i])))
+    return x, targets
+
+
+def reference_digest(outputs: dict[str, np.ndarray], info: Any) -> dict[str, np.ndarray]:
+    """What a package's reference set keeps of a batch's outputs and checks where it serves: the maps as
+    float16 (half the bytes; both sides of a check are rounded alike)."""
+    return {"maps": _maps(outputs, "reference set").astype(np.float16)}
+
+
+def reference_agreement(got: dict[str, np.ndarray], ref: dict[str, np.ndarray], info: Any) -> float:
+    """How alike two runs' answers are: over pages, the mean hmean of `got`'s boxes against `ref`'s taken as
+    ground truth, at the metric's IoU (one-to-one); a page where neither finds text agrees (1.0). A box
+    moved by a pixel still agrees, as it still scores; a box lost, split or invented does not."""
+    a = db.decode(np.asarray(got["maps"], np.float32), info.settings)
+    b = db.decode(np.asarray(ref["maps"], np.float32), info.settings)
+    per = []
+    for x, y in zip(a, b, strict=True):
+        if not len(x.boxes) and not len(y.boxes):
+            per.append(1.0)
+            continue
+        c = metric.page_counts(list(y.boxes), [False] * len(y.boxes), list(x.boxes))
+        per.append(metric.combine([c])["hmean"])
+    return float(np.mean(per)) if per else 1.0
+
+
+def subset(split: data_mod.Pages, rows: Sequence[int]) -> data_mod.Pages:
+    """The pages at `rows`, in that order (what the int8 search scores a part of the val split on)."""
+    return data_mod.Pages([split.images[i] for i in rows], [split.polys[i] for i in rows],
+                          [split.texts[i] for i in rows])
 
 
 def _maps(outputs: dict[str, np.ndarray], where: str) -> np.ndarray:

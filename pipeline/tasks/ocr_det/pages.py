@@ -5,7 +5,8 @@
   (PIL's order) and flipped at this one point;
 - resize (limit_type 'max', limit_side_len 960): scale so the long side is at most 960 (never up), then each
   side to the nearest multiple of 32, at least 32 (the DB backbone downsamples by 32); 'min' (RapidOCR's
-  default, with 736) scales up until the short side is at least the limit;
+  default, with 736) scales up until the short side is at least the limit; either way the long side then
+  stays within MAX_SIDE (PaddleOCR 3's `max_side_limit`: a long, thin page under 'min' would grow unbounded);
 - (x * float32(1/255) - mean) / std with ImageNet's mean and std in PaddleOCR's order, applied to the BGR
   image as PaddleOCR applies them (its NormalizeImage does not reorder them): facts §17 measured this;
 - each page's (src_h, src_w, ratio_h, ratio_w), PaddleOCR's `shape_list`, to map boxes back.
@@ -24,6 +25,7 @@ STD = np.array([0.229, 0.224, 0.225], np.float32).reshape(1, 1, 3)
 SCALE = np.float32(1.0 / 255.0)
 STRIDE = 32
 LIMIT_TYPES = ("max", "min")
+MAX_SIDE = 4000  # PaddleOCR 3's DetResizeForTest max_side_limit
 
 
 class Shape(NamedTuple):
@@ -44,6 +46,9 @@ def resized_size(h: int, w: int, limit_side_len: int, limit_type: str) -> tuple[
     else:
         raise InputError(f"ocr_det limit_type {limit_type!r}: expected one of {', '.join(LIMIT_TYPES)}")
     rh, rw = int(h * ratio), int(w * ratio)
+    if max(rh, rw) > MAX_SIDE:
+        cap = float(MAX_SIDE) / max(rh, rw)
+        rh, rw = int(rh * cap), int(rw * cap)
     return max(int(round(rh / STRIDE) * STRIDE), STRIDE), max(int(round(rw / STRIDE) * STRIDE), STRIDE)
 
 
@@ -56,3 +61,10 @@ def prepare(image: np.ndarray, limit_side_len: int, limit_type: str) -> tuple[np
     bgr = cv2.resize(np.ascontiguousarray(image[:, :, ::-1]), (rw, rh))
     x = (bgr.astype(np.float32) * SCALE - MEAN) / STD
     return x.transpose(2, 0, 1), Shape(h, w, rh / float(h), rw / float(w))
+
+
+def max_side(limit_side_len: int, limit_type: str) -> int:
+    """The longest side `resized_size` gives under these settings: the limit rounded to the stride for 'max',
+    MAX_SIDE's for 'min'."""
+    side = limit_side_len if limit_type == "max" else MAX_SIDE
+    return max(int(round(side / STRIDE) * STRIDE), STRIDE)
