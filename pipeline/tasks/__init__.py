@@ -1,7 +1,8 @@
 """Tasks as a small contract (STYLE §13): what a stage needs to know about a model's task, and nothing else.
 
-`model.task` names one: `classification` (the default), `detection`, or `package.module:Task` for a user's
-own (a module, a class, which is instantiated with no arguments, or an object). A task supplies:
+`model.task` names one: `classification` (the default), `detection`, the OCR tasks pipe imports (`ocr_rec`,
+`ocr_det`, `ocr_cls`: pipeline/tasks/ocr_*/), or `package.module:Task` for a user's own (a module, a class,
+which is instantiated with no arguments, or an object). A task supplies:
 
     name: str                            what the manifests record
     metrics: tuple[str, ...]             its metric names over a split; `val_<m>` / `test_<m>` in manifests
@@ -52,7 +53,8 @@ from typing import Any
 from pipeline.errors import InputError
 
 BUILT_IN = {"classification": "pipeline.tasks.classification", "detection": "pipeline.tasks.detection",
-            "ocr_rec": "pipeline.tasks.ocr_rec", "ocr_det": "pipeline.tasks.ocr_det"}
+            "ocr_rec": "pipeline.tasks.ocr_rec", "ocr_det": "pipeline.tasks.ocr_det",
+            "ocr_cls": "pipeline.tasks.ocr_cls"}
 _REQUIRED = ("name", "metrics", "monitor", "maximize", "targets", "loss", "metrics_of", "answer")
 
 
