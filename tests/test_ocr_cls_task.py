@@ -87,7 +87,8 @@ def test_decode_is_argmax_and_its_probability():
     got = ocr_cls.decode({"probs": _probs([(0, 0.97), (1, 0.95), (1, 0.6)])}, INFO)
     assert [lb for lb, _ in got] == ["0", "180", "180"]
     assert [s for _, s in got] == pytest.approx([0.97, 0.95, 0.6])
-    assert ocr_cls.answer({"probs": _probs([(1, 0.95)])}, INFO) == {"lines": [{"label": "180", "score": pytest.approx(0.95)}]}
+    want = {"lines": [{"label": "180", "score": pytest.approx(0.95)}]}
+    assert ocr_cls.answer({"probs": _probs([(1, 0.95)])}, INFO) == want
 
 
 def test_a_line_is_turned_only_when_180_scores_above_cls_thresh():
@@ -149,18 +150,18 @@ def test_from_program_labels_from_inference_yml_and_refusals():
         return paddle_program.ProgramIO((iospec.Tensor("x", "float32", shape_in),),
                                         (iospec.Tensor("s", "float32", shape_out),) * n_out, (), frozenset())
 
+    probs = "m: ocr_cls needs class probabilities [N, 2]; output 's' is float32 "
     for pio, keys, yml, needle in [
-        (io((-1, 3, 48, -1), (-1, -1, 6625)), None, {},
-         "m: ocr_cls needs class probabilities [N, 2]; output 's' is float32 [-1, -1, 6625] (a recognizer or a detector?)"),
-        (io((-1, 3, -1, -1), (-1, 1, -1, -1)), None, {}, "m: ocr_cls needs class probabilities [N, 2]; output 's' is "
-                                                         "float32 [-1, 1, -1, -1]"),
-        (io((-1, 3, 48, -1), (-1, 4)), None, {}, "m: ocr_cls needs class probabilities [N, 2]; output 's' is float32 [-1, 4]"),
+        (io((-1, 3, 48, -1), (-1, -1, 6625)), None, {}, probs + "[-1, -1, 6625] (a recognizer or a detector?)"),
+        (io((-1, 3, -1, -1), (-1, 1, -1, -1)), None, {}, probs + "[-1, 1, -1, -1]"),
+        (io((-1, 3, 48, -1), (-1, 4)), None, {}, probs + "[-1, 4]"),
         (io((-1, 3, 32, 100), (-1, 2)), None, {}, "m: ocr_cls takes float32 [N, 3, 48, 192] line images; input 'x' is "
                                                   "float32 [-1, 3, 32, 100]"),
-        (io((-1, 3, -1, -1), (-1, 2), 2), None, {}, "m: ocr_cls takes one image input and one output; the program has 1 and 2"),
+        (io((-1, 3, -1, -1), (-1, 2), 2), None, {}, "m: ocr_cls takes one image input and one output; the program "
+                                                    "has 1 and 2"),
         (cls, Path("k.txt"), {}, "m: ocr_cls reads no key file (--keys is ocr_rec's)"),
         (cls, None, {"PostProcess": {"label_list": ["0", "90", "180"]}}, "m: inference.yml PostProcess.label_list "
-                                                                         "['0', '90', '180']: ocr_cls needs two labels"),
+                                                                         "['0', '90', '180']: ocr_cls needs two"),
         (cls, None, {"PostProcess": {"label_list": ["up", "down"]}}, "one with 180 in it"),
     ]:
         with pytest.raises(InputError) as e:
@@ -250,7 +251,7 @@ def test_paddleocr_cls_label_files(tmp_path):
     ({"train.txt": b"img/0.png\t0\nimg/1.png\t90\n"}, "train.txt:2: label '90': ocr_cls takes '0' or '180'"),
     ({"train.txt": b"img/0.png\t0\n", "val.txt": b"img/1.png\t180 \n"}, "val.txt:1: label '180 ': ocr_cls takes"),
     ({"train.txt": b"img/0.png 0\n"}, "train.txt:1: no tab between the image path and its text"),
-    ({"train.txt": b"img/0.png\t0\nimg/nope.png\t180\n"}, "train.txt:2: img/nope.png: missing or not a decodable image"),
+    ({"train.txt": b"img/0.png\t0\nimg/nope.png\t180\n"}, "train.txt:2: img/nope.png: missing or not a decodable"),
     ({"val.txt": b"img/0.png\t0\n"}, "no train.txt (or rec_gt_train.txt)"),
 ])
 def test_bad_label_files_in_one_line(tmp_path, files, needle):

@@ -132,7 +132,7 @@ def test_a_task_missing_part_of_the_contract_is_refused(monkeypatch):
         tasks.get("user_tasks_for_test:BadMonitor")
     with pytest.raises(InputError, match=r"model.task user_tasks_for_test:Nope: cannot import"):
         tasks.get("user_tasks_for_test:Nope")
-    with pytest.raises(InputError, match=r"expected classification, detection, ocr_rec, ocr_det or package.module:Task"):
+    with pytest.raises(InputError, match=r"expected classification, detection, ocr_rec, ocr_det, ocr_cls or package.module:Task"):
         tasks.get("segmentation")
 
 

@@ -175,7 +175,7 @@ def test_bad_sources_are_refused_in_one_line(case, rec_src, keys, ppocr, tmp_pat
     elif case == "wrong_task":
         _copy(rec_src, src)
         args = ["--task", "classification"]
-        named = "--task classification: pipe import takes ocr_rec or ocr_det models"
+        named = "--task classification: pipe import takes ocr_rec or ocr_det or ocr_cls models"
     else:  # custom_op: a program op this Paddle does not have
         _copy(rec_src, src)
         from paddle.base.proto import framework_pb2 as pb

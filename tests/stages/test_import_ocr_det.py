@@ -98,7 +98,7 @@ def test_a_wrong_task_or_input_is_refused_in_one_line(case, det_src, ppocr, tmp_
     keys = ppocr / pretrained.KEYS
     args: list = [det_src, "--task", "ocr_det"]
     if case == "classification":
-        args, named = [det_src, "--task", "classification"], "--task classification: pipe import takes ocr_rec or ocr_det models"
+        args, named = [det_src, "--task", "classification"], "--task classification: pipe import takes ocr_rec or ocr_det or ocr_cls models"
     elif case == "rec_as_det":
         args, named = [ppocr / pretrained.MODELS["rec"], "--task", "ocr_det"], "ocr_det needs a text probability map"
     elif case == "det_as_rec":
