@@ -222,11 +222,9 @@ def test_generated_lines_are_ocr_recs_half_turned_same_seed_same_bytes():
 
 
 def _folder(root: Path, label_files: dict[str, bytes]) -> Path:
-    from PIL import Image
-
-    (root / "img").mkdir(parents=True)
-    for i in range(10):
-        Image.new("RGB", (50 + i, 20), "white").save(root / "img" / f"{i}.png")
+    """`label_files` beside ten white lines 20 px high, 50-59 px wide, as ocr_rec writes PNGs: 000000.png..."""
+    root.mkdir(parents=True)
+    rec_data.write_pngs(data.Lines([np.full((20, 50 + i, 3), 255, np.uint8) for i in range(10)], [""] * 10), root)
     for name, body in label_files.items():
         (root / name).write_bytes(body)
     return root
@@ -238,9 +236,9 @@ def _load(root: Path) -> data.Data:
 
 def test_paddleocr_cls_label_files(tmp_path):
     """train.txt and test.txt as configs/cls/cls_mv3.yml names them; val carved out of train (15%, seeded)."""
-    rows = [f"img/{i}.png\t{('0', '180')[i % 2]}" for i in range(8)]
+    rows = [f"{i:06d}.png\t{('0', '180')[i % 2]}" for i in range(8)]
     root = _folder(tmp_path / "d", {"train.txt": "\r\n".join(rows).encode() + b"\r\n",
-                                    "test.txt": b"img/8.png\t180\nimg/9.png\t0\n"})
+                                    "test.txt": b"000008.png\t180\n000009.png\t0\n"})
     d = _load(root)
     assert d.test.texts == ["180", "0"] and len(d.train) + len(d.val) == 8 and len(d.val) == 1
     assert sorted(d.train.texts + d.val.texts) == ["0"] * 4 + ["180"] * 4
@@ -248,11 +246,11 @@ def test_paddleocr_cls_label_files(tmp_path):
 
 
 @pytest.mark.parametrize("files, needle", [
-    ({"train.txt": b"img/0.png\t0\nimg/1.png\t90\n"}, "train.txt:2: label '90': ocr_cls takes '0' or '180'"),
-    ({"train.txt": b"img/0.png\t0\n", "val.txt": b"img/1.png\t180 \n"}, "val.txt:1: label '180 ': ocr_cls takes"),
-    ({"train.txt": b"img/0.png 0\n"}, "train.txt:1: no tab between the image path and its text"),
-    ({"train.txt": b"img/0.png\t0\nimg/nope.png\t180\n"}, "train.txt:2: img/nope.png: missing or not a decodable"),
-    ({"val.txt": b"img/0.png\t0\n"}, "no train.txt (or rec_gt_train.txt)"),
+    ({"train.txt": b"000000.png\t0\n000001.png\t90\n"}, "train.txt:2: label '90': ocr_cls takes '0' or '180'"),
+    ({"train.txt": b"000000.png\t0\n", "val.txt": b"000001.png\t180 \n"}, "val.txt:1: label '180 ': ocr_cls takes"),
+    ({"train.txt": b"000000.png 0\n"}, "train.txt:1: no tab between the image path and its text"),
+    ({"train.txt": b"000000.png\t0\nnope.png\t180\n"}, "train.txt:2: nope.png: missing or not a decodable"),
+    ({"val.txt": b"000000.png\t0\n"}, "no train.txt (or rec_gt_train.txt)"),
 ])
 def test_bad_label_files_in_one_line(tmp_path, files, needle):
     root = _folder(tmp_path / "d", files)
