@@ -120,7 +120,7 @@ def import_(
     set_: Optional[list[str]] = SetOpt,
     run: Optional[Path] = typer.Option(None, "--run", help="Run directory; writes RUN/export (default runs/<SRC's name>)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Write the export artifact here instead of RUN/export."),
-    task: Optional[str] = typer.Option(None, "--task", help="What the model is: ocr_rec or ocr_det (default: what inference.yml says)."),
+    task: Optional[str] = typer.Option(None, "--task", help="What the model is: ocr_rec, ocr_det or ocr_cls (default: what inference.yml says)."),
     keys: Optional[str] = typer.Option(None, "--keys", help="ocr_rec: the character key file (default: inference.yml's character_dict)."),
     data: Optional[str] = typer.Option(None, "--data", help="Data to measure it on (default: the task's; ocr_rec: generated lines, ocr_det: pages), "
                                                            "e.g. a folder of PaddleOCR label files."),

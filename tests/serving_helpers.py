@@ -26,6 +26,18 @@ REPO = Path(__file__).resolve().parent.parent
 _BUILT: dict[str, Path] = {}
 
 
+def png_b64(image: np.ndarray) -> str:
+    """An RGB uint8 [H, W, 3] image as a base64 PNG, what /v1's "images" take."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, "PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
 def exported_run(trained_digits: Path, tmp_root: Path) -> Path:
     """A copy of the shared digits run with `export/` added (built once per session)."""
     if "export" not in _BUILT:

@@ -215,8 +215,19 @@ def _text_boxes(spec: Spec, s: Settings) -> dict[str, Any]:
                   "description": "one list of text boxes per page, in the order sent"}}}
 
 
+def _orientations(spec: Spec, s: Settings) -> dict[str, Any]:
+    """pipeline.tasks.ocr_cls's answer: a label and its probability per line image, in the order sent."""
+    line = {"type": "object", "required": ["label", "score"], "additionalProperties": False, "properties": {
+        "label": {"enum": spec.labels}, "score": {"type": "number", "minimum": 0, "maximum": 1,
+                                                  "description": "the label's softmax probability"}}}
+    return {"type": "object", "required": ["lines"], "additionalProperties": False, "properties": {
+        "lines": {"type": "array", "minItems": 1, "maxItems": s.max_batch_size, "items": line,
+                  "description": f"one per line image, in the order sent (turn a line by 180 degrees when its label "
+                                 f"is 180 and its score above cls_thresh {spec.info.settings.get('cls_thresh')})"}}}
+
+
 # /v1's answer schema of tasks without logits, by task name
-_TASK_ANSWERS = {"detection": _detections, "ocr_rec": _lines, "ocr_det": _text_boxes}
+_TASK_ANSWERS = {"detection": _detections, "ocr_rec": _lines, "ocr_det": _text_boxes, "ocr_cls": _orientations}
 
 
 def _by_name(props: dict[str, Any], required: bool = True) -> dict[str, Any]:

@@ -7,8 +7,6 @@ an empty list; bad input is refused in one line naming the image."""
 
 from __future__ import annotations
 
-import base64
-import io
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,7 +20,7 @@ from pipeline.cli import main
 from pipeline.engines import paddle as paddle_engine
 from pipeline.tasks import ocr_det
 from pipeline.tasks.ocr_det import db
-from tests.serving_helpers import metric, start_server
+from tests.serving_helpers import png_b64 as _png, metric, start_server
 
 NAME = "ch_PP-OCRv4_det_infer"
 
@@ -51,14 +49,6 @@ def server(package):
     yield srv
     assert srv.stop() == 0
     assert "Traceback" not in "".join(srv.err), "".join(srv.err)[-2000:]
-
-
-def _png(image: np.ndarray) -> str:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(image).save(buf, "PNG")
-    return base64.b64encode(buf.getvalue()).decode()
 
 
 def _alone(export, images) -> list[list[dict]]:

@@ -7,8 +7,6 @@ of one shape each (never padded to each other), takes raw tensors of any width u
 
 from __future__ import annotations
 
-import base64
-import io
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,7 +20,7 @@ from pipeline.cli import main
 from pipeline.engines import paddle as paddle_engine
 from pipeline.serving import spec as spec_mod
 from pipeline.tasks import ocr_rec
-from tests.serving_helpers import metric, start_server
+from tests.serving_helpers import png_b64 as _png, metric, start_server
 from tests.stages.test_triton import tritonserver  # noqa: F401 (a fixture)
 
 
@@ -49,14 +47,6 @@ def server(package):
     srv = start_server(package)
     yield srv
     assert srv.stop() == 0
-
-
-def _png(image: np.ndarray) -> str:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(image).save(buf, "PNG")
-    return base64.b64encode(buf.getvalue()).decode()
 
 
 def _alone(export, images):

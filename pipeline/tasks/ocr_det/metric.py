@@ -30,22 +30,30 @@ class Counts(NamedTuple):
 
 def page_counts(gt: Sequence[np.ndarray], ignore: Sequence[bool], det: Sequence[np.ndarray]) -> Counts:
     """One page: its ground-truth polygons with their don't-care flags, and its detected polygons."""
+    return page_matches(gt, ignore, det)[0]
+
+
+def page_matches(gt: Sequence[np.ndarray], ignore: Sequence[bool], det: Sequence[np.ndarray]
+                 ) -> tuple[Counts, list[tuple[int, int]]]:
+    """`page_counts` and the matched pairs (index in `gt`, index in `det`): DetMetric's greedy one-to-one
+    matching, ground truth in order, each taking the first free detection above IOU. Invalid or
+    self-intersecting polygons take part in nothing."""
     from shapely.geometry import Polygon
 
-    gts = [(Polygon(p), bool(i)) for p, i in zip(gt, ignore, strict=True)]
-    gts = [(p, i) for p, i in gts if p.is_valid and p.is_simple]
-    dets = [p for p in (Polygon(d) for d in det) if p.is_valid and p.is_simple]
-    dont = [p for p, i in gts if i]
-    det_ignored = [_inside_any(d, dont) for d in dets]
-    gt_used, det_used, matched = [False] * len(gts), [False] * len(dets), 0
-    for g, (pg, ig) in enumerate(gts):
-        for d, pd in enumerate(dets):
+    gts = [(k, Polygon(p), bool(i)) for k, (p, i) in enumerate(zip(gt, ignore, strict=True))]
+    gts = [(k, p, i) for k, p, i in gts if p.is_valid and p.is_simple]
+    dets = [(k, p) for k, p in enumerate(Polygon(d) for d in det) if p.is_valid and p.is_simple]
+    dont = [p for _, p, i in gts if i]
+    det_ignored = [_inside_any(d, dont) for _, d in dets]
+    gt_used, det_used, pairs = [False] * len(gts), [False] * len(dets), []
+    for g, (kg, pg, ig) in enumerate(gts):
+        for d, (kd, pd) in enumerate(dets):
             if gt_used[g] or det_used[d] or ig or det_ignored[d]:
                 continue
             if _iou(pd, pg) > IOU:
                 gt_used[g] = det_used[d] = True
-                matched += 1
-    return Counts(len(gts) - len(dont), len(dets) - sum(det_ignored), matched)
+                pairs.append((kg, kd))
+    return Counts(len(gts) - len(dont), len(dets) - sum(det_ignored), len(pairs)), pairs
 
 
 def _inside_any(det: object, dont_care: list) -> bool:

@@ -1,0 +1,29 @@
+"""The OCR system benchmark (pipeline/bench/ocr_system.py `measure`) on the session's det, rec and cls imports,
+3 pages: pipe's system on Paddle Inference and on onnxruntime, at RapidOCR's det limit and at its own, each
+reading the pages as the other engine does, timed page by page; RapidOCR's rows where its venv exists (`make
+bench` makes it; `make test` does not)."""
+
+from __future__ import annotations
+
+from pipeline.bench import ocr_system as bench
+
+
+def test_measure_runs_every_engine_and_limit_on_the_same_pages(ppocr_det_export, ppocr_rec_export, ppocr_cls_export,
+                                                              tmp_path):
+    for role, src in (("det", ppocr_det_export), ("rec", ppocr_rec_export), ("cls", ppocr_cls_export)):
+        (tmp_path / role).symlink_to(src, target_is_directory=True)
+    got = bench.measure(tmp_path, limit=3)
+    assert got["pages"] == 3 and got["lines"] >= 10
+    assert set(got["systems"]) == {f"{e}, det limit {lim}" for e in ("paddle_inference", "onnxruntime")
+                                   for lim in ("736 'min'", "960 'max'")}
+    for name, v in got["systems"].items():
+        assert v["lines"] == got["lines"] and v["hmean"] >= 0.95 and v["e2e_acc"] >= 0.75, (name, v)
+        assert v["pages_s"] > 0 and 0 < v["p50_s"] <= v["p99_s"], (name, v)
+    # the engines run the same programs: the same lines read at each limit
+    for lim in ("736 'min'", "960 'max'"):
+        a, b = (got["systems"][f"{e}, det limit {lim}"] for e in ("paddle_inference", "onnxruntime"))
+        assert abs(a["e2e_acc"] - b["e2e_acc"]) <= 1 / got["lines"] + 1e-9, (a, b)
+    if bench._PEER.is_file():
+        assert got["rapidocr"]["lines"] == got["lines"] and got["rapidocr"]["pages_s"] > 0
+    else:
+        assert "make bench creates it" in got["rapidocr_error"]
