@@ -1,5 +1,8 @@
 """`pipe compress` of a model whose task owns its data and batching (`load_data`: ocr_rec, a text line of any
-width), called by stages/compress.py. It writes the artifact every compress writes (`metrics.variants`, read
+width; ocr_det, a page of any size), called by stages/compress.py.
+
+    pipe compress <ocr_det export> --int8 --backend openvino --out OUT
+ It writes the artifact every compress writes (`metrics.variants`, read
 by `pipe package` and pipeline/choose.py), measured on the task's own batches (width buckets), not on
 fixed-shape arrays:
 
@@ -9,22 +12,31 @@ fixed-shape arrays:
 - `openvino-int8` (`compress.openvino`): `openvino-int8/model.xml` + `model.bin`, NNCF's post-training int8
   with a per-layer sensitivity search (`quantize.int8_openvino`): every quantizable layer in int8 first,
   then the layers whose quantization costs the most on the val split go back to fp32, the costliest first,
-  until the task's metric on the val split (ocr_rec: line accuracy) is within `compress.max_drop` points of
-  fp32's. Which layers stayed fp32, and what int8 everywhere scored, is in `metrics.openvino_search`; the
+  until the task's metric on the val split (ocr_rec: line accuracy; ocr_det: hmean) is within `compress.max_drop`
+  points of fp32's. NNCF's preset is the task's `nncf_model_type` (ocr_rec "transformer"; absent or None: NNCF's
+  default, ocr_det's). Which layers stayed fp32, and what int8 everywhere scored, is in `metrics.openvino_search`; the
   test split judges the result afterwards, as every variant;
 - `int8-onnx` (`--backend onnxruntime|both`): onnxruntime static QDQ of the export's model.onnx;
 - `int8-paddle` (`--backend paddle|both`): PaddleSlim on the legacy program, run by oneDNN int8.
   These two quantize every layer (they have no search): they are measured and judged like the others.
 
-Calibration: `calib_batches` x `calib_batch_size` train lines (default all of up to 10 x 32), a seeded draw,
-in the task's batches (sorted by width, bucketed as served), so every route calibrates at the widths it
-serves. Each variant is judged on the test split by the task's metric (ocr_rec: line accuracy), against fp32
-by the agreement of its answers with fp32's over the val and test lines (the task's `reference_agreement`:
+Calibration: `calib_batches` x `calib_batch_size` train items (default all of up to 10 x 32), a seeded draw,
+in the task's batches (ocr_rec: sorted by width, bucketed as served; ocr_det: a page a batch, at its own
+shape), so every route calibrates at the shapes it serves. Messages count items in the task's `unit` ("lines"
+if it has none; ocr_det "pages"); manifest keys keep ocr_rec's word (`calibration.lines`, `val_lines`).
+
+Each variant is judged on the test split by the task's metric (ocr_rec: line accuracy; ocr_det: hmean), against
+fp32 by the agreement of its answers with fp32's over the val and test items (the task's `reference_agreement`:
 ocr_rec's is per character, 1 - the normalised edit distance between the two texts, compared as the metric
-compares; `char_agreement`, below compress.min_agreement: never shipped; the same on the task's reference
-lines that `pipe package` will check the packaged variant on, `reference_agreement`), and timed interleaved (pipeline/timing.py)
-at batch 1 and batch 32 on the narrowest test lines (real lines at the first served width, `_timing_batches`). The gate is
-every compress's: an int8 variant within budget or exit 4, nothing written.
+compares; ocr_det's the hmean of one run's boxes against the other's; `char_agreement`, below
+compress.min_agreement: never shipped; the same on the task's reference items that `pipe package` will check the
+packaged variant on, `reference_agreement`), and timed interleaved (pipeline/timing.py)
+at batch 1 and at the task's `timing_batch` (ocr_rec 32; ocr_det 4, its package's max_batch: a page is ~0.25 s)
+on the first test items of one shape (ocr_rec: real lines at the first served width, `_timing_batches`). The
+`*_bs32` fields (`items_per_s_bs32`, `speedup_bs32`, `fastest_bs32`) keep every compress's names, which
+pipeline/choose.py ranks on and older manifests carry: they hold items/s at the task's timing batch, which
+`metrics.timing.batch` records. The gate is every compress's: an int8 variant within budget or exit 4, nothing
+written.
 """
 
 from __future__ import annotations
@@ -45,7 +57,7 @@ from pipeline.errors import InputError, PipeError
 
 Feeds = dict[str, np.ndarray]
 Run = Callable[[Feeds], Feeds]
-_TIMING_WARMUP = 3  # a batch of 32 lines takes ~0.3 s: fewer warm-up calls than a small model's 20
+_TIMING_WARMUP = 3  # a batch of 32 lines or 4 pages takes ~0.3-1 s: fewer warm-up calls than a small model's 20
 
 
 # what this module calls of a task beyond import's part of the owned-data contract
@@ -61,14 +73,15 @@ def run(cfg: RunConfig, src: artifacts.Artifact, out_dir: Path) -> Path:
     if ccfg.distill:
         raise InputError(f"--distill: {where}: a {task.name} model is not distilled by pipe compress; --int8 only")
     lacking = [k for k in _NEEDS if not hasattr(task, k)]
-    if lacking:  # e.g. ocr_det, which supplies what pipe import needs and not yet these
+    if lacking:  # a task that supplies what pipe import needs and not these
         raise InputError(f"{where}: pipe compress does not take {task.name} models yet (the task has no "
                          f"{', '.join(lacking)})")
     exp_cfg = config_mod.from_dict(src.manifest["config"])
+    unit = getattr(task, "unit", "lines")
     data = task.load_data(exp_cfg.data, info)
-    _check_data(src, data, exp_cfg)
+    _check_data(src, data, exp_cfg, unit)
     size = exp_cfg.import_.batch_size
-    calib_rows = quantize.calibration_rows(len(data.train), ccfg, "lines", whole_batches=False)
+    calib_rows = quantize.calibration_rows(len(data.train), ccfg, unit, whole_batches=False)
     calib = [feeds for _, feeds in task.batches(data.train, info, ccfg.calib_batch_size, rows=calib_rows)]
     backends = {"both": ("paddle", "onnxruntime"), "openvino": ()}.get(ccfg.backend, (ccfg.backend,))
     if ccfg.backend == "openvino" and not ccfg.openvino:
@@ -93,8 +106,8 @@ def run(cfg: RunConfig, src: artifacts.Artifact, out_dir: Path) -> Path:
             built["int8-paddle"] = _paddle_int8(src, legacy, legacy_files, desc, calib, ccfg, w.dir, threads)
         variants, shape = _measure(built, src, w.dir, data, task, info, size, ref, ccfg)
         w.metrics = _metrics(variants, ccfg, task, calib, calib_rows, len(data.train), len(data.test), threads, search,
-                             size, shape)
-        _print(variants, task, len(data.test), w.metrics)
+                             size, shape, unit)
+        _print(variants, task, len(data.test), w.metrics, unit)
         fidelity.gate(w.metrics, variants, ccfg, len(data.test))
         w.interface = iface
         w.extra = {"format": "variants", "tools": _versions()}
@@ -104,7 +117,7 @@ def run(cfg: RunConfig, src: artifacts.Artifact, out_dir: Path) -> Path:
 # ------------------------------------------------------------------ data
 
 
-def _check_data(src: artifacts.Artifact, data: Any, exp_cfg: RunConfig) -> None:
+def _check_data(src: artifacts.Artifact, data: Any, exp_cfg: RunConfig, unit: str) -> None:
     """The task's data is read again from data.source: it must still be what the export was measured on."""
     was = (src.manifest.get("metrics") or {}).get("samples") or {}
     now = {s: len(getattr(data, s)) for s in ("train", "val", "test")}
@@ -113,7 +126,7 @@ def _check_data(src: artifacts.Artifact, data: Any, exp_cfg: RunConfig) -> None:
                          f"now gives {now}; the data changed")
     if not now["test"] or not now["val"] or not now["train"]:
         raise InputError(f"data.source {exp_cfg.data.source!r}: compress needs train (calibration), val (the int8 "
-                         f"search) and test lines; it has {now}")
+                         f"search) and test {unit}; it has {now}")
 
 
 def _evaluate(run: Run, data: Any, task: Any, info: tasks.Info, size: int) -> dict[str, Any]:
@@ -135,7 +148,7 @@ def _evaluate(run: Run, data: Any, task: Any, info: tasks.Info, size: int) -> di
 
 def _agreement(got: dict[str, Any], ref: dict[str, Any], task: Any, info: tasks.Info, splits: tuple[str, ...]
                ) -> tuple[float, int]:
-    """The share of lines of `splits` answered as fp32 answers them (the task's `reference_agreement`)."""
+    """The share of items of `splits` answered as fp32 answers them (the task's `reference_agreement`)."""
     total = same = 0.0
     for sp in splits:
         for (n, g), (_, r) in zip(got[sp]["digests"], ref[sp]["digests"], strict=True):
@@ -191,8 +204,9 @@ def _openvino_int8(files: list[Path], desc: iospec.IO, calib: list[Feeds], data:
         return float(task.score(answers, task.subset(val, rows), info)[task.monitor]) * (1 if task.maximize else -1)
 
     search = quantize.int8_openvino(files, calib, items, score, ccfg.max_drop / 100, cpu.int8_exact(ov_engine.NAME),
-                                    cdir / "openvino-int8")
-    search.update(score_means=f"{task.monitor} on the {len(val)} val lines", val_lines=len(val), source=files[0].name)
+                                    cdir / "openvino-int8", model_type=getattr(task, "nncf_model_type", None))
+    search.update(score_means=f"{task.monitor} on the {len(val)} val {getattr(task, 'unit', 'lines')}",
+                  val_lines=len(val), source=files[0].name)
     paths = [cdir / "openvino-int8/model.xml", cdir / "openvino-int8/model.bin"]
     eng = ov_engine.load(paths, threads=runtime.threads_per_process(1), precision="int8")
     return _variant(eng, desc, paths[0], "ir", ["openvino-int8/model.xml", "openvino-int8/model.bin"], "compress"), search
@@ -243,7 +257,7 @@ def _measure(built: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: Pa
              ) -> tuple[dict[str, dict[str, Any]], list[int]]:
     live = {n: e for n, e in built.items() if e["run"] is not None}
     evals = {n: ref if n == "fp32" else _evaluate(e["run"], data, task, info, size) for n, e in live.items()}
-    # the reference set `pipe package` checks the packaged variant on (the task's few lines, against fp32's):
+    # the reference set `pipe package` checks the packaged variant on (the task's few items, against fp32's):
     # held here too, so compress never calls shippable what package would refuse
     ref_x, _ = task.reference_set(config_mod.from_dict(src.manifest["config"]).data, info, reference.SAMPLES)
     ref_feeds = {desc_input(src): ref_x}
@@ -282,13 +296,14 @@ def _measure(built: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: Pa
         if not v["supported"]:
             continue
         v.update(fidelity.speed_fields(name, v, base))
+        v["note"] = v["note"].replace("at batch 32", f"at batch {task.timing_batch}")  # speed_note says every compress's 32
         v["status"] = "ok"
         if name != "fp32" and v["char_agreement"] < ccfg.min_agreement:
             v["status"] = (f"below budget: character agreement {v['char_agreement']:.4f} < compress.min_agreement "
                            f"{ccfg.min_agreement:g}")
         elif name != "fp32" and v["reference_agreement"] < ccfg.min_agreement:
             v["status"] = (f"below budget: agreement {v['reference_agreement']:.4f} on the {v['reference_samples']} "
-                           f"reference lines pipe package checks < compress.min_agreement {ccfg.min_agreement:g}")
+                           f"reference {getattr(task, 'unit', 'lines')} pipe package checks < compress.min_agreement {ccfg.min_agreement:g}")
         v["shippable"] = v["status"] == "ok"
     return out, [int(d) for d in next(iter(x32.values())).shape]
 
@@ -299,9 +314,10 @@ def desc_input(src: artifacts.Artifact) -> str:
 
 
 def _timing_batches(split: Any, task: Any, info: tasks.Info) -> tuple[Feeds, Feeds]:
-    """Batch 1 and batch 32 of real lines at one width: the narrowest test lines, each prepared alone, that
-    share the narrowest one's batch shape (ocr_rec: the first width bucket, 320 px), repeated up to 32 if
-    there are fewer."""
+    """Batch 1 and a batch of the task's `timing_batch` of real items at one shape: the first test items in the
+    task's order, each prepared alone, that share the first one's batch shape (ocr_rec: the narrowest lines, the
+    first width bucket, 320 px; ocr_det: pages in split order, which rarely share a shape), repeated up to
+    `timing_batch` if there are fewer."""
     lines: list[Feeds] = []
     for _, feeds in task.batches(split, info, 1):  # in order of width
         if lines and any(feeds[k].shape != lines[0][k].shape for k in feeds):
@@ -316,7 +332,7 @@ def _timing_batches(split: Any, task: Any, info: tasks.Info) -> tuple[Feeds, Fee
 
 def _metrics(variants: dict[str, dict[str, Any]], ccfg: CompressConfig, task: Any, calib: list[Feeds],
              rows: np.ndarray, n_train: int, n_test: int, threads: int, search: dict[str, Any] | None, size: int,
-             shape: list[int]) -> dict[str, Any]:
+             shape: list[int], unit: str) -> dict[str, Any]:
     base = variants["fp32"]
     int8 = fidelity.int8_names(variants)
     ok = [n for n in int8 if variants[n]["shippable"]]
@@ -344,24 +360,26 @@ def _metrics(variants: dict[str, dict[str, Any]], ccfg: CompressConfig, task: An
         "fastest_bs32": max(live, key=lambda n: variants[n]["items_per_s_bs32"]),
         "test_samples": n_test,
         "threads": threads,
-        "calibration": {"split": "train", "lines": int(len(rows)), "of": n_train, "batches": len(calib),
+        "calibration": {"split": "train", "lines": int(len(rows)), "unit": unit, "of": n_train, "batches": len(calib),
                         "batch_size": ccfg.calib_batch_size, "widths": widths, "seed": ccfg.calib_seed,
                         "thin": bool(len(rows) < quantize.CALIB_WARN_BELOW), "inputs_sha256": digest.hexdigest(),
                         "onnxruntime_method": quantize.ORT_CALIB[ccfg.algo][0], "paddleslim_algo": ccfg.algo},
         "openvino_search": search,
         "timing": {"latency_runs": ccfg.latency_runs, "throughput_runs": ccfg.throughput_runs, "batch": task.timing_batch,
-                   "lines": "the narrowest test lines of one width (repeated up to 32)",
+                   "lines": f"the first test {unit} of one shape (repeated up to {task.timing_batch})",
                    "shape": shape, "interleaved": True,
-                   "eval_batch": size, "faster_means": f">= {fidelity.SPEED_MARGIN:.2f}x fp32 at batch 1 p50 and batch 32"},
+                   "eval_batch": size, "faster_means": f">= {fidelity.SPEED_MARGIN:.2f}x fp32 at batch 1 p50 and batch "
+                                                       f"{task.timing_batch}"},
         "variants": variants,
     }
 
 
-def _print(variants: dict[str, dict[str, Any]], task: Any, n: int, metrics: dict[str, Any]) -> None:
-    print(f"compress: {task.name}, {n} test lines; agree = the answers' agreement with fp32's over "
-          f"{metrics['agreement_samples']} val and test lines (the task's: ocr_rec per character); CPU: "
+def _print(variants: dict[str, dict[str, Any]], task: Any, n: int, metrics: dict[str, Any], unit: str) -> None:
+    print(f"compress: {task.name}, {n} test {unit}; agree = the answers' agreement with fp32's over "
+          f"{metrics['agreement_samples']} val and test {unit} (the task's reference_agreement); CPU: "
           f"{cpu.summary(metrics['cpu'])}")
-    print(f"  {'variant':<14} {task.monitor:>7} {'drop':>6} {'agree':>6} {'ms bs1':>7} {'lines/s bs32':>12}  status")
+    thr = f"{unit}/s bs{task.timing_batch}"
+    print(f"  {'variant':<14} {task.monitor:>7} {'drop':>6} {'agree':>6} {'ms bs1':>7} {thr:>12}  status")
     base = variants["fp32"]
     for name, v in variants.items():
         if not v["supported"]:

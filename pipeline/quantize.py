@@ -195,7 +195,7 @@ _OV_QUANTIZED = ("Convolution", "GroupConvolution", "MatMul", "ConvolutionBackpr
 
 def int8_openvino(files: list[Path], calib: list[dict[str, np.ndarray]], val: list[Any],
                   score: Callable[[Callable[[dict[str, np.ndarray]], list[np.ndarray]], list[Any]], float],
-                  max_drop: float, exact: bool, dest: Path) -> dict[str, Any]:
+                  max_drop: float, exact: bool, dest: Path, model_type: str | None = NNCF_MODEL_TYPE) -> dict[str, Any]:
     """OpenVINO int8 with a per-layer sensitivity search, by NNCF: the model OpenVINO reads from `files` (the
     legacy program or an ONNX file), quantized on the batches `calib` (feed dicts by its input names; shapes
     may differ), then `nncf.quantize_with_accuracy_control` ranks the quantized layers by what each one's
@@ -205,7 +205,7 @@ def int8_openvino(files: list[Path], calib: list[dict[str, np.ndarray]], val: li
     layer's weights get NNCF's overflow fix (7-bit, as onnxruntime's reduce_range: pipeline/cpu.py). Writes
     dest/model.xml + model.bin; returns the search's record: the score of fp32, of int8 everywhere and after
     the search, whether that reached the budget (NNCF returns its best even when no set of layers does), and
-    the layers kept in fp32."""
+    the layers kept in fp32. `model_type`: NNCF's preset by its value ("transformer"), None = its default."""
     import logging
 
     import nncf
@@ -225,7 +225,7 @@ def int8_openvino(files: list[Path], calib: list[dict[str, np.ndarray]], val: li
         return float(score(run, list(items)))
 
     fix = nncf.OverflowFix.FIRST_LAYER if exact else nncf.OverflowFix.ENABLE
-    kw = dict(model_type=nncf.ModelType.TRANSFORMER, subset_size=len(calib))
+    kw = dict(model_type=nncf.ModelType(model_type) if model_type else None, subset_size=len(calib))
     cal = nncf.Dataset(calib)
     print(f"compress: NNCF int8 of {files[0].name} on {len(calib)} calibration batches, then its per-layer search on "
           f"{len(val)} val batches (minutes)", flush=True)
@@ -241,7 +241,7 @@ def int8_openvino(files: list[Path], calib: list[dict[str, np.ndarray]], val: li
     everywhere, kept = _ov_quantized(full), _ov_quantized(searched)
     dest.mkdir()
     ov.save_model(searched, str(dest / "model.xml"), compress_to_fp16=False)
-    return {"method": "nncf.quantize_with_accuracy_control", "nncf": nncf.__version__, "model_type": NNCF_MODEL_TYPE,
+    return {"method": "nncf.quantize_with_accuracy_control", "nncf": nncf.__version__, "model_type": model_type,
             "overflow_fix": fix.value, "max_drop": max_drop, "score_fp32": fp32_score,
             "score_int8_everywhere": full_score, "score": after, "reached": bool(after >= fp32_score - max_drop - 1e-9),
             "layers_int8": len(kept), "layers_quantizable": len(everywhere),

@@ -118,11 +118,3 @@ def test_a_wrong_task_or_input_is_refused_in_one_line(case, det_src, ppocr, tmp_
     err = _one_line_error(cli, "import", *args, "--run", out, *PAGES)
     assert named in err, err
     assert not out.exists() or not any(out.iterdir())
-
-
-def test_compress_refuses_an_ocr_det_export_in_one_line(imported, tmp_path, cli):
-    """The task supplies what import, package and serve need, not yet compress's timing batch: compress says so
-    in one line, writing nothing."""
-    err = _one_line_error(cli, "compress", imported, "--int8", "--out", tmp_path / "compress")
-    assert "pipe compress does not take ocr_det models yet (the task has no timing_batch)" in err, err
-    assert "manifest.json" in err and not (tmp_path / "compress").exists()

@@ -17,7 +17,8 @@ contract (pipeline/tasks/ocr_rec/__init__.py) it supplies what `pipe import` cal
 and `pipe serve` call for a dynamic input (pipeline/tasks/__init__.py): `sample_limits`, `example_shapes`,
 `prepare_images` (pages of one prepared shape batch together), `reference_set` (a few pages fitted into one
 REFERENCE_SIDE square), `reference_digest` (the map, float16) and `reference_agreement` (how alike two
-runs' boxes are, at the metric's IoU); `max_batch`, the pages a package runs at once by default.
+runs' boxes are, at the metric's IoU); `max_batch`, the pages a package runs at once by default; and what
+`pipe compress` calls (pipeline/compress_owned.py): `subset`, `timing_batch`, `unit`, `nncf_model_type`.
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ REFERENCE_SIDE = 480
 # power of two with copies (serving/predictor.py): 32, every other package's default, would warm 63 pages
 # per shape and pad 5 pages to 8.
 max_batch = 4
+# pipe compress (pipeline/compress_owned.py): its throughput batch (items/s at a package's max_batch, not 32), the
+# word its messages count pages in, and NNCF's preset: the default one (not TRANSFORMER: a CNN, no attention)
+# kept hmean within 0.0 points at 1.6-2.1x Paddle fp32 on 40 calibration pages (facts §17)
+timing_batch = max_batch
+unit = "pages"
+nncf_model_type = None
 _YML_KEYS = {"PostProcess": ("thresh", "box_thresh", "max_candidates", "unclip_ratio", "score_mode", "use_dilation")}
 
 

@@ -12,7 +12,8 @@ probabilities [N, W/8, keys + 2]. Its keys are the task's labels (`Info.labels`,
 what a user may tune is in `settings`, with PaddleOCR's defaults. Beyond the common task contract
 (pipeline/tasks/__init__.py), a task that owns its data supplies what `pipe import` calls:
 `from_program`, `default_source`, `load_data`, `batches`, `decode`, `score`, `files`, `output_roles`, and what
-`pipe compress` calls besides (pipeline/compress_owned.py): `subset` and `reference_agreement`; `recognise`
+`pipe compress` calls besides (pipeline/compress_owned.py): `subset`, `reference_agreement`, `timing_batch`,
+`unit` and `nncf_model_type`; `recognise`
 runs any engine over line images in those batches and answers in the images' order (the bench).
 Its input's width is dynamic, so it also supplies what `pipe package` and `pipe serve` call for such an
 input (pipeline/tasks/__init__.py): `sample_limits`, `example_shapes`, `prepare_images`, `reference_set`,
@@ -46,6 +47,10 @@ KEYS_FILE = "keys.txt"
 OUTPUT = "probs"
 REFERENCE_LINES = 16  # a package's reference set (reference_set): its inputs' size decides
 timing_batch = 32  # compress's throughput batch, lines (items/s at batch 32, as every compress measures it)
+unit = "lines"  # what compress's messages count
+# NNCF's preset for models with attention blocks: on PP-OCRv4 rec (an SVTR neck) its default preset lost 7.4
+# points of line accuracy, the transformer one 2.1 (facts §17)
+nncf_model_type = "transformer"
 
 
 # ------------------------------------------------------------------ the common contract
