@@ -65,6 +65,25 @@ def reviews(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def trained(reviews, tmp_path_factory):
+    """trained(model) -> a run of `model` trained and exported once in this module; tests compress a copy
+    (`_copy`), so two tests of one model train it once."""
+    runs: dict[str, Path] = {}
+
+    def get(model: str) -> Path:
+        if model not in runs:
+            runs[model] = _train_export(reviews, model, tmp_path_factory.mktemp(f"text-{model}") / "run")
+        return runs[model]
+
+    return get
+
+
+def _copy(run: Path, dest: Path) -> Path:
+    shutil.copytree(run, dest)
+    return dest
+
+
+@pytest.fixture(scope="module")
 def cnn(reviews, tmp_path_factory) -> Path:
     """text_cnn trained and exported (it has a legacy program: both int8 routes apply)."""
     return _train_export(reviews, "text_cnn", tmp_path_factory.mktemp("text-cnn") / "run")
@@ -303,12 +322,12 @@ def test_a_model_onednn_bf16_cannot_run_is_recorded_not_fatal(reviews, tmp_path,
 
 
 @pytest.mark.parametrize("model", ["text_fasttext", "transformer"])
-def test_built_in_text_models_run_in_bf16_and_paddleslim_int8(reviews, tmp_path, cli, model):
+def test_built_in_text_models_run_in_bf16_and_paddleslim_int8(trained, tmp_path, cli, model):
     """Their masked means are einsums (no 1-D pool, no Tensor.sum), so oneDNN bf16 runs them and the
     legacy program PaddleSlim's int8 needs can be written."""
     from pipeline import runtime
 
-    run = _train_export(reviews, model, tmp_path / "run")
+    run = _copy(trained(model), tmp_path / "run")
     code, _, err = cli("compress", run / "export", "--int8", "--backend", "paddle", *FAST_TIMING)
     if code == 4 and not cpu.int8_exact("paddle_inference"):  # without VNNI these all-fc models' int8 (fc in
         assert "no int8 variant within budget on this CPU (int8-paddle: " in err, err  # fp32) may not pay: said
@@ -321,10 +340,10 @@ def test_built_in_text_models_run_in_bf16_and_paddleslim_int8(reviews, tmp_path,
         assert v["bf16"]["supported"] and v["bf16"]["top1_agreement"] >= 0.95, v["bf16"]
 
 
-def test_distill_transformer_teacher_to_text_cnn_student(reviews, tmp_path, cli):
+def test_distill_transformer_teacher_to_text_cnn_student(trained, tmp_path, cli):
     """Transformer teacher -> text_cnn student through `pipe train`, exported (parity-gated) with the
     teacher's vocabulary and max_len, then int8 (onnxruntime) on the student."""
-    run = _train_export(reviews, "transformer", tmp_path / "run")
+    run = _copy(trained("transformer"), tmp_path / "run")
     code, out, err = cli("compress", run / "export", "--distill", "--student", "text_cnn", "--int8",
                          "--backend", "onnxruntime", "--set", f"train.epochs={EPOCHS}", *FAST_TIMING)
     assert code == 0, err
