@@ -171,8 +171,11 @@ def compress(
 
 @app.command()
 def package(
-    model_dir: Path = typer.Argument(..., help="A compress or export artifact directory."),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="Write here instead of beside the input (RUN/package)."),
+    model_dirs: list[Path] = typer.Argument(..., help="A compress or export artifact directory; or an OCR system's "
+                                            "parts: an ocr_det, optionally an ocr_cls, and an ocr_rec artifact or "
+                                            "package, in any order (one package serving /v1/ocr)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Write here instead of beside the input (RUN/package; "
+                                           "an OCR system: beside the first input, RUN/ocr_system)."),
     precision: Optional[str] = typer.Option(None, "--precision", help="fp32, bf16 or int8 (compress input); default: "
                                             "any measured (compress), fp32 (export)."),
     engine: str = typer.Option("auto", "--engine", help="auto (fastest measured within budget), paddle, onnxruntime "
@@ -185,13 +188,23 @@ def package(
                                       "(0: the task's default, 32; ocr_det 4 pages)."),
     max_wait_ms: float = typer.Option(2.0, "--max-wait-ms", help="Dynamic batching: wait for more requests (ms)."),
     triton: bool = typer.Option(True, "--triton/--no-triton", help="Also write the Triton model repository (ONNX)."),
+    drop_score: float = typer.Option(0.5, "--drop-score", help="OCR system: drop a line whose recognition score is "
+                                                               "below this (PaddleOCR's drop_score)."),
 ) -> None:
-    """Build a self-contained serving package: model, serving.yaml, Paddle Serving and Triton configs."""
+    """Build a self-contained serving package: model, serving.yaml, Paddle Serving and Triton configs; or, given an
+    OCR system's parts, one package of them all."""
     from stages import package as stage
 
     cfg = stage.PackageConfig(precision=precision or "", engine=engine, optimize=optimize, variant=variant or "",
                               name=name or "", max_batch_size=max_batch_size,
                               max_wait_ms=max_wait_ms, triton=triton)
+    if len(model_dirs) > 1:
+        from pipeline import ocr_package
+
+        _summary(ocr_package.compose(cfg, model_dirs, _stage_out(model_dirs[0], out_dir, ocr_package.STAGE),
+                                     drop_score))
+        return
+    (model_dir,) = model_dirs
     _summary(stage.run(cfg, model_dir, _stage_out(model_dir, out_dir, "package")))
 
 

@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 Run = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+Outputs = dict[str, np.ndarray]  # a model's outputs by public name
 DROP_SCORE = 0.5  # PaddleOCR's drop_score, RapidOCR's text_score
 MIN_SIDE = 3  # filter_tag_det_res: a box whose width or height is 3 px or less is no line
 SAME_LINE_PX = 10  # sorted_boxes: first points closer than this in y are on one line
@@ -59,52 +60,83 @@ class System:
 
 def read(system: System, images: Sequence[np.ndarray]) -> tuple[list[list[dict[str, Any]]], dict[str, float]]:
     """RGB uint8 [H, W, 3] pages -> per page its lines in reading order, each {"points": 4 [x, y] in the page's
-    pixels, "text", "score"}; and the seconds each stage took ("det", "cls", "rec") over all pages."""
+    pixels, "text", "score"}; and the seconds each stage took ("det", "cls", "rec") over all pages. The steps
+    (`page_boxes`, `crops`, `answers`, `page_lines`) are the ones pipe serve's /v1/ocr runs on its batchers."""
     from pipeline.tasks import ocr_cls, ocr_det, ocr_rec
-    from pipeline.tasks.ocr_det import db
 
     times = {"det": 0.0, "cls": 0.0, "rec": 0.0}
     t0 = time.perf_counter()
-    boxes: list[list[np.ndarray]] = [[] for _ in images]
-    for pos, x in ocr_det.prepare_images(images, system.det.info, 1):
-        st = system.det.info.settings
-        for p, page in zip(pos, ocr_det.decode(system.det.run({st.get("input", "x"): x}), system.det.info),
-                           strict=True):
-            h, w = images[p].shape[:2]
-            boxes[p] = [boxes_ for boxes_ in (db.to_source(page, h, w)) if _big_enough(boxes_)]
-    for p in range(len(images)):
-        boxes[p] = [boxes[p][k] for k in reading_order(boxes[p])]
+    boxes = page_boxes(images, system.det.info, _runs(ocr_det, system.det, images, 1))
     times["det"] = time.perf_counter() - t0
-    crops = [crop(images[p], b) for p in range(len(images)) for b in boxes[p]]
-    if system.cls is not None and crops:
+    lines = crops(images, boxes)
+    if system.cls is not None and lines:
         t0 = time.perf_counter()
-        crops = ocr_cls.turn_upright(crops, answer_lines(ocr_cls, system.cls, crops), system.cls.info)
+        lines = ocr_cls.turn_upright(lines, answer_lines(ocr_cls, system.cls, lines), system.cls.info)
         times["cls"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    texts = answer_lines(ocr_rec, system.rec, crops)
+    texts = answer_lines(ocr_rec, system.rec, lines)
     times["rec"] = time.perf_counter() - t0
-    out: list[list[dict[str, Any]]] = []
-    at = 0
-    for p in range(len(images)):
-        lines = []
-        for b in boxes[p]:
-            text, score = texts[at]
-            at += 1
-            if score >= system.drop_score:
-                lines.append({"points": b.tolist(), "text": text, "score": float(score)})
-        out.append(lines)
-    return out, times
+    return page_lines(boxes, texts, system.drop_score), times
 
 
 def answer_lines(task: Any, model: Model, images: Sequence[np.ndarray]) -> list[Any]:
     """The task's answer (`decode`) for each line image, in the order given, from the batches the server runs
     (`prepare_images`: ocr_rec's at each line's own width bucket, ocr_cls's one shape), at most `model.batch`
     lines each: a line's answer does not depend on which lines share its batch."""
-    out: list[Any] = [None] * len(images)
+    return answers(task, model.info, len(images), _runs(task, model, images, model.batch))
+
+
+def _runs(task: Any, model: Model, images: Sequence[np.ndarray], size: int) -> list[tuple[list[int], Outputs]]:
+    """The task's batches of `images` (`prepare_images`, at most `size` each) run by the model: (positions,
+    outputs by public name) per batch."""
     name = model.info.settings.get("input", "x")
-    for pos, x in task.prepare_images(images, model.info, model.batch):
-        for p, a in zip(pos, task.decode(model.run({name: x}), model.info), strict=True):
+    return [(pos, model.run({name: x})) for pos, x in task.prepare_images(images, model.info, size)]
+
+
+def page_boxes(images: Sequence[np.ndarray], det_info: Any, runs: Sequence[tuple[list[int], Outputs]]
+               ) -> list[list[np.ndarray]]:
+    """ocr_det's outputs for batches of the pages (positions, outputs by public name) -> per page its boxes in
+    its own pixels, big enough (`_big_enough`), in reading order (`reading_order`)."""
+    from pipeline.tasks import ocr_det
+    from pipeline.tasks.ocr_det import db
+
+    boxes: list[list[np.ndarray]] = [[] for _ in images]
+    for pos, outputs in runs:
+        for p, page in zip(pos, ocr_det.decode(outputs, det_info), strict=True):
+            h, w = images[p].shape[:2]
+            boxes[p] = [b for b in db.to_source(page, h, w) if _big_enough(b)]
+    return [[page[k] for k in reading_order(page)] for page in boxes]
+
+
+def crops(images: Sequence[np.ndarray], boxes: Sequence[Sequence[np.ndarray]]) -> list[np.ndarray]:
+    """Every page's lines (`crop`), page after page, each page's in the order of its boxes."""
+    return [crop(images[p], b) for p in range(len(images)) for b in boxes[p]]
+
+
+def answers(task: Any, info: Any, n: int, runs: Sequence[tuple[list[int], Outputs]]) -> list[Any]:
+    """The task's answer (`decode`) for each of `n` line images from its batches' outputs (positions, outputs by
+    public name), in the images' order."""
+    out: list[Any] = [None] * n
+    for pos, outputs in runs:
+        for p, a in zip(pos, task.decode(outputs, info), strict=True):
             out[p] = a
+    return out
+
+
+def page_lines(boxes: Sequence[Sequence[np.ndarray]], texts: Sequence[tuple[str, float]], drop_score: float
+               ) -> list[list[dict[str, Any]]]:
+    """Per page its lines {"points", "text", "score"} from its boxes and their recognised (text, score), `texts`
+    in `crops`' order; a line scoring below `drop_score` dropped."""
+    out: list[list[dict[str, Any]]] = []
+    at = 0
+    for page in boxes:
+        lines = []
+        for b in page:
+            text, score = texts[at]
+            at += 1
+            if score >= drop_score:
+                lines.append({"points": b.tolist(), "text": text, "score": float(score)})
+        out.append(lines)
     return out
 
 

@@ -125,7 +125,14 @@ class ServeConfig:
 
 
 def run(cfg: ServeConfig, package_dir: Path) -> None:
-    """Verify the package, load the predictors, serve until SIGTERM/SIGINT, drain, return (exit 0)."""
+    """Verify the package, load the predictors, serve until SIGTERM/SIGINT, drain, return (exit 0). An OCR system
+    package (`pipeline/ocr_package.py`) is served by `pipeline/serving/system.py`."""
+    from pipeline import ocr_package
+
+    if (Path(package_dir) / ocr_package.SYSTEM_FILE).is_file():
+        from pipeline.serving import system
+
+        return system.run(cfg, Path(package_dir))
     spec = spec_mod.load_package(Path(package_dir))
     validate.check_text_rule(spec)  # text fills every input (exit 2 before anything starts)
     settings = spec_mod.settings(cfg, spec)
@@ -222,18 +229,24 @@ def _url_host(host: str) -> str:
 # ------------------------------------------------------------------ metrics
 
 
+def request_metrics(r: Any) -> tuple[Any, Any]:
+    """The HTTP server's request count by endpoint and status code, and its latency by endpoint, in registry `r`
+    (what `_Observe` records)."""
+    from prometheus_client import Counter, Histogram
+
+    return (Counter("pipe_requests", "HTTP requests by endpoint and status code", ["endpoint", "code"], registry=r),
+            Histogram("pipe_request_duration_seconds", "Request latency, first byte in to response", ["endpoint"],
+                      registry=r, buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30)))
+
+
 class _Metrics:
     """prometheus-client metrics in a registry of our own (not the process-global one)."""
 
     def __init__(self, state: "_State"):
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        from prometheus_client import CollectorRegistry, Gauge, Histogram
 
         r = self.registry = CollectorRegistry()
-        self.requests = Counter("pipe_requests", "HTTP requests by endpoint and status code",
-                                ["endpoint", "code"], registry=r)
-        self.latency = Histogram("pipe_request_duration_seconds", "Request latency, first byte in to response",
-                                 ["endpoint"], registry=r,
-                                 buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30))
+        self.requests, self.latency = request_metrics(r)
         sizes = tuple(float(2 ** i) for i in range(13))
         self.batch = Histogram("pipe_batch_size", "Samples per predictor run", registry=r, buckets=sizes)
         self.batch_requests = Histogram("pipe_batch_requests", "Requests merged into one predictor run",
@@ -396,14 +409,107 @@ def _text_info(sp: Spec) -> dict[str, Any] | None:
                        "inputs": "int64 token ids [N, L], L >= 1, by input name (one input: also bare)"}}
 
 
+async def serve_v1(state: _State, request: Any, deadline: float) -> Any:
+    """POST /v1/predict on `state`'s model (read, checked, batched, answered as its task answers)."""
+    from fastapi.responses import JSONResponse
+
+    spec, s, infer = state.spec, state.s, state.infer
+    body = await validate.read_body(request, ("application/json",), s, deadline)
+    doc = validate.parse_json(body, s.max_json_depth)
+    if validate.task_images(spec) and isinstance(doc, dict) and "images" in doc:
+        # a task that prepares images (ocr_rec: lines of any width): its batches, one shape each, run
+        # through the batcher together with every other request's, answered in the request's order
+        groups, sizes = await validate.v1_task_images(doc, spec, s)
+        outs = await asyncio.gather(*(infer(feeds, deadline) for _, feeds in groups))
+        return JSONResponse(validate.v1_answers(groups, list(outs), spec, sizes))
+    feeds, sizes = await validate.v1_request(doc, spec, s)
+    return JSONResponse(validate.v1_answer(await infer(feeds, deadline), spec, sizes))
+
+
+async def serve_v2(state: _State, request: Any, deadline: float) -> Any:
+    """POST /v2/models/NAME/infer on `state`'s model (the Open Inference Protocol, `pipeline/serving/v2.py`)."""
+    spec, s = state.spec, state.s
+    body = await validate.read_body(request, v2.ACCEPTED, s, deadline)
+    doc, binary = v2.split(body, request.headers.get(v2.HEADER_LENGTH), s.max_json_depth)
+    inputs, outputs = v2.request(doc, binary, spec, s)
+    return v2.answer(await state.infer(await v2.tensors(inputs, spec, s), deadline), doc, outputs, spec)
+
+
+def error_response(code: int, kind: str, message: str, headers: dict[str, str] | None = None,
+                   request: Any = None) -> Any:
+    """An error's answer: {"error": {"code", "type", "message"}}, or on /v2 the protocol's {"error": "..."}."""
+    from fastapi.responses import JSONResponse
+
+    path = request.url.path if request is not None else ""
+    if path == "/v2" or path.startswith("/v2/"):  # the Open Inference Protocol's error body
+        return JSONResponse({"error": message}, status_code=v2.error_status(code), headers=headers)
+    return JSONResponse(validate.error_body(code, kind, message), status_code=code, headers=headers)
+
+
+def install_errors(app: Any) -> Any:
+    """The app's error handlers: every error answered as `error_response` answers it; returns the handler of
+    last resort (an unexpected exception: 500, logged, nothing of it in the answer)."""
+    from fastapi import Request
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    error = error_response
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> Any:
+        return error(exc.code, exc.kind, exc.message, exc.headers, request)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Any:
+        code = exc.status_code
+        message = str(exc.detail) if code in (404, 405) else "request refused"
+        return error(code, validate.KINDS.get(code, "http_error"), message, dict(exc.headers or {}), request)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> Any:
+        return error(422, "invalid_input", "the request does not match the endpoint's schema", None, request)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> Any:
+        log.error("pipe serve: internal error: %s: %s", exc.__class__.__name__, exc)
+        return error(500, "internal", "internal error", None, request)
+
+    return _internal
+
+
+def install_health(app: Any, ready: Any, when: str = "after warm-up") -> None:
+    """GET /livez and /readyz, and the Open Inference Protocol's server endpoints /v2, /v2/health/live,
+    /v2/health/ready (`ready()` raises the 503 while warming up or draining)."""
+
+    @app.get("/livez", summary="The process is up")
+    async def livez() -> dict[str, str]:
+        return {"status": "alive"}
+
+    @app.get("/readyz", summary=f"200 {when}; 503 before and while draining")
+    async def readyz() -> Any:
+        ready()
+        return {"status": "ready"}
+
+    @app.get("/v2", summary="Open Inference Protocol: server metadata")
+    async def v2_server() -> dict[str, Any]:
+        return v2.server_metadata()
+
+    @app.get("/v2/health/live", summary="Open Inference Protocol: the process is up")
+    async def v2_live() -> dict[str, bool]:
+        return {"live": True}
+
+    @app.get("/v2/health/ready", summary="Open Inference Protocol: 200 when /readyz is")
+    async def v2_health_ready() -> dict[str, bool]:
+        ready()
+        return {"ready": True}
+
+
 def _build_app(state: _State) -> Any:
     from contextlib import asynccontextmanager
 
     from fastapi import FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-    from starlette.exceptions import HTTPException as StarletteHTTPException
     from starlette.requests import ClientDisconnect
 
     spec, s = state.spec, state.s
@@ -426,31 +532,8 @@ def _build_app(state: _State) -> Any:
                   description="Inference for a pipe package. Errors: {\"error\": {\"code\", \"type\", \"message\"}} "
                               "(on /v2, the Open Inference Protocol's {\"error\": \"...\"}).")
 
-    def error(code: int, kind: str, message: str, headers: dict[str, str] | None = None,
-              request: Request | None = None) -> JSONResponse:
-        path = request.url.path if request is not None else ""
-        if path == "/v2" or path.startswith("/v2/"):  # the Open Inference Protocol's error body
-            return JSONResponse({"error": message}, status_code=v2.error_status(code), headers=headers)
-        return JSONResponse(validate.error_body(code, kind, message), status_code=code, headers=headers)
-
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return error(exc.code, exc.kind, exc.message, exc.headers, request)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = exc.status_code
-        message = str(exc.detail) if code in (404, 405) else "request refused"
-        return error(code, validate.KINDS.get(code, "http_error"), message, dict(exc.headers or {}), request)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error(422, "invalid_input", "the request does not match the endpoint's schema", None, request)
-
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception) -> JSONResponse:
-        log.error("pipe serve: internal error: %s: %s", exc.__class__.__name__, exc)
-        return error(500, "internal", "internal error", None, request)
+    error = error_response
+    _internal = install_errors(app)
 
     async def admitted(request: Request, handler: Any) -> Any:
         """Everything that runs a predictor (`_State.admitted`), with the request's own body to read."""
@@ -462,16 +545,7 @@ def _build_app(state: _State) -> Any:
     infer = state.infer
 
     async def predict_v1(request: Request, deadline: float) -> JSONResponse:
-        body = await validate.read_body(request, ("application/json",), s, deadline)
-        doc = validate.parse_json(body, s.max_json_depth)
-        if validate.task_images(spec) and isinstance(doc, dict) and "images" in doc:
-            # a task that prepares images (ocr_rec: lines of any width): its batches, one shape each, run
-            # through the batcher together with every other request's, answered in the request's order
-            groups, sizes = await validate.v1_task_images(doc, spec, s)
-            outs = await asyncio.gather(*(infer(feeds, deadline) for _, feeds in groups))
-            return JSONResponse(validate.v1_answers(groups, list(outs), spec, sizes))
-        feeds, sizes = await validate.v1_request(doc, spec, s)
-        return JSONResponse(validate.v1_answer(await infer(feeds, deadline), spec, sizes))
+        return await serve_v1(state, request, deadline)
 
     async def predict_serving(request: Request, deadline: float) -> Response:
         body = await validate.read_body(request, ("application/json", "application/proto"), s, deadline)
@@ -491,10 +565,7 @@ def _build_app(state: _State) -> Any:
             raise ApiError(503, "not_ready", "the model is warming up", {"Retry-After": "1"})
 
     async def predict_v2(request: Request, deadline: float) -> Response:
-        body = await validate.read_body(request, v2.ACCEPTED, s, deadline)
-        doc, binary = v2.split(body, request.headers.get(v2.HEADER_LENGTH), s.max_json_depth)
-        inputs, outputs = v2.request(doc, binary, spec, s)
-        return v2.answer(await infer(await v2.tensors(inputs, spec, s), deadline), doc, outputs, spec)
+        return await serve_v2(state, request, deadline)
 
     what = "text or token ids" if spec.text is not None else "model-input tensors or PNG/JPEG images"
     summary = f"Classify {what}" if spec.info.logits else f"{str(spec.task.name).capitalize()} on {what}"
@@ -508,18 +579,7 @@ def _build_app(state: _State) -> Any:
         return await admitted(request, predict_serving)
 
     # The Open Inference Protocol (KServe v2, `pipeline/serving/v2.py`): tritonclient.http's endpoints.
-    @app.get("/v2", summary="Open Inference Protocol: server metadata")
-    async def v2_server() -> dict[str, Any]:
-        return v2.server_metadata()
-
-    @app.get("/v2/health/live", summary="Open Inference Protocol: the process is up")
-    async def v2_live() -> dict[str, bool]:
-        return {"live": True}
-
-    @app.get("/v2/health/ready", summary="Open Inference Protocol: 200 when /readyz is")
-    async def v2_health_ready() -> dict[str, bool]:
-        ready()
-        return {"ready": True}
+    install_health(app, ready)
 
     # Before the model's routes, as in Triton: every model's statistics (get_inference_statistics() unnamed).
     @app.get("/v2/models/stats", summary="Triton's statistics extension: every model's (this server's one)")
@@ -595,15 +655,6 @@ def _build_app(state: _State) -> Any:
     async def model() -> dict[str, Any]:
         return state.model_info()
 
-    @app.get("/livez", summary="The process is up")
-    async def livez() -> dict[str, str]:
-        return {"status": "alive"}
-
-    @app.get("/readyz", summary="200 after warm-up; 503 before and while draining")
-    async def readyz() -> Any:
-        ready()
-        return {"status": "ready"}
-
     assets = openapi.docs_assets()
     if assets is not None:  # FastAPI's own /docs page would load Swagger UI from a CDN
         from fastapi.responses import FileResponse
@@ -641,17 +692,22 @@ def _build_app(state: _State) -> Any:
     return _Observe(app, state, direct, handle)
 
 
+def v2_paths(name: str) -> set[str]:
+    """The Open Inference Protocol's paths of a server holding model `name` (metrics' endpoint label values)."""
+    model = f"/v2/models/{name}"
+    return {"/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/stats",
+            *(m + end for m in (model, f"{model}/versions/{v2.VERSION}") for end in ("", "/ready", "/infer", "/config", "/stats"))}
+
+
 class _Observe:
     """ASGI wrapper: request count and latency per endpoint (known paths only: bounded label values),
     `Connection: close` on every answer once draining, and POSTs to the inference endpoints straight to
     their handlers."""
 
-    def __init__(self, app: Any, state: _State, direct: dict[str, Any], handle: Any):
+    def __init__(self, app: Any, state: Any, direct: dict[str, Any], handle: Any, paths: set[str] | None = None):
         self.app, self.state = app, state
         self.direct, self.handle = direct, handle  # POST path -> handler, run by handle() (_build_app)
-        model = f"/v2/models/{state.spec.name}"
-        self.paths = {*_PATHS, "/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/stats",
-                      *(m + end for m in (model, f"{model}/versions/{v2.VERSION}") for end in ("", "/ready", "/infer", "/config", "/stats"))}
+        self.paths = paths if paths is not None else {*_PATHS, *v2_paths(state.spec.name)}
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -681,7 +737,9 @@ class _Observe:
             m.latency.labels(endpoint).observe(time.perf_counter() - t0)
 
 
-def _make_server(state: _State, sock: socket.socket) -> Any:
+def _make_server(state: Any, sock: socket.socket, app: Any = None) -> Any:
+    """uvicorn for `app` (default: the one-model app of `state`); `state` drains it (drain_started, inflight,
+    s.drain_s, s.queue_size)."""
     import uvicorn
 
     from pipeline.serving.lingering import LingeringHttpToolsProtocol
@@ -710,7 +768,7 @@ def _make_server(state: _State, sock: socket.socket) -> Any:
     # sending a response" was seen in CI with both at 5 s).
     # httptools with nginx's lingering close: a client still sending its body reads an early 413 (or 415,
     # 503) instead of a connection reset (pipeline/serving/lingering.py).
-    config = uvicorn.Config(_build_app(state), http=LingeringHttpToolsProtocol, log_level="warning",
+    config = uvicorn.Config(_build_app(state) if app is None else app, http=LingeringHttpToolsProtocol, log_level="warning",
                             access_log=False, lifespan="on",
                             timeout_keep_alive=_KEEP_ALIVE_S, timeout_graceful_shutdown=_SHUTDOWN_GRACE_S,
                             server_header=False,

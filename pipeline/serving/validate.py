@@ -494,6 +494,21 @@ async def v1_task_images(doc: Any, spec: Spec, s: Settings) -> tuple[Groups, lis
     return prepare() if inline_decode(raws) else await asyncio.to_thread(prepare)
 
 
+def image_list(doc: Any, most: int) -> list[bytes]:
+    """A body of {"images": [base64 PNG/JPEG, ...]} (1..`most`) -> the raw files; 422 naming the field otherwise."""
+    if not isinstance(doc, dict) or set(doc) != {"images"}:
+        raise ApiError(422, "invalid_request", "the body must be an object {\"images\": [base64 PNG/JPEG, ...]}")
+    value = doc["images"]
+    if not isinstance(value, list) or not 1 <= len(value) <= most or not all(isinstance(im, str) for im in value):
+        raise ApiError(422, "invalid_request", f"images: a list of 1..{most} base64 strings")
+    return [_unbase64(b64, i) for i, b64 in enumerate(value)]
+
+
+def open_images(raws: list[bytes], s: Settings) -> list[np.ndarray]:
+    """PNG/JPEG files -> RGB uint8 [H, W, 3] each, at their own size (the pixel cap checked); 422 naming images[i]."""
+    return [_open_image(raw, i, s, "RGB", None)[0] for i, raw in enumerate(raws)]
+
+
 def v1_answers(groups: Groups, outs: list[dict[str, np.ndarray]], spec: Spec, sizes: list[tuple[int, int]]
                ) -> dict[str, Any]:
     """Each batch's outputs -> one /v1 answer in the request's order: the task's answer per batch (with its
