@@ -1,0 +1,252 @@
+"""The OCR system served: `pipe serve`'s /v1/ocr on one system package (`pipe package DET CLS REC`: the real PP-OCRv4
+det, ch_ppocr_mobile_v2 cls and PP-OCRv4 rec, imported) against RapidOCR 1.4.4 whole (rapidocr-onnxruntime: the same
+weights as ONNX, in-process at its defaults, page by page), on the same generated pages in this one run.
+
+Per system package (every part on one engine, `pipe package --engine E`): the server started as a user starts it
+(`pipe serve PACKAGE`, its defaults: one predictor per part, threads (cores - 1) / predictors), every page sent once
+untimed (a shape's first run), then each page alone, one client (concurrency 1: p50/p99 seconds per page,
+pages/s), then all pages at once from 8 clients, each page twice (concurrency 8: pages/s over the wall time,
+p50/p99 per request); the end-to-end accuracy (`ocr_system.end_to_end`: the share of ground-truth lines
+matched at IoU 0.5 by a line that reads exactly their text) of the concurrency-1 answers. RapidOCR: every page
+once untimed, then once timed alone (it has no server: in-process is its best case).
+
+The parts run at the det settings the detector was imported with (PaddleOCR's: side limit 960 'max'); RapidOCR
+at its own (736 'min'), as each system's users run it.
+
+    python -m pipeline.bench.ocr_served [--quick] bench/OCR_SERVED.md
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline import artifacts, config as config_mod, ocr_system, pretrained
+
+Row = tuple[str, str, str, str]
+_REPO = Path(__file__).resolve().parents[2]
+_PEER = _REPO / ".venv" / "rapidocr" / "bin" / "python"
+ENGINES = ("onnxruntime", "openvino", "paddle")
+CONCURRENCY = 8
+
+
+def rows(quick: bool) -> list[Row]:
+    pages = 12 if quick else 40
+    with tempfile.TemporaryDirectory(prefix="pipe-bench-ocr-served-") as tmp:
+        out = Path(tmp)
+        failed = _import_parts(out, pages)
+        if failed:
+            return [failed]
+        measured = measure(out, ENGINES[:2] if quick else ENGINES)
+    return _rows(measured)
+
+
+def _import_parts(out: Path, pages: int) -> Row | None:
+    root = pretrained.ppocr()
+    data_sets = {"det": ["--set", f"data.ocr_pages={int(pages / 0.15) + 1}"], "rec": ["--set", "data.ocr_lines=60"],
+                 "cls": ["--set", "data.ocr_lines=60"]}
+    for role, task in (("det", "ocr_det"), ("rec", "ocr_rec"), ("cls", "ocr_cls")):
+        keys = ["--keys", str(root / pretrained.KEYS)] if role == "rec" else []
+        r = subprocess.run([sys.executable, "-m", "pipeline.cli", "import", str(root / pretrained.MODELS[role]),
+                            "--task", task, *keys, "--out", str(out / role), *data_sets[role]],
+                           capture_output=True, text=True, cwd=_REPO)
+        if r.returncode != 0:
+            return (f"OCR system served: `pipe import` {role}", f"failed ({r.returncode}): {r.stderr.strip()[-200:]}",
+                    "", "**failed**")
+    return None
+
+
+def measure(root: Path, engines: tuple[str, ...] = ENGINES, limit: int | None = None) -> dict[str, Any]:
+    """Each engine's system package served, then RapidOCR, on the det import's test pages (the first `limit`)."""
+    from pipeline.tasks import ocr_det
+
+    det = artifacts.verify(root / "det", ("export",))
+    info = ocr_det.info_of(det.manifest["interface"])
+    test = ocr_det.load_data(config_mod.from_dict(det.manifest["config"]).data, info).test
+    test = ocr_det.subset(test, range(len(test) if limit is None else min(limit, len(test))))
+    bodies = [json.dumps({"images": [_png_b64(im)]}).encode() for im in test.images]
+    out: dict[str, Any] = {"pages": len(test), "systems": {}, "cores": os.cpu_count()}
+    for engine in engines:
+        package = root / f"system-{engine}"
+        r = subprocess.run([sys.executable, "-m", "pipeline.cli", "package", str(root / "det"), str(root / "cls"),
+                            str(root / "rec"), "--engine", engine, "--no-triton", "--out", str(package)],
+                           capture_output=True, text=True, cwd=_REPO)
+        if r.returncode != 0:
+            out["systems"][engine] = {"error": f"pipe package failed ({r.returncode}): {r.stderr.strip()[-200:]}"}
+            continue
+        got = _served(package, bodies, root / f"serve-{engine}.log")
+        if "error" in got:
+            out["systems"][engine] = got
+            continue
+        answers = got.pop("answers")
+        out["systems"][engine] = {**ocr_system.end_to_end(answers, test.polys, test.texts), **got}
+    out["lines"] = sum(len([t for t in page if t != "###"]) for page in test.texts)
+    out["rapidocr"] = _rapidocr(test)
+    return out
+
+
+def _served(package: Path, bodies: list[bytes], log_path: Path) -> dict[str, Any]:
+    """`pipe serve PACKAGE` started, warmed, driven at concurrency 1 then CONCURRENCY, stopped (SIGTERM)."""
+    import httpx
+
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", str(package), "--port", "0"],
+                            cwd=_REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    drained = threading.Thread()
+    try:
+        url, drained = _url(proc, log_path)
+        if url is None:
+            drained.join(10)
+            return {"error": f"pipe serve did not start: {log_path.read_text()[-200:]}"}
+        with httpx.Client(timeout=600) as c:
+            while c.get(url + "/readyz").status_code != 200:
+                time.sleep(0.2)
+            post = _poster(c, url)
+            for body in bodies:  # every page's shapes once, untimed
+                post(body)
+            one, answers = [], []
+            for body in bodies:
+                t0 = time.perf_counter()
+                answers.append(post(body)[0])
+                one.append(time.perf_counter() - t0)
+        local = threading.local()
+
+        def ask(body: bytes) -> float:
+            if not hasattr(local, "client"):
+                local.client = httpx.Client(timeout=600)
+            t0 = time.perf_counter()
+            _poster(local.client, url)(body)
+            return time.perf_counter() - t0
+
+        load = bodies * 2
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(CONCURRENCY) as pool:
+            many = list(pool.map(ask, load))
+        wall = time.perf_counter() - t0
+        return {"answers": answers, "c1": _stats(one, sum(one)), f"c{CONCURRENCY}": _stats(many, wall)}
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        if drained.is_alive():
+            drained.join(10)
+
+
+def _url(proc: subprocess.Popen, log_path: Path) -> tuple[str | None, threading.Thread]:
+    """The server's URL from its output, and a thread copying the rest of its output into `log_path`."""
+    log = open(log_path, "w")
+    url = None
+    for line in proc.stdout:
+        log.write(line)
+        if "listening on http://" in line:
+            url = line.rsplit(" ", 1)[-1].strip()
+            break
+
+    def drain() -> None:
+        with log:
+            for rest in proc.stdout:
+                log.write(rest)
+
+    t = threading.Thread(target=drain, daemon=True)
+    t.start()
+    return url, t
+
+
+def _poster(client: Any, url: str) -> Any:
+    def post(body: bytes) -> list[list[dict[str, Any]]]:
+        r = client.post(url + "/v1/ocr", content=body, headers={"Content-Type": "application/json"})
+        if r.status_code != 200:
+            raise RuntimeError(f"/v1/ocr answered {r.status_code}: {r.text[:200]}")
+        return r.json()["pages"]
+
+    return post
+
+
+def _rapidocr(test: Any) -> dict[str, Any]:
+    from pipeline.tasks.ocr_rec import data as rec_data
+
+    if not _PEER.is_file():
+        return {"error": f"not run: {_PEER} missing (make bench creates it)"}
+    with tempfile.TemporaryDirectory(prefix="pipe-bench-rapidocr-served-") as tmp:
+        paths = rec_data.write_pngs(test, Path(tmp))
+        (Path(tmp) / "list.json").write_text(json.dumps({"images": [str(p) for p in paths]}))
+        r = subprocess.run([str(_PEER), str(Path(__file__).with_name("rapidocr_system_peer.py")),
+                            str(Path(tmp) / "list.json")], capture_output=True, text=True, timeout=3600)
+    if r.returncode != 0:
+        return {"error": f"failed ({r.returncode}): {r.stderr.strip()[-200:]}"}
+    peer = json.loads(r.stdout.strip().splitlines()[-1])
+    answers = [[{"points": box, "text": text, "score": score} for box, text, score in page] for page in peer["pages"]]
+    return {**ocr_system.end_to_end(answers, test.polys, test.texts), "c1": _stats(peer["seconds"], sum(peer["seconds"]))}
+
+
+def _stats(seconds: list[float], wall: float) -> dict[str, float]:
+    s = np.asarray(seconds, float)
+    return {"pages_s": float(len(s) / wall), "p50_s": float(np.percentile(s, 50)), "p99_s": float(np.percentile(s, 99))}
+
+
+def _png_b64(image: np.ndarray) -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _speed(v: dict[str, float]) -> str:
+    return f"{v['pages_s']:.2f} pages/s, p50 {v['p50_s'] * 1e3:.0f} ms, p99 {v['p99_s'] * 1e3:.0f} ms"
+
+
+def _rows(m: dict[str, Any]) -> list[Row]:
+    n, c = m["pages"], f"c{CONCURRENCY}"
+    out: list[Row] = []
+    for engine, v in m["systems"].items():
+        what = f"OCR system served (`pipe serve` /v1/ocr, one package, every part on {engine}), {n} generated pages"
+        if "error" in v:
+            out.append((what, v["error"], "", "**failed**"))
+            continue
+        out.append((what, f"end-to-end {v['e2e_acc']:.1%} of {v['lines']} lines exact (det hmean {v['hmean']:.4f}); "
+                          f"concurrency 1: {_speed(v['c1'])}; concurrency {CONCURRENCY}: {_speed(v[c])}", "", ""))
+    peer = m["rapidocr"]
+    if "error" in peer:
+        return out + [("OCR system served: RapidOCR 1.4.4", peer["error"], "", "")]
+    out.append((f"RapidOCR 1.4.4 (rapidocr-onnxruntime, same weights, its defaults: det 736 'min'), in-process, page by "
+                f"page, same {n} pages", f"end-to-end {peer['e2e_acc']:.1%} of lines exact (det hmean "
+                                         f"{peer['hmean']:.4f}); {_speed(peer['c1'])}", "", ""))
+    ok = {e: v for e, v in m["systems"].items() if "error" not in v}
+    if not ok:
+        return out
+    engine, best = max(ok.items(), key=lambda kv: kv[1][c]["pages_s"])
+    ratio = best[c]["pages_s"] / peer["c1"]["pages_s"]
+    points = (best["e2e_acc"] - peer["e2e_acc"]) * 100
+    out.append((f"pipe serve /v1/ocr at concurrency {CONCURRENCY} ({engine}) vs RapidOCR in-process, pages/s",
+                f"{ratio:.2f}x; end-to-end {best['e2e_acc']:.1%} vs {peer['e2e_acc']:.1%} ({points:+.1f} points)",
+                ">= 1.0x, end-to-end within 1 point", "met" if ratio >= 1.0 and points >= -1.0 else "**missed**"))
+    p50 = best["c1"]["p50_s"] / peer["c1"]["p50_s"]
+    out.append((f"pipe serve /v1/ocr at concurrency 1 ({engine}) vs RapidOCR in-process, p50 per page",
+                f"{p50:.2f}x ({best['c1']['p50_s'] * 1e3:.0f} vs {peer['c1']['p50_s'] * 1e3:.0f} ms)", "<= 1.2x",
+                "met" if p50 <= 1.2 else "**missed**"))
+    return out
+
+
+if __name__ == "__main__":
+    from pipeline import bench
+
+    quick = "--quick" in sys.argv
+    out_file = Path(next((a for a in sys.argv[1:] if not a.startswith("--")), "bench/OCR_SERVED.md"))
+    bench._write(out_file, rows(quick), quick)
