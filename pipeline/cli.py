@@ -304,7 +304,7 @@ def inspect(
 
     from pipeline import artifacts
 
-    stages = ("train", "export", "compress", "package", "checkpoint")
+    stages = ("train", "export", "compress", "package", "checkpoint", "ocr_system")
     art = artifacts.verify(artifact_dir, stages) if verify else artifacts._load_unchecked(Path(artifact_dir))
     table = Table(title=f"{art.path}", show_header=True)
     for col in ("stage", "path", "created", "key metrics", "status"):
@@ -335,6 +335,12 @@ def inspect(
         from pipeline import reference
 
         reference.verify_here(art.path)
+    if verify and art.manifest.get("stage") == "ocr_system":  # every part's, as pipe serve checks them
+        from pipeline import ocr_package, reference
+
+        for role in ocr_package.load(art.path).parts:
+            out.print(f"{role}:")
+            reference.verify_here(art.path / role)
 
 
 _KEY_METRICS = {
@@ -343,6 +349,7 @@ _KEY_METRICS = {
     "compress": ("fp32_accuracy", "best_int8", "int8_drop_points"),
     "package": ("engine", "precision", "variant", "variant_accuracy"),
     "checkpoint": ("step", "epoch"),
+    "ocr_system": ("e2e_acc", "det_hmean", "lines", "det_engine", "rec_engine"),
 }
 
 

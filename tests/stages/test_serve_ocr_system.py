@@ -225,3 +225,11 @@ def test_packages_compose_as_they_are_and_drop_score_is_the_systems(package, sys
     assert strict.doc["measured"]["det_recall"] == round(want["recall"], 4)
     assert main(["package", *parts, "--drop-score", "1.5", "--out", str(tmp_path / "bad")]) == 2
     assert "--drop-score: must be 0..1, got 1.5" in capsys.readouterr().err
+
+
+def test_inspect_verify_checks_every_part_on_this_cpu(package, capsys):
+    assert main(["inspect", str(package), "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "ocr_system" in out and "e2e_acc=" in out and "verified" in out
+    for role in ("det", "cls", "rec"):
+        assert f"{role}:\nreference check: " in out
