@@ -100,6 +100,48 @@ def install(app: Any, spec: Spec, s: Settings) -> None:
     app.openapi = document
 
 
+def install_ocr(app: Any, det: Spec, s: Settings, drop_score: float) -> None:
+    """An OCR system server's `app.openapi`: FastAPI's document with POST /v1/ocr's body, answer and errors
+    (`ocr`); each part's own endpoints keep FastAPI's generic entries."""
+    generate = app.openapi
+
+    def document() -> dict[str, Any]:
+        doc = generate()
+        doc["paths"]["/v1/ocr"]["post"].update(ocr(det, s, drop_score))
+        return doc
+
+    app.openapi = document
+
+
+def ocr(det: Spec, s: Settings, drop_score: float) -> dict[str, Any]:
+    """POST /v1/ocr (pipeline/serving/system.py): pages as base64 PNG/JPEG -> per page its lines."""
+    request = {"type": "object", "required": ["images"], "additionalProperties": False, "properties": {
+        "images": {"type": "array", "minItems": 1, "maxItems": s.max_batch_size,
+                   "description": f"pages, PNG or JPEG of at most {s.max_image_pixels} pixels each, any size",
+                   "items": {"type": "string", "format": "byte", "contentEncoding": "base64", "pattern": BASE64,
+                             "anyOf": [{"contentMediaType": "image/png"}, {"contentMediaType": "image/jpeg"}]}}},
+               "description": f"a body of at most {s.max_body_bytes} bytes (413)"}
+    point = {"type": "array", "minItems": 2, "maxItems": 2, "items": {"type": "number"}}
+    line = {"type": "object", "required": ["points", "text", "score"], "additionalProperties": False, "properties": {
+        "points": {"type": "array", "minItems": 4, "maxItems": 4, "items": point,
+                   "description": "the line's quadrilateral, [x, y] clockwise from the top left, in the page's pixels"},
+        "text": {"type": "string"},
+        "score": {"type": "number", "minimum": drop_score, "maximum": 1,
+                  "description": f"the recognizer's score; lines below drop_score {drop_score} are dropped"}}}
+    answer = {"type": "object", "required": ["pages"], "additionalProperties": False, "properties": {
+        "pages": {"type": "array", "minItems": 1, "maxItems": s.max_batch_size,
+                  "items": {"type": "array", "items": line,
+                            "description": "the page's lines in reading order (top to bottom, then left to right)"},
+                  "description": "one list per page, in the order sent; a page without text: []"}}}
+    errs = errors(det, "v1")
+    for body in errs.values():  # no tensors, no text on this endpoint
+        kinds = body["content"]["application/json"]["schema"]["properties"]["error"]["properties"]["type"]
+        kinds["enum"] = [k for k in kinds["enum"] if k not in ("invalid_tensor", "empty_text")]
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
+            "responses": {"200": {"description": "Every page's text lines", "content": {
+                "application/json": {"schema": answer}}}, **errs}}
+
+
 def predict(spec: Spec, s: Settings) -> dict[str, Any]:
     """POST /v1/predict: the request body, the answer and the errors. A package of one input takes its
     tensor (or images) as the field's value; several inputs take an object of input name -> value, each

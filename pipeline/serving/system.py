@@ -354,6 +354,10 @@ def build_app(state: SystemState) -> Any:
     async def v2_version_infer(request: Request, model_name: str, model_version: str) -> Any:
         return await v2_infer(request, model_name, model_version)
 
+    from pipeline.serving import openapi
+
+    openapi.install_ocr(app, parts["det"].spec, state.s, state.system.drop_score)
+
     @app.get("/v1/model", summary="The system: parts, settings, what it measured when packaged")
     async def model() -> dict[str, Any]:
         return state.model_info()

@@ -233,3 +233,20 @@ def test_inspect_verify_checks_every_part_on_this_cpu(package, capsys):
     assert "ocr_system" in out and "e2e_acc=" in out and "verified" in out
     for role in ("det", "cls", "rec"):
         assert f"{role}:\nreference check: " in out
+
+
+def test_openapi_states_v1_ocr_and_the_answers_match_it(server, system):
+    from tests.stages.test_serve_openapi import valid
+
+    op = httpx.get(server.url + "/openapi.json").json()["paths"]["/v1/ocr"]["post"]
+    request = op["requestBody"]["content"]["application/json"]["schema"]
+    answer = op["responses"]["200"]["content"]["application/json"]["schema"]
+    _, test = system
+    body = {"images": [_png(im) for im in test.images[:2]]}
+    assert valid(request, body) and not valid(request, {"images": body["images"] * 3})  # 4 pages at most
+    r = httpx.post(server.url + "/v1/ocr", json=body, timeout=120)
+    assert r.status_code == 200 and valid(answer, r.json()), r.text[:300]
+    assert not valid(answer, {"pages": [[{"points": [[0, 0]] * 4, "text": "x", "score": 0.1}]]})  # below drop_score
+    bad = httpx.post(server.url + "/v1/ocr", json={"images": ["not base64!"]}, timeout=30)
+    assert valid(op["responses"]["422"]["content"]["application/json"]["schema"], bad.json()), bad.text
+
