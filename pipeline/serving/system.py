@@ -28,6 +28,8 @@ metrics labelled `model` (det, cls, rec). SIGTERM drains as `pipe serve` does. g
 
 
 import asyncio
+import dataclasses
+import os
 import signal
 import sys
 import time
@@ -203,6 +205,16 @@ class _ByPart:
         yield from families.values()
 
 
+def part_settings(cfg: Any, spec: Any, parts: int) -> spec_mod.Settings:
+    """A part's settings (`spec_mod.settings`: flags over its serving.yaml), except the automatic thread count
+    (`--threads` unset, serving.yaml's 0): the cores but one shared by every part's predictors, not each
+    part's alone (three parts on 16 cores: 5 threads each, not 15)."""
+    s = spec_mod.settings(cfg, spec)
+    if cfg.threads is None and int((spec.doc.get("server") or {}).get("threads", 0)) == 0:
+        s = dataclasses.replace(s, threads=max(1, ((os.cpu_count() or 1) - 1) // (s.predictors * parts)))
+    return s
+
+
 def run(cfg: Any, package_dir: Any) -> None:
     """Verify the system package, start every part's predictors (each checked on its reference set), serve
     until SIGTERM/SIGINT, drain, return."""
@@ -217,7 +229,7 @@ def run(cfg: Any, package_dir: Any) -> None:
     if cfg.max_batch_size is not None:
         raise InputError(f"--max-batch-size {cfg.max_batch_size}: an OCR system package keeps each part's own "
                          "(pages for det, lines for cls and rec); re-package a part to change it")
-    settings = {role: spec_mod.settings(cfg, sp) for role, sp in system.parts.items()}
+    settings = {role: part_settings(cfg, sp, len(system.parts)) for role, sp in system.parts.items()}
     engines = {role: engine_for(sp, cfg.engine) for role, sp in system.parts.items()}
     runtime.device_index(cfg.device, "--device")
     if cfg.host != "127.0.0.1":

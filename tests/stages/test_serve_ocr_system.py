@@ -250,3 +250,17 @@ def test_openapi_states_v1_ocr_and_the_answers_match_it(server, system):
     bad = httpx.post(server.url + "/v1/ocr", json={"images": ["not base64!"]}, timeout=30)
     assert valid(op["responses"]["422"]["content"]["application/json"]["schema"], bad.json()), bad.text
 
+
+
+def test_automatic_threads_share_the_cores_among_the_parts(package, monkeypatch):
+    from pipeline.serving import system as system_mod
+    from stages.serve import ServeConfig
+
+    spec = ocr_package.load(package)
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    got = {role: system_mod.part_settings(ServeConfig(), sp, 3).threads for role, sp in spec.parts.items()}
+    assert got == {"det": 5, "cls": 5, "rec": 5}  # (16 - 1) // 3, not 15 each
+    assert system_mod.part_settings(ServeConfig(predictors=2), spec.parts["det"], 3).threads == 2
+    assert system_mod.part_settings(ServeConfig(threads=7), spec.parts["det"], 3).threads == 7  # --threads wins
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert system_mod.part_settings(ServeConfig(), spec.parts["rec"], 3).threads == 1
