@@ -228,6 +228,17 @@ class PostprocessConfig:
 
 
 @dataclass(frozen=True)
+class SystemConfig:
+    """`pipe all` of an OCR system (the `system:` section): each part's own config run as its own chain in
+    RUN/<det|cls|rec>, the three packages then composed into RUN/ocr_system (`pipe package DET CLS REC`)."""
+
+    det: str = _opt("", "an OCR system's text detector: a pipe config (an ocr_det import); '' = not a system")
+    cls: str = _opt("", "an OCR system's text-line orientation classifier: a pipe config (an ocr_cls import); '' = none")
+    rec: str = _opt("", "an OCR system's recognizer: a pipe config (an ocr_rec import)")
+    drop_score: float = _opt(0.5, "an OCR system: drop a line whose recognition score is below this", min=0, max=1)
+
+
+@dataclass(frozen=True)
 class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -240,6 +251,7 @@ class RunConfig:
     release: ReleaseConfig = field(default_factory=ReleaseConfig)
     postprocess: PostprocessConfig = field(default_factory=PostprocessConfig)
     import_: ImportConfig = field(default_factory=ImportConfig)  # `import:` in YAML, --set and manifests
+    system: SystemConfig = field(default_factory=SystemConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {_SECTION_OF.get(k, k): v for k, v in dataclasses.asdict(self).items()}

@@ -72,8 +72,62 @@ def run_all(cfg: RunConfig, run_dir: Path, resume: str | None = None, force: str
     The run directory is locked for the whole chain: a second `pipe all` or `pipe train` on it exits 2."""
     if force is not None and force not in (*STAGES, "import"):
         raise InputError(f"--force: must be one of {', '.join(STAGES)} or import, got {force!r}")
+    if cfg.system.det or cfg.system.cls or cfg.system.rec:
+        return _run_system(cfg, Path(run_dir), resume, force, say, on_stage)
     with job.run_lock(Path(run_dir), "pipe all", job.lock_name(cfg.dist.nnodes, cfg.dist.node_rank)):
         return _run_all(cfg, Path(run_dir), resume, force, say, on_stage)
+
+
+def _run_system(cfg: RunConfig, run_dir: Path, resume: str | None, force: str | None,
+                say: Callable[[str], None], on_stage: Callable[[StageResult], None]) -> list[StageResult]:
+    """`system:` set: each part's config (`system.det`, `.cls`, `.rec`) run as its own chain in RUN/<role> (cached,
+    reported and gated as any run), then its three packages composed into RUN/ocr_system (`pipeline/ocr_package.py`),
+    reused while the parts' packages and drop_score are the same."""
+    from pipeline import config as config_mod, ocr_package
+    from stages import package
+
+    if resume:
+        raise InputError("--resume: an OCR system's parts are imports, nothing of them trains")
+    parts = {role: getattr(cfg.system, role) for role in ("det", "cls", "rec") if getattr(cfg.system, role)}
+    if "det" not in parts or "rec" not in parts:
+        raise InputError(f"system: an OCR system needs system.det and system.rec (configs of an ocr_det and an ocr_rec "
+                         f"import); got {', '.join(f'system.{r}' for r in parts)}")
+    configs = {role: config_mod.load(Path(path)) for role, path in parts.items()}  # every config read first
+    results: list[StageResult] = []
+    with job.run_lock(run_dir, "pipe all", job.lock_name(cfg.dist.nnodes, cfg.dist.node_rank)):
+        for role, part in configs.items():
+            say(f"system.{role}: {parts[role]} -> {run_dir / role}")
+            ran = run_all(part, run_dir / role, None, force, say,
+                          lambda r, role=role: on_stage(dataclasses.replace(r, stage=f"{role} {r.stage}")))
+            results += [dataclasses.replace(r, stage=f"{role} {r.stage}") for r in ran]
+        packages = [run_dir / role / "package" for role in configs]
+        out = run_dir / ocr_package.STAGE
+        same = _same_system(out, packages, cfg.system.drop_score)
+        if same and force is None:
+            say(f"{ocr_package.STAGE}: cached (the same parts' packages and drop_score; verified) -> {out}")
+            results.append(StageResult(ocr_package.STAGE, out, "cached", 0.0, "same packages"))
+        else:
+            say(f"{ocr_package.STAGE} ...")
+            t0 = time.perf_counter()
+            ocr_package.compose(package.PackageConfig(), packages, out, cfg.system.drop_score)
+            results.append(StageResult(ocr_package.STAGE, out, "ran", time.perf_counter() - t0))
+        on_stage(results[-1])
+    return results
+
+
+def _same_system(out: Path, packages: list[Path], drop_score: float) -> bool:
+    """Whether `out` is a verified system of exactly these packages (by their manifests) and drop_score."""
+    from pipeline import ocr_package
+
+    if not out.exists():
+        return False
+    try:
+        m = artifacts.verify(out, (ocr_package.STAGE,)).manifest
+    except InputError:
+        return False
+    want = {ocr_package.role_of(p): artifacts.verify(p, ("package",)).manifest_sha256 for p in packages}
+    got = {role: part.get("manifest_sha256") for role, part in (m.get("parts") or {}).items()}
+    return got == want and m["config"].get("drop_score") == drop_score
 
 
 def _run_all(cfg: RunConfig, run_dir: Path, resume: str | None, force: str | None,

@@ -1,0 +1,63 @@
+"""`pipe all` of an OCR system (the `system:` section): each part's config (small generated sets here) runs as its
+own chain in RUN/<role>, the three packages are composed into RUN/ocr_system with its end-to-end figures; a rerun
+reuses everything; a new drop_score recomposes only the system; a system without a recognizer is refused in one
+line before anything runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from pipeline import artifacts, ocr_package
+from pipeline.cli import main
+
+
+def _configs(tmp: Path, rec: bool = True) -> Path:
+    parts = {"det": ("pretrained:ch_PP-OCRv4_det_infer", "ocr_det", {"source": "ocr_pages", "ocr_pages": 40}),
+             "cls": ("pretrained:ch_ppocr_mobile_v2_cls_infer", "ocr_cls", {"source": "ocr_lines", "ocr_lines": 120}),
+             "rec": ("pretrained:ch_PP-OCRv4_rec_infer", "ocr_rec", {"source": "ocr_lines", "ocr_lines": 120})}
+    system = {}
+    for role, (source, task, data) in parts.items():
+        if role == "rec" and not rec:
+            continue
+        path = tmp / f"{role}.yaml"
+        path.write_text(yaml.safe_dump({"import": {"source": source, "task": task}, "data": data,
+                                        "release": {"engine": "onnxruntime"}}))
+        system[role] = str(path)
+    path = tmp / "system.yaml"
+    path.write_text(yaml.safe_dump({"system": system}))
+    return path
+
+
+def test_pipe_all_builds_caches_and_recomposes_the_system(ppocr, tmp_path, capsys):
+    cfg, run = _configs(tmp_path), tmp_path / "run"
+    assert main(["all", "--config", str(cfg), "--run", str(run)]) == 0
+    out = capsys.readouterr().out
+    system = ocr_package.load(run / ocr_package.STAGE)
+    assert set(system.parts) == {"det", "cls", "rec"} and {p.engine for p in system.parts.values()} == {"onnxruntime"}
+    for role in ("det", "cls", "rec"):  # each part its own run: import, package, report
+        assert (run / role / "report.md").is_file()
+        assert system.parts[role].manifest_sha256 == artifacts.verify(run / role / "package", ("package",)).manifest_sha256
+    measured = system.doc["measured"]
+    assert measured["det_hmean"] >= 0.95 and measured["e2e_acc"] >= 0.6 and measured["lines"] > 0
+    assert "ran: det export" in out and "ocr_system" in out
+    sha = artifacts.verify(run / ocr_package.STAGE, (ocr_package.STAGE,)).manifest_sha256
+
+    assert main(["all", "--config", str(cfg), "--run", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "ran: nothing" in out and "ocr_system: cached" in out
+    assert artifacts.verify(run / ocr_package.STAGE, (ocr_package.STAGE,)).manifest_sha256 == sha
+
+    assert main(["all", "--config", str(cfg), "--run", str(run), "--set", "system.drop_score=0.995"]) == 0
+    out = capsys.readouterr().out
+    assert "ran: ocr_system" in out and "cached: det export, det package, cls export" in out
+    assert ocr_package.load(run / ocr_package.STAGE).drop_score == 0.995
+
+
+def test_a_system_without_a_recognizer_is_refused_before_anything_runs(tmp_path, capsys):
+    cfg, run = _configs(tmp_path, rec=False), tmp_path / "run"
+    assert main(["all", "--config", str(cfg), "--run", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "system: an OCR system needs system.det and system.rec" in err and len(err.strip().splitlines()) == 1
+    assert not run.exists()
