@@ -6,6 +6,7 @@ bench` makes it; `make test` does not)."""
 from __future__ import annotations
 
 from pipeline.bench import ocr_system as bench
+from pipeline.tasks import ocr_det
 
 
 def test_measure_runs_every_engine_and_limit_on_the_same_pages(ppocr_det_export, ppocr_rec_export, ppocr_cls_export,
@@ -19,6 +20,8 @@ def test_measure_runs_every_engine_and_limit_on_the_same_pages(ppocr_det_export,
     for name, v in got["systems"].items():
         assert v["lines"] == got["lines"] and v["hmean"] >= 0.95 and v["e2e_acc"] >= 0.75, (name, v)
         assert v["pages_s"] > 0 and 0 < v["p50_s"] <= v["p99_s"], (name, v)
+        # pipe's system cuts its lines out of boxes grown by the det import's system_unclip_ratio
+        assert v["det_settings"]["unclip_ratio"] == ocr_det.settings["system_unclip_ratio"], (name, v)
     # the engines run the same programs: the same lines read at each limit
     for lim in ("736 'min'", "960 'max'"):
         a, b = (got["systems"][f"{e}, det limit {lim}"] for e in ("paddle_inference", "onnxruntime"))

@@ -8,8 +8,10 @@ Per system: end-to-end accuracy (the share of ground-truth lines matched at IoU 
 their text, spaces ignored: `ocr_system.end_to_end`), the detection's hmean, pages/s and p50/p99 seconds per page,
 every page once untimed first (a shape's first run) then once timed alone. pipe runs each model on Paddle
 Inference (PIR programs, oneDNN) and on onnxruntime (the imports' model.onnx), at RapidOCR's det side limit
-(736, 'min') and at its own default (960, 'max'); RapidOCR at its defaults (det limit 736 'min', mean = std =
-0.5, box_thresh 0.5, unclip 1.6, dilation; cls and rec batches of 6) in its own venv (.venv/rapidocr).
+(736, 'min') and at its own default (960, 'max'), its det boxes grown as the OCR system grows them
+(`ocr_det.system_info`: system_unclip_ratio 2.0, PaddleX 3.0's OCR pipeline value; each row names it); RapidOCR
+at its defaults (det limit 736 'min', mean = std = 0.5, box_thresh 0.5, unclip 1.6, dilation; cls and rec
+batches of 6) in its own venv (.venv/rapidocr).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pipeline import artifacts, config as config_mod, engines as engines_mod, io
 Row = tuple[str, str, str, str]
 _PEER = Path(__file__).resolve().parents[2] / ".venv" / "rapidocr" / "bin" / "python"
 _RAPIDOCR_LIMIT = {"limit_side_len": 736, "limit_type": "min"}
+_DET_KEYS = ("limit_side_len", "limit_type", "thresh", "box_thresh", "unclip_ratio", "use_dilation")  # in each row
 
 
 def rows(quick: bool) -> list[Row]:
@@ -50,8 +53,9 @@ def rows(quick: bool) -> list[Row]:
     n = measured["pages"]
     rows_: list[Row] = []
     for name, v in measured["systems"].items():
+        d = v["det_settings"]
         rows_.append((f"OCR system (det + cls + rec, in-process, not served), {name}, {n} generated pages "
-                      f"({measured['lines']} lines)",
+                      f"({measured['lines']} lines), det box_thresh {d['box_thresh']}, unclip {d['unclip_ratio']}",
                       f"end-to-end {v['e2e_acc']:.1%} of lines exact (det hmean {v['hmean']:.4f}), {v['pages_s']:.2f} "
                       f"pages/s, p50 {v['p50_s'] * 1e3:.0f} ms, p99 {v['p99_s'] * 1e3:.0f} ms", "", ""))
     peer = measured.get("rapidocr")
@@ -98,12 +102,14 @@ def measure(root: Path, limit: int | None = None) -> dict[str, Any]:
                                             engines_mod.bind(eng, iospec.IO.from_interface(iface), role),
                                             1 if role == "det" else 6)
         for limit, st in (("736 'min'", _RAPIDOCR_LIMIT), ("960 'max'", {})):
-            det = dataclasses.replace(models["det"], info=dataclasses.replace(
-                models["det"].info, settings={**models["det"].info.settings, **st}))
+            # the det settings the OCR system cuts lines out with (ocr_det.system_info: system_unclip_ratio)
+            det = dataclasses.replace(models["det"], info=ocr_det.system_info(dataclasses.replace(
+                models["det"].info, settings={**models["det"].info.settings, **st})))
             system = ocr_system.System(det, models["rec"], models["cls"])
             answers, seconds = _timed(system, test.images)
             out["systems"][f"{engine}, det limit {limit}"] = {
-                **ocr_system.end_to_end(answers, test.polys, test.texts), **_speed(seconds)}
+                **ocr_system.end_to_end(answers, test.polys, test.texts), **_speed(seconds),
+                "det_settings": {k: det.info.settings[k] for k in _DET_KEYS}}
     out["lines"] = next(iter(out["systems"].values()))["lines"]
     if not _PEER.is_file():
         out["rapidocr_error"] = f"not run: {_PEER} missing (make bench creates it)"
