@@ -96,6 +96,28 @@ def test_low_scores_small_regions_and_settings():
     assert db.decode(m, slow)[0].scores == [pytest.approx(0.5)]
 
 
+def test_system_info_grows_boxes_by_system_unclip_ratio_and_keeps_the_detectors_own():
+    """The OCR system decodes with `system_info`: unclip_ratio replaced by system_unclip_ratio (2.0 by default),
+    so the 60 x 10 block grows by 59 * 9 * 2.0 / 136 = 7.81 px a side instead of 5.86; the detector's own
+    settings (its metric, /v1/predict) keep unclip_ratio; a user's system_unclip_ratio is what the system uses."""
+    m = _map()
+    m[0, 0, 10:20, 20:80] = 0.9
+    sys_info = ocr_det.system_info(INFO)
+    assert INFO.settings["unclip_ratio"] == 1.5 and sys_info.settings["unclip_ratio"] == 2.0
+    assert ocr_det.system_info(sys_info) == sys_info  # idempotent: a caller may apply it twice
+    (box,) = ocr_det.decode({"maps": m}, sys_info)[0].boxes
+    np.testing.assert_allclose(box, [[12.2, 2.2], [86.8, 2.2], [86.8, 26.8], [12.2, 26.8]], atol=1.0)
+    (own,) = ocr_det.decode({"maps": m}, INFO)[0].boxes
+    assert ((box[2] - box[0]) > (own[2] - own[0])).all()  # wider and taller than the detector's own box
+    mine = ocr_det.system_info(tasks.Info(INFO.labels, {**INFO.settings, "system_unclip_ratio": 1.6}))
+    np.testing.assert_array_equal(ocr_det.decode({"maps": m}, mine)[0].boxes,
+                                  db.decode(m, {**INFO.settings, "unclip_ratio": 1.6})[0].boxes)
+    old = {k: v for k, v in INFO.settings.items() if k != "system_unclip_ratio"}  # an artifact from before the key
+    assert ocr_det.system_info(tasks.Info(INFO.labels, old)).settings["unclip_ratio"] == 2.0
+    with pytest.raises(InputError, match="system_unclip_ratio 0.0: must be above 0"):
+        ocr_det.system_info(tasks.Info(INFO.labels, {**INFO.settings, "system_unclip_ratio": 0}))
+
+
 def test_a_turned_region_gives_points_clockwise_from_the_top_left():
     import cv2
 
@@ -382,12 +404,14 @@ def test_settings_from_inference_yml_and_refusals():
     labels, st = ocr_det.from_program(det, None, {"PostProcess": {"name": "DBPostProcess", "box_thresh": "0.5",
                                                                   "unclip_ratio": 2}}, "m")
     assert labels == ["text"] and st["box_thresh"] == 0.5 and st["unclip_ratio"] == 2.0 and st["input"] == "x"
+    assert st["system_unclip_ratio"] == ocr_det.settings["system_unclip_ratio"]  # recorded beside the yml's values
     rec = paddle_program.ProgramIO((x,), (iospec.Tensor("p", "float32", (-1, -1, 6625)),), (), frozenset())
     for pio, keys, yml, needle in [
         (rec, None, {}, "m: ocr_det needs a text probability map [N, 1, H, W]; output 'p' is float32 [-1, -1, 6625]"),
         (det, Path("k.txt"), {}, "m: ocr_det reads no key file"),
         (det, None, {"PostProcess": {"score_mode": "median"}}, "m: ocr_det score_mode 'median'"),
         (det, None, {"PostProcess": {"thresh": "high"}}, "m: inference.yml PostProcess.thresh 'high' is not a float"),
+        (det, None, {"PostProcess": {"unclip_ratio": 0}}, "m: ocr_det unclip_ratio 0.0: must be above 0"),
     ]:
         with pytest.raises(InputError) as e:
             ocr_det.from_program(pio, keys, yml, "m")
