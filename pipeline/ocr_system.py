@@ -96,13 +96,16 @@ def _runs(task: Any, model: Model, images: Sequence[np.ndarray], size: int) -> l
 def page_boxes(images: Sequence[np.ndarray], det_info: Any, runs: Sequence[tuple[list[int], Outputs]]
                ) -> list[list[np.ndarray]]:
     """ocr_det's outputs for batches of the pages (positions, outputs by public name) -> per page its boxes in
-    its own pixels, big enough (`_big_enough`), in reading order (`reading_order`)."""
+    its own pixels, decoded with the system's det settings (`ocr_det.system_info`: grown by system_unclip_ratio,
+    2.0, where the detector alone answers at its unclip_ratio 1.5), big enough (`_big_enough`), in reading order
+    (`reading_order`)."""
     from pipeline.tasks import ocr_det
     from pipeline.tasks.ocr_det import db
 
+    system = ocr_det.system_info(det_info)  # the boxes grown by system_unclip_ratio: the system's crops
     boxes: list[list[np.ndarray]] = [[] for _ in images]
     for pos, outputs in runs:
-        for p, page in zip(pos, ocr_det.decode(outputs, det_info), strict=True):
+        for p, page in zip(pos, ocr_det.decode(outputs, system), strict=True):
             h, w = images[p].shape[:2]
             boxes[p] = [b for b in db.to_source(page, h, w) if _big_enough(b)]
     return [[page[k] for k in reading_order(page)] for page in boxes]
