@@ -24,8 +24,9 @@ def test_measure_serves_the_system_package_and_reads_every_page(ppocr_det_export
     rows = bench._rows(got)
     assert rows[0][0].startswith("OCR system served") and f"{v['e2e_acc']:.1%}" in rows[0][1]
     if bench._PEER.is_file():
-        peer = got["rapidocr"]
-        assert peer["lines"] == got["lines"] and peer["c1"]["pages_s"] > 0
+        assert got["rapidocr"]["lines"] == got["lines"] and got["rapidocr"]["c1"]["pages_s"] > 0
+        peer = got["rapidocr_same_limit"]  # the goal rows' peer: RapidOCR at pipe's det side limit
+        assert got["det_limit"] == "960 'max'" and peer["lines"] == got["lines"] and peer["c1"]["pages_s"] > 0
         ratio = v[f"c{bench.CONCURRENCY}"]["pages_s"] / peer["c1"]["pages_s"]
         assert rows[-2][1].startswith(f"{ratio:.2f}x") and rows[-2][3] in ("met", "**missed**")
     else:

@@ -5,6 +5,9 @@ made by `make bench`); imports nothing of pipe's.
 
     .venv/rapidocr/bin/python pipeline/bench/rapidocr_system_peer.py LIST.json   # {"images": [png paths]}
 
+LIST.json may also hold "settings": RapidOCR's own keyword arguments (e.g. {"det_limit_side_len": 960,
+"det_limit_type": "max"}), every other setting its default.
+
 Every page once untimed (onnxruntime's first run of a shape), then every page once, timed alone. Prints one
 JSON line: {"pages": per page [[4 [x, y]], text, score] for each line it kept, "seconds": per page,
 "versions"}. Pages are read by RapidOCR's own loader, as its users feed it.
@@ -24,8 +27,9 @@ def main(path: str) -> int:
     from rapidocr_onnxruntime import RapidOCR
     from rapidocr_onnxruntime.utils import LoadImage
 
-    files = json.loads(Path(path).read_text())["images"]
-    engine = RapidOCR()
+    doc = json.loads(Path(path).read_text())
+    files = doc["images"]
+    engine = RapidOCR(**(doc.get("settings") or {}))
     imgs = [LoadImage()(f) for f in files]
     for img in imgs:
         engine(img)
