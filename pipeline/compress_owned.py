@@ -276,7 +276,8 @@ def _measure(built: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: Pa
         paths = [src.file(f) for f in v["files"] or ("model.json", "model.pdiparams")] if v["source"] == "export" \
             else [cdir / f for f in v["files"]]
         v["size_bytes"] = sum(p.stat().st_size for p in paths) if v["files"] or v["source"] == "export" else None
-        v.update(metric=task.monitor, top1_agreement=None, max_abs_diff=None, fidelity=None)
+        v.update(metric=task.monitor, top1_agreement=None, max_abs_diff=None, fidelity=None,
+                 throughput_batch=task.timing_batch)  # what items_per_s_bs32 / speedup_bs32 were timed at
         if name not in live:
             out[name] = {**v, "supported": False, "reason": e["reason"], "accuracy": None, "metrics": None,
                          "val_metrics": None, "char_agreement": None, "agreement_samples": None,
@@ -295,8 +296,7 @@ def _measure(built: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: Pa
     for name, v in out.items():
         if not v["supported"]:
             continue
-        v.update(fidelity.speed_fields(name, v, base))
-        v["note"] = v["note"].replace("at batch 32", f"at batch {task.timing_batch}")  # speed_note says every compress's 32
+        v.update(fidelity.speed_fields(name, v, base, task.timing_batch))
         v["status"] = "ok"
         if name != "fp32" and v["char_agreement"] < ccfg.min_agreement:
             v["status"] = (f"below budget: character agreement {v['char_agreement']:.4f} < compress.min_agreement "

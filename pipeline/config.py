@@ -177,7 +177,8 @@ class CompressConfig:
     openvino: bool = _opt(True, "also measure OpenVINO: fp32 on the export's legacy program (or the fp32 ONNX) and "
                                 "int8 on the int8 ONNX; unsupported, with the reason, where it cannot run them")
     latency_runs: int = _opt(200, "timed batch-1 runs per variant after warm-up, interleaved across variants", min=1)
-    throughput_runs: int = _opt(30, "timed batch-32 runs per variant after warm-up, interleaved", min=1)
+    throughput_runs: int = _opt(30, "timed throughput-batch runs per variant after warm-up, interleaved (batch 32; "
+                                    "a task's own timing_batch: ocr_det 4 pages)", min=1)
     distill: bool = _opt(False, "train `student` from the export's model (knowledge distillation), export it, "
                                 "and compress the student (--distill)")
     student: str = _opt("", "the student model for --distill: a built-in name or module:factory")

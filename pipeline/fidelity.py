@@ -96,16 +96,17 @@ def timing_fields(lat: list[float], thr: list[float], batch: int) -> dict[str, f
             "items_per_s_bs32": float(batch / np.median(thr))}
 
 
-def speed_fields(name: str, v: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
-    """A measured variant's speed against fp32 (`base`): the two speedups, whether it is faster, the note."""
+def speed_fields(name: str, v: dict[str, Any], base: dict[str, Any], batch: int = 32) -> dict[str, Any]:
+    """A measured variant's speed against fp32 (`base`): the two speedups, whether it is faster, the note
+    (`batch`: the batch its items/s was timed at, 32 but for a task's own `timing_batch`)."""
     s1 = base["latency_ms_p50_bs1"] / v["latency_ms_p50_bs1"]
     s32 = v["items_per_s_bs32"] / base["items_per_s_bs32"]
     return {"speedup_bs1": s1, "speedup_bs32": s32,
             "faster_than_fp32": None if name == "fp32" else bool(min(s1, s32) >= SPEED_MARGIN),
-            "note": "" if name == "fp32" else speed_note(s1, s32)}
+            "note": "" if name == "fp32" else speed_note(s1, s32, batch)}
 
 
-def speed_note(s1: float, s32: float) -> str:
+def speed_note(s1: float, s32: float, batch: int = 32) -> str:
     def one(s: float, where: str) -> str:
         if s >= SPEED_MARGIN:
             return f"{s:.2f}x faster than fp32 at {where}"
@@ -113,7 +114,7 @@ def speed_note(s1: float, s32: float) -> str:
             return f"SLOWER than fp32 at {where} ({s:.2f}x)"
         return f"no faster than fp32 at {where} ({s:.2f}x, within 5%)"
 
-    return f"{one(s1, 'batch 1')}; {one(s32, 'batch 32')}"
+    return f"{one(s1, 'batch 1')}; {one(s32, f'batch {batch}')}"
 
 
 def int8_names(variants: dict[str, dict[str, Any]]) -> list[str]:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from pipeline import artifacts, cpu, tasks
+from pipeline import artifacts, choose, cpu, tasks
 from pipeline.errors import InputError
 
 STAGES = ("train", "export", "compress", "package")
@@ -398,7 +398,7 @@ def _variant_rows(stages: dict[str, Stage], task: Task) -> tuple[list[tuple[str,
     notes.append(f"Measured by compress on {_get(comp.manifest, 'metrics', 'test_samples', default=_NA)} test "
                  f"samples with {_get(comp.manifest, 'metrics', 'threads', default=_NA)} threads: "
                  f"{timing.get('latency_runs', _NA)} timed batch-1 runs and {timing.get('throughput_runs', _NA)} "
-                 f"batch-32 runs per variant, interleaved. Size in MB = 10^6 bytes.")
+                 f"batch-{timing.get('batch') or 32} runs per variant, interleaved. Size in MB = 10^6 bytes.")
     return rows, notes
 
 
@@ -406,6 +406,7 @@ def _variants(stages: dict[str, Stage], task: Task) -> Section:
     monitored = task.label(task.monitor)
     sec = Section(f"Model variants: {monitored}, size, latency, throughput")
     rows, notes = _variant_rows(stages, task)
+    batch = _throughput_batch(stages)
     sec.blocks += notes
     if not rows:
         sec.blocks.append("No model variants to show (no export or compress stage).")
@@ -413,12 +414,12 @@ def _variants(stages: dict[str, Stage], task: Task) -> Section:
     agree = task.agreement or any(_num(r["agreement"], "g") != _NA for _, r in rows)
     sec.blocks.append(Table(
         ["variant", "engine", "precision", "status", *[task.label(k) for k in task.metrics],
-         *(["top-1 agreement"] if agree else []), "size MB", "p50 ms bs1", "p99 ms bs1", "items/s bs32", "note"],
+         *(["top-1 agreement"] if agree else []), "size MB", "p50 ms bs1", "p99 ms bs1", f"items/s bs{batch}", "note"],
         [[label, str(r["engine"]), str(r["precision"]), r["status"],
           *[task.fmt(k, r["metrics"].get(k)) for k in task.metrics],
           *([_num(r["agreement"], ".3f")] if agree else []), _num(r["size_mb"], ".3f"), _num(r["p50"], ".3f"),
           _num(r["p99"], ".3f"), _num(r["items_s"], ",.0f"), str(r["note"] or "")] for label, r in rows]))
-    sec.blocks.append(("png", _plot_variants(rows, task),
+    sec.blocks.append(("png", _plot_variants(rows, task, batch),
                        f"{monitored}, size, p50/p99 latency and throughput per variant"))
     return sec
 
@@ -539,6 +540,14 @@ def _parity(stages: dict[str, Stage], task: Task) -> Section:
     return sec
 
 
+def _throughput_batch(stages: dict[str, Stage]) -> int:
+    """The batch the compress stage's items/s was timed at (its variants' `throughput_batch`: ocr_det 4 pages),
+    32 without one (every other compress, manifests before the field, no compress stage)."""
+    comp = stages.get("compress")
+    variants = _get(comp.manifest, "metrics", "variants", default={}) if comp is not None else {}
+    return choose.throughput_batch(variants if isinstance(variants, dict) else {})
+
+
 def _packaged(stages: dict[str, Stage], picked: dict[str, Any], task: Task) -> Section:
     sec = Section("Packaged model")
     pkg = stages.get("package")
@@ -555,7 +564,7 @@ def _packaged(stages: dict[str, Stage], picked: dict[str, Any], task: Task) -> S
                       f"{task.fmt(task.monitor, pm.get('variant_accuracy'))}, size "
                       f"{_num(_mb(pm.get('variant_size_bytes')), '.3f')} MB, "
                       f"p50 {_num(pm.get('variant_latency_ms_p50_bs1'), '.3f')} ms at batch 1, "
-                      f"{_num(pm.get('variant_items_per_s_bs32'), ',.0f')} items/s at batch 32. "
+                      f"{_num(pm.get('variant_items_per_s_bs32'), ',.0f')} items/s at batch {_throughput_batch(stages)}. "
                       + (f"Triton ONNX: {pm['onnx_source']} ({pm.get('onnx_precision', '?')})."
                          if pm.get("onnx_source") else ""))
     why = picked.get("why") if picked.get("variant") == _get(m, "metrics", "variant") else None
@@ -736,13 +745,13 @@ def _plot_curves(rows: list[dict[str, float]], title: str, task: Task) -> bytes:
     return _png(fig)
 
 
-def _plot_variants(rows: list[tuple[str, dict[str, Any]]], task: Task) -> bytes:
+def _plot_variants(rows: list[tuple[str, dict[str, Any]]], task: Task, batch: int = 32) -> bytes:
     percent = task.monitor in _PERCENT
     lower = " (lower is better)" if task.maximize is False else ""
     first = f"{task.label(task.monitor)}{' %' if percent else ''}{lower}"
     panels = (("accuracy", first, 100.0 if percent else 1.0), ("size_mb", "size MB", 1.0),
               ("p50", "p50 ms (batch 1)", 1.0), ("p99", "p99 ms (batch 1)", 1.0),
-              ("items_s", "items/s (batch 32)", 1.0))
+              ("items_s", f"items/s (batch {batch})", 1.0))
     labels = [label for label, _ in rows]
     width, height = 15.0, 0.45 * len(rows) + 1.6
     fig = _figure(width, height)

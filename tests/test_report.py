@@ -257,6 +257,28 @@ def test_missing_optional_fields_and_unsupported_variants(full_run, tmp_path):
     assert f"variant **{pkg['precision']}** ({pkg['precision']}, format {pkg['format']}, engine paddle_inference)" in md
 
 
+def test_the_throughput_batch_is_the_compress_records(full_run, tmp_path):
+    """A compress that timed its throughput at another batch (ocr_det: 4 pages) says so in each variant's
+    `throughput_batch` and `timing.batch`: the table, its note and the packaged model's line say batch 4; the
+    same run without the fields (every other compress, older manifests) reads as batch 32."""
+    run = tmp_path / "run"
+    shutil.copytree(full_run, run)
+    old = report.write(run)[0].read_text(encoding="utf-8")
+    assert "items/s bs32" in next(iter(_variant_table(old).values()))
+    assert "items/s at batch 32" in _section(old, "Packaged model")
+    comp = _manifest(run / "compress")
+    for v in comp["metrics"]["variants"].values():
+        v["throughput_batch"] = 4
+    comp["metrics"]["timing"]["batch"] = 4
+    (run / "compress" / "manifest.json").write_text(json.dumps(comp))
+    md = report.write(run)[0].read_text(encoding="utf-8")
+    rows = _variant_table(md)
+    assert all("items/s bs4" in r and "items/s bs32" not in r for r in rows.values())
+    variants = _section(md, "Model variants")
+    assert "batch-4 runs per variant" in variants and "batch-32" not in variants
+    assert "items/s at batch 4" in _section(md, "Packaged model")
+
+
 def test_fast_and_without_paddle(reported):
     """In a fresh interpreter: paddle is never imported (the report reads manifests only), and writing
     takes < 3 s (the target for the end of `pipe all`). matplotlib is imported first, outside the timing,
