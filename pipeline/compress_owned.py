@@ -20,7 +20,8 @@ fixed-shape arrays:
 - `int8-paddle` (`--backend paddle|both`): PaddleSlim on the legacy program, run by oneDNN int8.
   These two quantize every layer (they have no search): they are measured and judged like the others.
 
-Calibration: `calib_batches` x `calib_batch_size` train items (default all of up to 10 x 32), a seeded draw,
+Calibration: `calib_batches` x `calib_batch_size` train items (default all of up to 10 x 32, at most the task's
+`calib_max`: ocr_det 40 pages, as onnxruntime's calibrator holds ~75 MB a page), a seeded draw,
 in the task's batches (ocr_rec: sorted by width, bucketed as served; ocr_det: a page a batch, at its own
 shape), so every route calibrates at the shapes it serves. Messages count items in the task's `unit` ("lines"
 if it has none; ocr_det "pages"); manifest keys keep ocr_rec's word (`calibration.lines`, `val_lines`).
@@ -81,7 +82,7 @@ def run(cfg: RunConfig, src: artifacts.Artifact, out_dir: Path) -> Path:
     data = task.load_data(exp_cfg.data, info)
     _check_data(src, data, exp_cfg, unit)
     size = exp_cfg.import_.batch_size
-    calib_rows = quantize.calibration_rows(len(data.train), ccfg, unit, whole_batches=False)
+    calib_rows = _calibration_rows(len(data.train), ccfg, task, unit)
     calib = [feeds for _, feeds in task.batches(data.train, info, ccfg.calib_batch_size, rows=calib_rows)]
     backends = {"both": ("paddle", "onnxruntime"), "openvino": ()}.get(ccfg.backend, (ccfg.backend,))
     if ccfg.backend == "openvino" and not ccfg.openvino:
@@ -115,6 +116,18 @@ def run(cfg: RunConfig, src: artifacts.Artifact, out_dir: Path) -> Path:
 
 
 # ------------------------------------------------------------------ data
+
+
+def _calibration_rows(n: int, ccfg: CompressConfig, task: Any, unit: str) -> np.ndarray:
+    """Which train items calibrate (`quantize.calibration_rows`): by default (compress.calib_batches 0) at most
+    the task's `calib_max` if it has one (ocr_det: 40 pages), fewer than which is thin; an explicit count is the
+    user's."""
+    most = getattr(task, "calib_max", None)
+    if not most:
+        return quantize.calibration_rows(n, ccfg, unit, whole_batches=False)
+    if not ccfg.calib_batches and n > most:
+        ccfg = dataclasses.replace(ccfg, calib_batches=1, calib_batch_size=most)
+    return quantize.calibration_rows(n, ccfg, unit, whole_batches=False, thin_below=most)
 
 
 def _check_data(src: artifacts.Artifact, data: Any, exp_cfg: RunConfig, unit: str) -> None:
@@ -362,7 +375,9 @@ def _metrics(variants: dict[str, dict[str, Any]], ccfg: CompressConfig, task: An
         "threads": threads,
         "calibration": {"split": "train", "lines": int(len(rows)), "unit": unit, "of": n_train, "batches": len(calib),
                         "batch_size": ccfg.calib_batch_size, "widths": widths, "seed": ccfg.calib_seed,
-                        "thin": bool(len(rows) < quantize.CALIB_WARN_BELOW), "inputs_sha256": digest.hexdigest(),
+                        "max": getattr(task, "calib_max", None),  # the task's default cap (ocr_det: pages' memory)
+                        "thin": bool(len(rows) < (getattr(task, "calib_max", None) or quantize.CALIB_WARN_BELOW)),
+                        "inputs_sha256": digest.hexdigest(),
                         "onnxruntime_method": quantize.ORT_CALIB[ccfg.algo][0], "paddleslim_algo": ccfg.algo},
         "openvino_search": search,
         "timing": {"latency_runs": ccfg.latency_runs, "throughput_runs": ccfg.throughput_runs, "batch": task.timing_batch,

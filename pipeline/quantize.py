@@ -163,12 +163,14 @@ AUTO_CALIB_BATCHES = 10
 CALIB_WARN_BELOW = 100
 
 
-def calibration_rows(n: int, ccfg: CompressConfig, unit: str = "samples", whole_batches: bool = True) -> np.ndarray:
+def calibration_rows(n: int, ccfg: CompressConfig, unit: str = "samples", whole_batches: bool = True,
+                     thin_below: int = CALIB_WARN_BELOW) -> np.ndarray:
     """Which of a train split's n rows calibrate int8, sorted: a seeded draw without replacement. By default
     (compress.calib_batches 0) up to 10 batches of compress.calib_batch_size, all of a smaller split (in whole
     batches if `whole_batches`; a split smaller than one batch is one batch of all of it); an explicit count the
     split cannot fill is an error. Thin calibration (under CALIB_WARN_BELOW) is said on stderr, not refused.
-    `unit` names the rows in those messages (ocr_rec: lines, which it batches by width itself)."""
+    `unit` names the rows in those messages (ocr_rec: lines, which it batches by width itself); `thin_below`
+    where thin starts (a task whose items are large, ocr_det's pages, calibrates on fewer)."""
     size = ccfg.calib_batch_size
     if ccfg.calib_batches:
         want = ccfg.calib_batches * size
@@ -181,9 +183,9 @@ def calibration_rows(n: int, ccfg: CompressConfig, unit: str = "samples", whole_
         want = min(AUTO_CALIB_BATCHES, n // size) * size
     else:
         want = min(n, AUTO_CALIB_BATCHES * size)
-    if want < CALIB_WARN_BELOW:
+    if want < thin_below:
         print(f"warning: compress calibrates int8 on {want} {unit} (the train split has {n}); fewer than "
-              f"{CALIB_WARN_BELOW} may set poor ranges", file=sys.stderr)
+              f"{thin_below} may set poor ranges", file=sys.stderr)
     return np.sort(np.random.default_rng(ccfg.calib_seed).permutation(n)[:want])
 
 

@@ -18,8 +18,8 @@ and `pipe serve` call for a dynamic input (pipeline/tasks/__init__.py): `sample_
 `prepare_images` (pages of one prepared shape batch together), `reference_set` (a few pages fitted into one
 REFERENCE_SIDE square), `reference_digest` (the map, float16) and `reference_agreement` (how alike two
 runs' boxes are, at the metric's IoU); `max_batch`, the pages a package runs at once by default; and what
-`pipe compress` calls (pipeline/compress_owned.py): `subset`, `timing_batch`, `unit`, `nncf_model_type`; and
-for the OCR system (pipeline/ocr_system.py), `system_info`: the settings it decodes a page with before cutting
+`pipe compress` calls (pipeline/compress_owned.py): `subset`, `timing_batch`, `unit`, `nncf_model_type`,
+`calib_max`; and for the OCR system (pipeline/ocr_system.py), `system_info`: the settings it decodes a page with before cutting
 its lines out for the recognizer (boxes grown by `system_unclip_ratio`, 2.0, instead of `unclip_ratio`, 1.5).
 """
 
@@ -67,6 +67,11 @@ max_batch = 4
 timing_batch = max_batch
 unit = "pages"
 nncf_model_type = None
+# Calibration pages by default: onnxruntime's calibrator holds every page's activations until it is done
+# (measured ~75 MB a page: 10 pages 1.5 GB, 40 pages 3.8 GB at peak; all of a 100-page train split put compress
+# at ~9 GB RSS), and 40 pages put NNCF at 0.0 points and onnxruntime at -0.1 (facts §17).
+# compress.calib_batches asks for another count.
+calib_max = 40
 _YML_KEYS = {"PostProcess": ("thresh", "box_thresh", "max_candidates", "unclip_ratio", "score_mode", "use_dilation")}
 
 
