@@ -564,7 +564,8 @@ def _packaged(stages: dict[str, Stage], picked: dict[str, Any], task: Task) -> S
                       f"{task.fmt(task.monitor, pm.get('variant_accuracy'))}, size "
                       f"{_num(_mb(pm.get('variant_size_bytes')), '.3f')} MB, "
                       f"p50 {_num(pm.get('variant_latency_ms_p50_bs1'), '.3f')} ms at batch 1, "
-                      f"{_num(pm.get('variant_items_per_s_bs32'), ',.0f')} items/s at batch {_throughput_batch(stages)}. "
+                      f"{_num(pm.get('variant_items_per_s_bs32'), ',.0f')} items/s at batch "
+                      f"{_throughput_batch(stages)}. "
                       + (f"Triton ONNX: {pm['onnx_source']} ({pm.get('onnx_precision', '?')})."
                          if pm.get("onnx_source") else ""))
     why = picked.get("why") if picked.get("variant") == _get(m, "metrics", "variant") else None
