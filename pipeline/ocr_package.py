@@ -150,7 +150,8 @@ def measure(parts: dict[str, Any], drop_score: float) -> dict[str, Any]:
     det = parts["det"]
     threads = runtime.threads_per_process(1)
     runtime.import_paddle(threads)
-    data = ocr_det.load_data(config_mod.from_dict(_config_of(det)).data, det.info)
+    config = _config_of(det)
+    data = ocr_det.load_data(config_mod.from_dict(config).data, det.info)
     test = data.test
     n = min(MEASURE_PAGES, len(test.images))
     models = {role: ocr_system.Model(p.info, _runner(p, threads), batch=_batch(p)) for role, p in parts.items()}
@@ -163,7 +164,7 @@ def measure(parts: dict[str, Any], drop_score: float) -> dict[str, Any]:
     out = {"det_hmean": round(scores["hmean"], 4), "det_precision": round(scores["precision"], 4),
            "det_recall": round(scores["recall"], 4), "e2e_acc": round(scores["e2e_acc"], 4),
            "lines": int(scores["lines"]), "pages": n, "seconds_per_page": round(seconds / max(1, n), 3),
-           "on": f"the detector's test split, first {n} pages ({_data_name(det)})"}
+           "on": f"the detector's test split, first {n} pages (data.source {config['data']['source']})"}
     print(f"package: OCR system end to end: {out['e2e_acc']:.1%} of {out['lines']} lines read exactly, det hmean "
           f"{out['det_hmean']:.4f}, {n} test pages")
     return out
@@ -172,10 +173,6 @@ def measure(parts: dict[str, Any], drop_score: float) -> dict[str, Any]:
 def _config_of(spec: Any) -> dict[str, Any]:
     m = artifacts.verify(spec.dir, ("package",)).manifest
     return {k: v for k, v in m["config"].items() if k != "package"}
-
-
-def _data_name(spec: Any) -> str:
-    return str((_config_of(spec).get("data") or {}).get("name") or "generated pages")
 
 
 def _batch(spec: Any) -> int:

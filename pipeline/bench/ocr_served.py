@@ -35,11 +35,12 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import artifacts, config as config_mod, ocr_system, pretrained
+from pipeline import artifacts, ocr_system
+from pipeline.bench import ocr_system as ocr_system_bench
 
 Row = tuple[str, str, str, str]
 _REPO = Path(__file__).resolve().parents[2]
-_PEER = _REPO / ".venv" / "rapidocr" / "bin" / "python"
+_PEER = ocr_system_bench._PEER
 ENGINES = ("onnxruntime", "openvino", "paddle")
 CONCURRENCY = 8
 
@@ -48,36 +49,19 @@ def rows(quick: bool) -> list[Row]:
     pages = 12 if quick else 40
     with tempfile.TemporaryDirectory(prefix="pipe-bench-ocr-served-") as tmp:
         out = Path(tmp)
-        failed = _import_parts(out, pages)
+        failed = ocr_system_bench.import_parts(out, pages, "OCR system served")
         if failed:
             return [failed]
         measured = measure(out, ENGINES[:2] if quick else ENGINES)
     return _rows(measured)
 
 
-def _import_parts(out: Path, pages: int) -> Row | None:
-    root = pretrained.ppocr()
-    data_sets = {"det": ["--set", f"data.ocr_pages={int(pages / 0.15) + 1}"], "rec": ["--set", "data.ocr_lines=60"],
-                 "cls": ["--set", "data.ocr_lines=60"]}
-    for role, task in (("det", "ocr_det"), ("rec", "ocr_rec"), ("cls", "ocr_cls")):
-        keys = ["--keys", str(root / pretrained.KEYS)] if role == "rec" else []
-        r = subprocess.run([sys.executable, "-m", "pipeline.cli", "import", str(root / pretrained.MODELS[role]),
-                            "--task", task, *keys, "--out", str(out / role), *data_sets[role]],
-                           capture_output=True, text=True, cwd=_REPO)
-        if r.returncode != 0:
-            return (f"OCR system served: `pipe import` {role}", f"failed ({r.returncode}): {r.stderr.strip()[-200:]}",
-                    "", "**failed**")
-    return None
-
-
 def measure(root: Path, engines: tuple[str, ...] = ENGINES, limit: int | None = None) -> dict[str, Any]:
     """Each engine's system package served, then RapidOCR, on the det import's test pages (the first `limit`)."""
     from pipeline.tasks import ocr_det
 
-    det = artifacts.verify(root / "det", ("export",))
-    info = ocr_det.info_of(det.manifest["interface"])
-    test = ocr_det.load_data(config_mod.from_dict(det.manifest["config"]).data, info).test
-    test = ocr_det.subset(test, range(len(test) if limit is None else min(limit, len(test))))
+    _, test = ocr_system_bench._imports(root, limit)
+    info = ocr_det.info_of(artifacts.verify(root / "det", ("export",)).manifest["interface"])
     bodies = [json.dumps({"images": [_png_b64(im)]}).encode() for im in test.images]
     out: dict[str, Any] = {"pages": len(test), "systems": {}, "cores": os.cpu_count()}
     for engine in engines:
@@ -183,22 +167,12 @@ def _poster(client: Any, url: str) -> Any:
 
 
 def _rapidocr(test: Any, settings: dict[str, Any] | None = None) -> dict[str, Any]:
-    """RapidOCR whole in its venv on the pages, at its defaults but `settings` (its own keyword arguments)."""
-    from pipeline.tasks.ocr_rec import data as rec_data
-
-    if not _PEER.is_file():
-        return {"error": f"not run: {_PEER} missing (make bench creates it)"}
-    with tempfile.TemporaryDirectory(prefix="pipe-bench-rapidocr-served-") as tmp:
-        paths = rec_data.write_pngs(test, Path(tmp))
-        (Path(tmp) / "list.json").write_text(json.dumps({"images": [str(p) for p in paths],
-                                                          "settings": settings or {}}))
-        r = subprocess.run([str(_PEER), str(Path(__file__).with_name("rapidocr_system_peer.py")),
-                            str(Path(tmp) / "list.json")], capture_output=True, text=True, timeout=3600)
-    if r.returncode != 0:
-        return {"error": f"failed ({r.returncode}): {r.stderr.strip()[-200:]}"}
-    peer = json.loads(r.stdout.strip().splitlines()[-1])
-    answers = [[{"points": box, "text": text, "score": score} for box, text, score in page] for page in peer["pages"]]
-    return {**ocr_system.end_to_end(answers, test.polys, test.texts), "c1": _stats(peer["seconds"], sum(peer["seconds"]))}
+    """RapidOCR whole in-process, page by page (`ocr_system_bench.rapidocr`): its accuracy and speed, or its error."""
+    peer = ocr_system_bench.rapidocr(test, settings)
+    if "error" in peer:
+        return peer
+    return {**ocr_system.end_to_end(peer["answers"], test.polys, test.texts),
+            "c1": _stats(peer["seconds"], sum(peer["seconds"]))}
 
 
 def _stats(seconds: list[float], wall: float) -> dict[str, float]:

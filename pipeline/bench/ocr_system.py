@@ -30,7 +30,8 @@ import numpy as np
 from pipeline import artifacts, config as config_mod, engines as engines_mod, iospec, ocr_system, pretrained, runtime
 
 Row = tuple[str, str, str, str]
-_PEER = Path(__file__).resolve().parents[2] / ".venv" / "rapidocr" / "bin" / "python"
+_REPO = Path(__file__).resolve().parents[2]
+_PEER = _REPO / ".venv" / "rapidocr" / "bin" / "python"
 _RAPIDOCR_LIMIT = {"limit_side_len": 736, "limit_type": "min"}
 _DET_KEYS = ("limit_side_len", "limit_type", "thresh", "box_thresh", "unclip_ratio", "use_dilation")  # in each row
 
@@ -38,17 +39,10 @@ _DET_KEYS = ("limit_side_len", "limit_type", "thresh", "box_thresh", "unclip_rat
 def rows(quick: bool) -> list[Row]:
     pages = 12 if quick else 40
     with tempfile.TemporaryDirectory(prefix="pipe-bench-ocr-system-") as tmp:
-        root, out = pretrained.ppocr(), Path(tmp)
-        data_sets = {"det": ["--set", f"data.ocr_pages={int(pages / 0.15) + 1}"], "rec": ["--set", "data.ocr_lines=60"],
-                     "cls": ["--set", "data.ocr_lines=60"]}
-        for role, task in (("det", "ocr_det"), ("rec", "ocr_rec"), ("cls", "ocr_cls")):
-            keys = ["--keys", str(root / pretrained.KEYS)] if role == "rec" else []
-            r = subprocess.run([sys.executable, "-m", "pipeline.cli", "import", str(root / pretrained.MODELS[role]),
-                                "--task", task, *keys, "--out", str(out / role), *data_sets[role]],
-                               capture_output=True, text=True)
-            if r.returncode != 0:
-                return [(f"OCR system: `pipe import` {role}", f"failed ({r.returncode}): {r.stderr.strip()[-200:]}",
-                         "", "**failed**")]
+        out = Path(tmp)
+        failed = import_parts(out, pages, "OCR system")
+        if failed:
+            return [failed]
         measured = measure(out)
     n = measured["pages"]
     rows_: list[Row] = []
@@ -78,11 +72,47 @@ def rows(quick: bool) -> list[Row]:
     return rows_
 
 
+def import_parts(out: Path, pages: int, what: str) -> Row | None:
+    """`pipe import` of the real PP-OCRv4 det (enough generated pages for `pages` test pages), rec and cls into
+    out/det, out/rec, out/cls; a failed import's row (`what` names the bench), else None."""
+    root = pretrained.ppocr()
+    data_sets = {"det": ["--set", f"data.ocr_pages={int(pages / 0.15) + 1}"], "rec": ["--set", "data.ocr_lines=60"],
+                 "cls": ["--set", "data.ocr_lines=60"]}
+    for role, task in (("det", "ocr_det"), ("rec", "ocr_rec"), ("cls", "ocr_cls")):
+        keys = ["--keys", str(root / pretrained.KEYS)] if role == "rec" else []
+        r = subprocess.run([sys.executable, "-m", "pipeline.cli", "import", str(root / pretrained.MODELS[role]),
+                            "--task", task, *keys, "--out", str(out / role), *data_sets[role]],
+                           capture_output=True, text=True, cwd=_REPO)
+        if r.returncode != 0:
+            return (f"{what}: `pipe import` {role}", f"failed ({r.returncode}): {r.stderr.strip()[-200:]}", "",
+                    "**failed**")
+    return None
+
+
+def rapidocr(test: Any, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """RapidOCR 1.4.4 whole in its venv on the pages, at its defaults but `settings` (its own keyword arguments):
+    {"answers": per page its lines as `ocr_system.read` answers, "seconds": per page}, or {"error": why not}."""
+    from pipeline.tasks.ocr_rec import data as rec_data
+
+    if not _PEER.is_file():
+        return {"error": f"not run: {_PEER} missing (make bench creates it)"}
+    with tempfile.TemporaryDirectory(prefix="pipe-bench-rapidocr-system-") as tmp:
+        paths = rec_data.write_pngs(test, Path(tmp))  # each page's `.images`, in order
+        (Path(tmp) / "list.json").write_text(json.dumps({"images": [str(p) for p in paths],
+                                                          "settings": settings or {}}))
+        r = subprocess.run([str(_PEER), str(Path(__file__).with_name("rapidocr_system_peer.py")),
+                            str(Path(tmp) / "list.json")], capture_output=True, text=True, timeout=3600)
+    if r.returncode != 0:
+        return {"error": f"failed ({r.returncode}): {r.stderr.strip()[-200:]}"}
+    peer = json.loads(r.stdout.strip().splitlines()[-1])
+    return {"answers": [[{"points": box, "text": text, "score": score} for box, text, score in page]
+                        for page in peer["pages"]], "seconds": peer["seconds"]}
+
+
 def measure(root: Path, limit: int | None = None) -> dict[str, Any]:
     """pipe's system on each engine and det limit, then RapidOCR's, over the det import's test pages (the first
     `limit`, if given; under `root`: the det, rec and cls import artifacts)."""
     from pipeline.tasks import ocr_det
-    from pipeline.tasks.ocr_rec import data as rec_data
 
     arts, test = _imports(root, limit)
     threads = runtime.threads_per_process(1)
@@ -100,20 +130,11 @@ def measure(root: Path, limit: int | None = None) -> dict[str, Any]:
                 **ocr_system.end_to_end(answers, test.polys, test.texts), **_speed(seconds),
                 "det_settings": {k: det.info.settings[k] for k in _DET_KEYS}}
     out["lines"] = next(iter(out["systems"].values()))["lines"]
-    if not _PEER.is_file():
-        out["rapidocr_error"] = f"not run: {_PEER} missing (make bench creates it)"
+    peer = rapidocr(test)
+    if "error" in peer:
+        out["rapidocr_error"] = peer["error"]
         return out
-    with tempfile.TemporaryDirectory(prefix="pipe-bench-rapidocr-system-") as tmp:
-        paths = rec_data.write_pngs(test, Path(tmp))  # each page's `.images`, in order
-        (Path(tmp) / "list.json").write_text(json.dumps({"images": [str(p) for p in paths]}))
-        r = subprocess.run([str(_PEER), str(Path(__file__).with_name("rapidocr_system_peer.py")),
-                            str(Path(tmp) / "list.json")], capture_output=True, text=True, timeout=3600)
-    if r.returncode != 0:
-        out["rapidocr_error"] = f"failed ({r.returncode}): {r.stderr.strip()[-200:]}"
-        return out
-    peer = json.loads(r.stdout.strip().splitlines()[-1])
-    answers = [[{"points": box, "text": text, "score": score} for box, text, score in page] for page in peer["pages"]]
-    out["rapidocr"] = {**ocr_system.end_to_end(answers, test.polys, test.texts), **_speed(peer["seconds"])}
+    out["rapidocr"] = {**ocr_system.end_to_end(peer["answers"], test.polys, test.texts), **_speed(peer["seconds"])}
     return out
 
 
