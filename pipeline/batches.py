@@ -54,3 +54,59 @@ class FeedDataset:
         pos = np.asarray(batch, np.int64)
         feeds = self.split.feeds(pos, self.pre)
         return feeds, self.targets(np.asarray(self.split.y[self.split.idx[pos]]), feeds)
+
+
+class MixedBatchSampler:
+    """A GlobalBatchSampler over the user's lines, each global batch followed by `general` lines drawn from
+    another split (fine-tuning's rehearsal: finetune.mix), numbered after the user's (`n` + j). Global batch k of
+    epoch e draws them from (seed, e, k) alone, so the batches are the same at any world size and on resume; rank
+    r takes its r-th slice of each part."""
+
+    def __init__(self, user: GlobalBatchSampler, n_general: int, general: int):
+        self.user, self.n_general, self.general = user, n_general, general
+        self.local = general // user.world
+
+    @property
+    def epoch(self) -> int:
+        return self.user.epoch
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.user.set_epoch(epoch, start)
+
+    def __len__(self) -> int:
+        return len(self.user)
+
+    def __iter__(self):
+        u = self.user
+        for k, pos in enumerate(u, start=u.start):
+            if not self.local:
+                yield pos
+                continue
+            drawn = np.random.RandomState([u.seed, u.epoch, k, 1]).choice(self.n_general, self.general, replace=False)
+            mine = drawn[u.rank * self.local:(u.rank + 1) * self.local]
+            yield pos + [u.n + int(j) for j in mine]
+
+
+class OwnedDataset:
+    """Map-style dataset for a task that owns its data (ocr_rec): positions of the user's train split, then of the
+    general lines (`MixedBatchSampler`); `collate` hands the batch's images and texts to the task's
+    `training_batch`. Augmentation draws from a generator per (seed, epoch, position): the same line is
+    augmented alike at any world size and on resume, and differently each epoch."""
+
+    def __init__(self, task: Any, info: Any, user: Any, general: Any, sampler: Any, seed: int, augment: bool):
+        self.task, self.info, self.user, self.general = task, info, user, general
+        self.sampler, self.seed, self.augment = sampler, seed, augment
+
+    def __len__(self) -> int:
+        return len(self.user) + (len(self.general) if self.general is not None else 0)
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+    def collate(self, batch: list[int]) -> tuple[dict[str, np.ndarray], Any]:
+        n = len(self.user)
+        pick = [(self.user, p) if p < n else (self.general, p - n) for p in batch]
+        images = [s.images[i] for s, i in pick]
+        texts = [s.texts[i] for s, i in pick]
+        rngs = ([np.random.default_rng([self.seed, self.sampler.epoch, p]) for p in batch] if self.augment else None)
+        return self.task.training_batch(images, texts, self.info, rngs)

@@ -64,9 +64,10 @@ class DataConfig:
 class ModelConfig:
     name: str = _opt("digits_cnn", "images: digits_cnn, mlp, resnet18, mobilenet_v3_small; text: text_fasttext, "
                                    "text_cnn, bigru, transformer, ernie_tiny (with data.text_inputs=ernie); or package.module:factory")
-    init: str = _opt("", "fine-tune from these weights: a .pdparams or .safetensors state dict, or a train "
-                         "artifact directory (--init); tensors matched by name, one of another shape keeps its "
-                         "fresh init; '' = random init")
+    init: str = _opt("", "fine-tune from these weights: a .pdparams or .safetensors state dict, a train artifact "
+                         "directory, or a pipe import's export directory (an exported program: its own ops and "
+                         "weights are trained, with the finetune section's guard) (--init); tensors matched by "
+                         "name, one of another shape keeps its fresh init; '' = random init")
     init_strict: bool = _opt(False, "refuse (exit 2) a model.init with any missing, unexpected or differently "
                                     "shaped (or typed) tensor")
     task: str = _opt("classification", "what the model is trained, judged and served for: classification, detection "
@@ -240,6 +241,26 @@ class SystemConfig:
 
 
 @dataclass(frozen=True)
+class FinetuneConfig:
+    """Fine-tuning an imported pretrained program (`model.init` a pipe import's export directory): the guard
+    against forgetting (docs/finetune.md says how each default was chosen)."""
+
+    lr: float = _opt(2e-4, "peak learning rate from an imported program (train.lr is for pipe's own models: a "
+                           "pretrained start wants a smaller step)", min=0)
+    general: str = _opt("", "the pretrained model's own domain, held out to measure forgetting: a data source of "
+                            "the task; '' = its built-in lines (ocr_lines)")
+    general_lines: int = _opt(150, "lines of finetune.general evaluated every epoch (its val split); its train "
+                                   "split (1/0.15 as many) is what finetune.mix draws from", min=10)
+    mix: float = _opt(0.25, "share of every training batch drawn from finetune.general's train lines (rehearsal)",
+                      min=0, max=0.9)
+    max_drop: float = _opt(0.01, "the best checkpoint is the best by train.monitor among epochs whose metric on "
+                                 "finetune.general is within this of the pretrained model's (0.01 = 1 point); "
+                                 "no such epoch fails the run (exit 4)", min=0, max=1)
+    augment: bool = _opt(True, "augment training lines (rotation, perspective, blur, noise, colour, margins), "
+                               "seeded by train.seed")
+
+
+@dataclass(frozen=True)
 class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -253,6 +274,7 @@ class RunConfig:
     postprocess: PostprocessConfig = field(default_factory=PostprocessConfig)
     import_: ImportConfig = field(default_factory=ImportConfig)  # `import:` in YAML, --set and manifests
     system: SystemConfig = field(default_factory=SystemConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {_SECTION_OF.get(k, k): v for k, v in dataclasses.asdict(self).items()}

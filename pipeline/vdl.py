@@ -51,7 +51,8 @@ class Scalars:
     def epoch(self, step: int, row: dict[str, Any]) -> None:
         """An epoch's row of metrics.csv: every val_ column (val/loss, val/acc, val/map...) and the loss scale
         ("" when the scaler is off)."""
-        tags = {**{k: "val/" + k.removeprefix("val_") for k in row if k.startswith("val_")}, **EPOCH_TAGS}
+        tags = {**{k: "val/" + k.removeprefix("val_") for k in row if k.startswith("val_")},
+                **{k: "general/" + k.removeprefix("general_") for k in row if k.startswith("general_")}, **EPOCH_TAGS}
         for key, tag in tags.items():
             if row.get(key, "") != "":
                 self._add(tag, row[key], step)

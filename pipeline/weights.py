@@ -2,8 +2,9 @@
 
     pipe train --config examples/digits.yaml --run runs/ft --init runs/exp1/train
 
-A source is a `.safetensors` or `.pdparams` state dict, or an earlier run's `train/` artifact (verified
-first, then its `model.safetensors`). Tensors are matched by name to the built model's `state_dict()`;
+A source is a `.safetensors` or `.pdparams` state dict, an earlier run's `train/` artifact (verified
+first, then its `model.safetensors`), or a `pipe import`'s export artifact (kind `program`: the imported
+program itself becomes the model, pipeline/program_layer.py; stages/train.py builds it, not `apply`). Tensors are matched by name to the built model's `state_dict()`;
 one whose shape differs (a new classifier head for another class count), or whose dtype differs where
 either side is not floating point, keeps its fresh init. `model.init_strict` refuses any difference.
 
@@ -39,7 +40,7 @@ class Source:
     """A checked `model.init`: `file` is the state dict to read."""
 
     path: Path
-    kind: str  # "train", "safetensors" or "pdparams"
+    kind: str  # "train", "safetensors", "pdparams" or "program" (a pipe import's export artifact)
     file: Path
     manifest_sha256: str | None = None  # kind "train": the artifact's manifest
 
@@ -50,9 +51,11 @@ def source(spec: str) -> Source:
     path = Path(spec)
     if path.is_dir():
         try:
-            art = artifacts.verify(path, ("train",))
+            art = artifacts.verify(path, ("train", "export"))
         except InputError as e:
             raise InputError(f"model.init: {e}") from None
+        if art.stage == "export":
+            return _program(art)
         return Source(path, "train", art.file("model.safetensors"), art.manifest_sha256)
     if not path.exists():
         raise InputError(f"model.init {path}: no such file or directory")
@@ -60,6 +63,22 @@ def source(spec: str) -> Source:
         raise InputError(f"model.init {path}: expected a .safetensors or .pdparams state dict, or a train "
                          "artifact directory")
     return Source(path, path.suffix[1:], path)
+
+
+def _program(art: artifacts.Artifact) -> Source:
+    """An export artifact as `model.init`: a pipe import (someone's exported program, e.g. PP-OCRv4 rec) whose
+    legacy program pipe train runs as a layer (pipeline/program_layer.py). pipe's own exports are refused: their
+    train artifact is the better start."""
+    where = f"model.init {art.path}"
+    lineage = art.manifest.get("source") or {}
+    legacy = art.manifest.get("legacy") or {}
+    if lineage.get("kind") not in ("import", "finetune"):
+        raise InputError(f"{where}: a pipe export of a model pipe trained; fine-tune from its train/ artifact "
+                         f"(the export's lineage names it)")
+    if legacy.get("format") != "legacy":
+        raise InputError(f"{where}: imported from a PIR program; pipe train fine-tunes a legacy program "
+                         f"(<prefix>.pdmodel): {legacy.get('reason', 'none here')}")
+    return Source(art.path, "program", art.file(legacy["params"]), art.manifest_sha256)
 
 
 def apply(paddle: Any, net: Any, src: Source, strict: bool, emit: Emit) -> dict[str, Any]:
@@ -120,8 +139,9 @@ def describe(record: dict[str, Any], check: bool = False) -> str:
         return text
     path = Path(record["path"])
     try:
-        if record["kind"] == "train":
-            now = artifacts.verify(path, ("train",)).manifest_sha256 == record.get("manifest_sha256")
+        if record["kind"] in ("train", "program"):
+            now = artifacts.verify(path, (record["kind"].replace("program", "export"),)).manifest_sha256 == \
+                record.get("manifest_sha256")
         else:
             now = path.is_file() and artifacts.sha256_file(path) == record["sha256"]
     except InputError as e:

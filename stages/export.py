@@ -62,6 +62,8 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path, onnx: bool = False) -> Path
     out_dir = Path(out_dir)
     src = artifacts.verify(in_dir, ("train",))
     train_cfg = config_mod.from_dict(src.manifest["config"])
+    if (src.manifest.get("init") or {}).get("kind") == "program":
+        return _export_program(cfg, src, train_cfg, out_dir, onnx)
     desc, labels, pre = _read_interface(src)
     task, info = tasks.from_interface(src.manifest["interface"], desc)
     ds = data_mod.load(train_cfg.data, getattr(task, "data", None))  # the task picks the loader, as in train
@@ -129,6 +131,54 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path, onnx: bool = False) -> Path
             w.extra["onnx"] = {"format": "onnx", "model": "model.onnx", "opset": _ONNX_OPSET,
                                "inputs": onnx_parity["inputs"], "outputs": onnx_parity["outputs"]}
     return out_dir
+
+
+def _export_program(cfg: RunConfig, src: artifacts.Artifact, train_cfg: RunConfig, out_dir: Path, onnx: bool) -> Path:
+    """A fine-tuned import (`pipe train --init IMPORT`): the pretrained program as it was imported, its
+    `.pdiparams` rewritten with the trained weights (pipeline/program_layer.py), taken through `pipe import`'s
+    own path (PIR translation, ONNX, parity, the task's metrics on the training data's val and test splits), so the
+    artifact is an import's. Its lineage names both the pretrained source (its files' sha256) and the train run.
+    ONNX as the import made it (`--onnx` also asks for it)."""
+    import tempfile
+
+    from pipeline import paddle_program, program_layer
+    from stages import import_
+
+    init = src.manifest["init"]
+    try:
+        imp = artifacts.verify(Path(init["path"]), ("export",))
+    except InputError as e:
+        raise InputError(f"{src.path}: fine-tuned from the import {init['path']}, which no longer verifies: {e}") from None
+    if imp.manifest_sha256 != init["manifest_sha256"]:
+        raise InputError(f"{src.path}: fine-tuned from {imp.path}, which has changed since (manifest sha256 "
+                         f"{imp.manifest_sha256[:12]}, trained from {init['manifest_sha256'][:12]})")
+    legacy = imp.manifest["legacy"]
+    prog = paddle_program.Program(imp.file(legacy["model"]), imp.file(legacy["params"]))
+    io_ = paddle_program.read(prog)
+    runtime.import_paddle(runtime.threads_per_process(1))
+    trained = runtime.load_safetensors(runtime.import_paddle(), src.file("model.safetensors"))
+    names = {program_layer.key(p.name): p.name for p in io_.params}
+    if set(trained) != set(names):
+        raise InputError(f"{src.file('model.safetensors')}: holds {len(trained)} tensors, the program "
+                         f"{prog.program} {len(names)}; not this import's fine-tuning")
+    values = {names[k]: (v.numpy() if hasattr(v, "numpy") else np.asarray(v)) for k, v in trained.items()}
+    iface = imp.manifest["interface"]
+    task_rec = iface.get("task") or {}
+    lineage = {"kind": "finetune", "model": str(iface.get("model") or imp.path.name),
+               "pretrained": {"path": str(imp.path.resolve()), "manifest_sha256": imp.manifest_sha256,
+                              "source": imp.manifest.get("source")},
+               "train": {"path": str(src.path.resolve()), "manifest_sha256": src.manifest_sha256}}
+    task = tasks.get(str(task_rec.get("spec") or ""))
+    keys = [n for n in task.files(task.info_of(iface)) if n in imp.manifest["files"]]  # ocr_rec: keys.txt
+    with tempfile.TemporaryDirectory(prefix=".pipe-finetuned-", dir=out_dir.parent if out_dir.parent.is_dir() else None) as tmp:
+        shutil.copyfile(prog.program, Path(tmp) / "model.pdmodel")
+        program_layer.write_params(prog.params, Path(tmp) / "model.pdiparams", values, io_)
+        icfg = dataclasses.replace(train_cfg.import_, task=str(task_rec.get("spec") or ""),
+                                   keys=str(imp.file(keys[0])) if keys else "",
+                                   onnx=onnx or "onnx" in imp.manifest)
+        run_cfg = dataclasses.replace(train_cfg, import_=icfg, export=cfg.export)
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        return import_.run(run_cfg, Path(tmp), out_dir, finetuned=src, lineage=lineage)
 
 
 def _read_interface(src: artifacts.Artifact) -> tuple[iospec.IO, list[str], dict[str, Any]]:

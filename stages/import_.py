@@ -57,8 +57,11 @@ _YML = "inference.yml"
 Feeds = dict[str, np.ndarray]
 
 
-def run(cfg: RunConfig, src: Path, out_dir: Path) -> Path:
-    """Import the exported model at `src` (import.source) into the export artifact `out_dir`."""
+def run(cfg: RunConfig, src: Path, out_dir: Path, finetuned: artifacts.Artifact | None = None,
+        lineage: dict[str, Any] | None = None) -> Path:
+    """Import the exported model at `src` (import.source) into the export artifact `out_dir`. `finetuned`: the
+    train artifact `src`'s weights came from (pipe export of a fine-tuned import): the input of the manifest,
+    the model keeps its pretrained name and `lineage` replaces the source's."""
     icfg, out_dir = cfg.import_, Path(out_dir)
     named = str(src)
     src, wheel_keys = pretrained.resolve(named)
@@ -81,13 +84,14 @@ def run(cfg: RunConfig, src: Path, out_dir: Path) -> Path:
     data = task.load_data(data_cfg, info)
     threads = runtime.threads_per_process(1)
     paddle = runtime.import_paddle(threads)
-    model_cfg = dataclasses.replace(cfg.model, name=f"import:{prog.program.parent.resolve().name}", task=spec)
+    model_name = prog.program.parent.resolve().name if lineage is None else lineage["model"]
+    model_cfg = dataclasses.replace(cfg.model, name=f"import:{model_name}", task=spec)
     doc = dataclasses.replace(cfg, data=data_cfg, model=model_cfg).to_dict()
-    with artifacts.write_stage(out_dir, "export", doc) as w:
+    with artifacts.write_stage(out_dir, "export", doc, finetuned) as w:
         src_files = _copy_program(prog, w.dir, paddle)
         source = [w.dir / src_files["program"], w.dir / src_files["params"]]
         pir_eng = _load([w.dir / "model.json", w.dir / "model.pdiparams"], threads)
-        desc = _interface(pio, pir_eng.outputs, labels, task, settings, spec, prog.program.parent.resolve().name)
+        desc = _interface(pio, pir_eng.outputs, labels, task, settings, spec, model_name)
         pir = engines.bind(pir_eng, desc, "model.json")
         given = pir if prog.format == "pir" else engines.bind(_load(source, threads), desc, src_files["program"])
         check = _parity_lines(data.test, icfg.parity_samples, info, task, desc)
@@ -112,7 +116,7 @@ def run(cfg: RunConfig, src: Path, out_dir: Path) -> Path:
                                "inputs": [t.name for t in pio.inputs], "outputs": [t.name for t in pio.outputs]}
                               if prog.format == "legacy" else
                               {"available": False, "reason": "imported from a PIR program: no legacy program"}),
-                   "source": _lineage(prog, yml, keys if isinstance(keys, Path) else None, named)}
+                   "source": lineage or _lineage(prog, yml, keys if isinstance(keys, Path) else None, named)}
         if onnx:
             w.extra["onnx"] = {"format": "onnx", "model": "model.onnx", "opset": _ONNX_OPSET,
                                "inputs": onnx["inputs"], "outputs": onnx["outputs"]}

@@ -16,6 +16,7 @@ which also does multi-node (`--nnodes K --master HOST:PORT`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -37,9 +38,9 @@ from typing import Any, Iterator
 import numpy as np
 
 from pipeline import (artifacts, batches, checkpoint, config as config_mod, data as data_mod, distillation, iospec, job,
-                      models, runtime, tasks, trainlog, weights)
+                      models, program_layer, runtime, tasks, trainlog, weights)
 from pipeline.config import RunConfig
-from pipeline.errors import DivergedError, InputError, PipeError
+from pipeline.errors import DivergedError, GateError, InputError, PipeError
 from pipeline.progress import Emit, Tail, View, file_emitter
 
 # Keys that may change between a checkpoint and its resumption; any other change alters the model,
@@ -51,7 +52,7 @@ _RESUME_SAFE = {
 }
 # Keys that cannot change the weights of a finished run: with them alone changed, `--resume auto` on it is done.
 _FINISHED_SAFE = _RESUME_SAFE - {"train.epochs", "train.patience"}
-_TRAINING_SECTIONS = ("data", "model", "train", "amp", "dist", "distill")  # later stages' keys don't matter
+_TRAINING_SECTIONS = ("data", "model", "train", "amp", "dist", "distill", "finetune")  # later stages' keys don't matter
 # Why a key other than the model's and the data's is refused on resume.
 _RESUME_REFUSED_WHY = {"train.monitor": "it chose the best checkpoint and counted patience so far"}
 # train.deterministic: flag -> (value, GPU-only). Each is set where this build accepts it, else recorded.
@@ -99,7 +100,9 @@ def run(cfg: RunConfig, out_dir: Path, resume: str | None = None, view: Emit | N
     ckpt_dir = run_dir / "checkpoints"
     world, local = _preflight(cfg)
     if cfg.model.init:
-        weights.source(cfg.model.init)  # a bad model.init fails here, before a lock, a log or a launcher
+        init = weights.source(cfg.model.init)  # a bad model.init fails here, before a lock, a log or a launcher
+        if init.kind == "program":
+            _check_program_task(cfg, init)
     view = view or View()
     with job.run_lock(run_dir, "pipe train", job.lock_name(cfg.dist.nnodes, cfg.dist.node_rank)) as lock_fd, job.stop_on_signals():
         if resume == "auto" and _finished(out_dir, cfg):
@@ -168,6 +171,15 @@ def _preflight(cfg: RunConfig) -> tuple[int, int]:
     if cfg.train.batch_size % world:
         raise InputError(f"train.batch_size {cfg.train.batch_size}: must divide evenly over {world} ranks")
     return world, local
+
+
+def _check_program_task(cfg: RunConfig, init: weights.Source) -> None:
+    """An imported program is fine-tuned for its own task: model.task must name it."""
+    iface = artifacts.verify(init.path, ("export",)).manifest["interface"]
+    spec = str((iface.get("task") or {}).get("spec") or "classification")
+    if cfg.model.task != spec:
+        raise InputError(f"model.init {init.path}: an imported {spec} model; model.task is {cfg.model.task} "
+                         f"(set model.task: {spec}, or --set model.task={spec})")
 
 
 def _port_busy(host: str, port: int) -> bool:
@@ -413,6 +425,50 @@ class _Trainer:
         paddle, cfg, ctx = self.p, self.cfg, self.ctx
         t = cfg.train
         init = weights.source(cfg.model.init) if cfg.model.init else None  # a bad path fails before any work
+        self.program = init if init is not None and init.kind == "program" else None
+        if self.program is not None:
+            self._build_program(self.program)
+        else:
+            self._build_own(init)
+        self.sched = self._scheduler()
+        clip = paddle.nn.ClipGradByGlobalNorm(t.grad_clip_norm) if t.grad_clip_norm > 0 else None
+        params = self.net.parameters()
+        if t.optimizer == "adamw":
+            self.opt = paddle.optimizer.AdamW(learning_rate=self.sched, parameters=params,
+                                              weight_decay=t.weight_decay, grad_clip=clip)
+        else:
+            self.opt = paddle.optimizer.Momentum(learning_rate=self.sched, momentum=t.momentum, parameters=params,
+                                                 weight_decay=t.weight_decay or None, grad_clip=clip)
+        a = cfg.amp
+        on_gpu = "gpu" in str(paddle.device.get_device())
+        ctx.amp_active = a.level != "O0" and on_gpu
+        if a.level != "O0" and not on_gpu:
+            ctx.emit({"event": "notice", "text": "AMP has no effect on CPU: training runs in float32 (amp.active: false)"})
+        if ctx.amp_active and a.level == "O2":
+            self.net, self.opt = paddle.amp.decorate(self.net, self.opt, level="O2", dtype=a.dtype)
+        self.scaler = paddle.amp.GradScaler(
+            enable=ctx.amp_active and a.dtype == "float16", init_loss_scaling=a.init_loss_scaling,
+            incr_ratio=a.incr_ratio, decr_ratio=a.decr_ratio, incr_every_n_steps=a.incr_every_n_steps,
+            decr_every_n_nan_or_inf=a.decr_every_n_nan_or_inf, use_dynamic_loss_scaling=a.use_dynamic_loss_scaling,
+        )
+        self.model = paddle.DataParallel(self.net) if ctx.world > 1 else self.net
+        self.param_names = [p.name for p in params if not p.stop_gradient]
+        self.teacher = self._teacher() if cfg.distill.teacher else None
+        self.distill = (distillation.distiller(self.model, self.net, self.teacher, self.num_classes, cfg.distill)
+                        if self.teacher is not None and cfg.distill.engine == "paddleslim" else None)
+        self._distill_checked = False
+
+    def _judged_by(self) -> None:
+        t = self.cfg.train
+        self.monitor = t.monitor or f"val_{self.task.monitor}"
+        self.epoch_fields = trainlog.epoch_fields(self.task.metrics)
+        # what the best checkpoint is judged by besides val_loss: the monitored metric, or the task's own
+        self.metric_key = self.monitor if self.monitor != "val_loss" else f"val_{self.task.monitor}"
+
+    def _build_own(self, init: weights.Source | None) -> None:
+        """A model pipe builds (models.build) on data pipe loads (data.load), from `init`'s tensors if given."""
+        paddle, cfg, ctx = self.p, self.cfg, self.ctx
+        t = cfg.train
         self.task = tasks.get(cfg.model.task)
         self.data = data_mod.load(cfg.data, getattr(self.task, "data", None))
         tasks.check_data(self.task, self.data.targets, cfg.data.source)
@@ -420,10 +476,7 @@ class _Trainer:
         if cfg.distill.teacher and not getattr(self.task, "logits", False):
             raise InputError(f"distill.teacher: knowledge distillation reads logits; task {self.task.name} has "
                              "none (distill a classifier, or train without distill.teacher)")
-        self.monitor = t.monitor or f"val_{self.task.monitor}"
-        self.epoch_fields = trainlog.epoch_fields(self.task.metrics)
-        # what the best checkpoint is judged by besides val_loss: the monitored metric, or the task's own
-        self.metric_key = self.monitor if self.monitor != "val_loss" else f"val_{self.task.monitor}"
+        self._judged_by()
         paddle.seed(t.seed)
         np.random.seed(t.seed)
         random.seed(t.seed)
@@ -450,33 +503,71 @@ class _Trainer:
             dataset, batch_sampler=self.sampler, collate_fn=dataset.collate,
             num_workers=cfg.data.num_workers, persistent_workers=cfg.data.persistent_workers and cfg.data.num_workers > 0,
         )
-        self.sched = self._scheduler()
-        clip = paddle.nn.ClipGradByGlobalNorm(t.grad_clip_norm) if t.grad_clip_norm > 0 else None
-        params = net.parameters()
-        if t.optimizer == "adamw":
-            self.opt = paddle.optimizer.AdamW(learning_rate=self.sched, parameters=params,
-                                              weight_decay=t.weight_decay, grad_clip=clip)
-        else:
-            self.opt = paddle.optimizer.Momentum(learning_rate=self.sched, momentum=t.momentum, parameters=params,
-                                                 weight_decay=t.weight_decay or None, grad_clip=clip)
-        a = cfg.amp
-        on_gpu = "gpu" in str(paddle.device.get_device())
-        ctx.amp_active = a.level != "O0" and on_gpu
-        if a.level != "O0" and not on_gpu:
-            ctx.emit({"event": "notice", "text": "AMP has no effect on CPU: training runs in float32 (amp.active: false)"})
-        if ctx.amp_active and a.level == "O2":
-            self.net, self.opt = paddle.amp.decorate(self.net, self.opt, level="O2", dtype=a.dtype)
-        self.scaler = paddle.amp.GradScaler(
-            enable=ctx.amp_active and a.dtype == "float16", init_loss_scaling=a.init_loss_scaling,
-            incr_ratio=a.incr_ratio, decr_ratio=a.decr_ratio, incr_every_n_steps=a.incr_every_n_steps,
-            decr_every_n_nan_or_inf=a.decr_every_n_nan_or_inf, use_dynamic_loss_scaling=a.use_dynamic_loss_scaling,
-        )
-        self.model = paddle.DataParallel(self.net) if ctx.world > 1 else self.net
-        self.param_names = [p.name for p in params if not p.stop_gradient]
-        self.teacher = self._teacher() if cfg.distill.teacher else None
-        self.distill = (distillation.distiller(self.model, self.net, self.teacher, self.num_classes, cfg.distill)
-                        if self.teacher is not None and cfg.distill.engine == "paddleslim" else None)
-        self._distill_checked = False
+
+    def _build_program(self, init: weights.Source) -> None:
+        """A pipe import's program as the model (pipeline/program_layer.py), on its task's own data (ocr_rec: line
+        images of any width, batched by the task), with the finetune section's guard: finetune.general's val lines
+        measured every epoch against the pretrained model's score on them, its train lines mixed into batches."""
+        paddle, cfg, ctx = self.p, self.cfg, self.ctx
+        t, f = cfg.train, cfg.finetune
+        where = f"model.init {init.path}"
+        imp = artifacts.verify(init.path, ("export",))
+        iface = imp.manifest["interface"]
+        _check_program_task(cfg, init)
+        spec = cfg.model.task
+        self.task = tasks.get(spec)
+        if not hasattr(self.task, "training_batch"):
+            raise InputError(f"{where}: pipe train fine-tunes imported ocr_rec models; task {spec} has no training "
+                             "batches (tasks/__init__.py)")
+        if cfg.distill.teacher:
+            raise InputError(f"distill.teacher: distillation trains pipe's own models, not an imported program ({where})")
+        self._judged_by()
+        self.info = self.task.info_of(iface)
+        source = cfg.data.source if cfg.data.source != config_mod.DataConfig.source else self.task.default_source
+        self.data = self.task.load_data(dataclasses.replace(cfg.data, source=source), self.info)
+        general_cfg = dataclasses.replace(cfg.data, source=f.general or self.task.default_source,
+                                          ocr_lines=max(10, round(f.general_lines / 0.15)))
+        self.general = self.task.load_data(general_cfg, self.info)
+        paddle.seed(t.seed)
+        np.random.seed(t.seed)
+        net = program_layer.build(paddle, imp.path / Path(imp.manifest["legacy"]["model"]).with_suffix(""))
+        self.names = {program_layer.key(n): n for n in net.names}
+        feed = net.feeds[0]
+        self.call = models.calling(net, (feed,), where)
+        self.outputs = models.Outputs("tensor", (self.task.OUTPUT,), "")
+        self.output_tensors = ()
+        pos, feeds = next(iter(self.task.batches(self.data.train, self.info, 2, limit=2)))
+        net.eval()
+        with paddle.no_grad():
+            probe = {self.task.OUTPUT: net(paddle.to_tensor(feeds[self.info.settings.get("input", feed)])).numpy()}
+        net.train()
+        tasks.check_outputs(self.task, probe, self.info, where)
+        self.init = {"path": str(imp.path.resolve()), "kind": "program", "sha256": artifacts.sha256_file(init.file),
+                     "manifest_sha256": imp.manifest_sha256, "loaded": len(net.names), "shape_mismatch": [],
+                     "missing": [], "unexpected": [], "source": imp.manifest.get("source")}
+        ctx.emit({"event": "notice", "text": f"{where}: fine-tuning the imported program ({len(net.ops)} ops, "
+                                             f"{len(net.parameters())} trainable tensors; batch-norm statistics "
+                                             f"frozen) from lr {f.lr:g}"})
+        paddle.seed(t.seed * 1000 + ctx.rank)  # dropout masks differ per rank
+        self.net = net
+        self.num_classes = probe[self.task.OUTPUT].shape[-1]
+        g = round(t.batch_size * f.mix / ctx.world) * ctx.world if len(self.general.train) else 0
+        if t.batch_size - g < ctx.world:
+            raise InputError(f"finetune.mix {f.mix:g}: leaves no line of train.batch_size {t.batch_size} for the data")
+        self.per_rank = t.batch_size // ctx.world
+        user = batches.GlobalBatchSampler(len(self.data.train), t.batch_size - g, ctx.rank, ctx.world, t.seed)
+        if len(user) == 0:
+            raise InputError(f"train.batch_size {t.batch_size}: larger than the training split "
+                             f"({len(self.data.train)} lines)")
+        self.sampler = batches.MixedBatchSampler(user, len(self.general.train), g)
+        self.spe = len(self.sampler)
+        dataset = batches.OwnedDataset(self.task, self.info, self.data.train, self.general.train, self.sampler,
+                                       t.seed, f.augment)
+        # batches are made in this thread: Paddle's DataLoader runs collate in a thread of its own, and a line
+        # that fails there (an image it cannot read) hung the loop instead of failing it
+        self.loader = _Batches(paddle, self.sampler, dataset.collate)
+        self.epoch_fields = [*self.epoch_fields[:4 + len(self.task.metrics)],
+                             *(f"general_{m}" for m in self.task.metrics), *self.epoch_fields[4 + len(self.task.metrics):]]
 
     def _targets(self, y: np.ndarray, feeds: dict[str, np.ndarray]) -> Any:
         return self.task.targets(y, feeds, self.info)
@@ -542,6 +633,7 @@ class _Trainer:
         lr_mod, t = self.p.optimizer.lr, self.cfg.train
         total = t.epochs * self.spe
         warm = int(round(t.warmup_epochs * self.spe))
+        t = dataclasses.replace(t, lr=self.cfg.finetune.lr) if self.program is not None else t
         if t.schedule == "cosine":
             sched = lr_mod.CosineAnnealingDecay(t.lr, T_max=max(1, total - warm))
         elif t.schedule == "step":
@@ -557,6 +649,13 @@ class _Trainer:
         if resume_from is not None:
             st = self._load(resume_from)
         ctx, t = self.ctx, self.cfg.train
+        if self.program is not None and not st.baseline:  # the pretrained model's scores, before any step
+            st.baseline = {**{f"val_{k}": v for k, v in self._evaluate(self.data.val)[1].items()},
+                           **{f"general_{k}": v for k, v in self._evaluate(self.general.val)[1].items()}}
+            m = self.task.monitor
+            ctx.emit({"event": "notice", "text": f"pretrained: val_{m} {st.baseline[f'val_{m}']:.4f}, general_{m} "
+                                                 f"{st.baseline[f'general_{m}']:.4f} on {len(self.general.val)} "
+                                                 f"general lines (kept within {self.cfg.finetune.max_drop:g})"})
         if ctx.rank == 0 and self.ckpt_dir.is_dir():
             for junk in self.ckpt_dir.glob("*.tmp-*"):  # left by a crash mid-write; never read
                 shutil.rmtree(junk) if junk.is_dir() else junk.unlink()
@@ -671,10 +770,11 @@ class _Trainer:
     def _end_epoch(self, epoch: int, st: "_State") -> None:
         self._sync_buffers()
         val_loss, val = self._evaluate(self.data.val)
+        general = self._evaluate(self.general.val)[1] if self.program is not None else {}
         t = self.cfg.train
         metric = val[self.metric_key.removeprefix("val_")]
         # every rank decides alike: each evaluated the whole split with the same parameters
-        improved = self._better(metric, val_loss, st.best_metric, st.best_loss)
+        improved = self._guard(general, st) and self._better(metric, val_loss, st.best_metric, st.best_loss)
         if improved:
             st.best_metric, st.best_loss, st.bad_epochs = metric, val_loss, 0
         else:
@@ -683,7 +783,7 @@ class _Trainer:
             st.stopped_early = True
         scale = float(self.scaler._scale) if self.scaler._enable else ""
         row = {"epoch": epoch, "step": st.step, "train_loss": st.epoch_loss, "val_loss": val_loss,
-               **{f"val_{k}": v for k, v in val.items()}, "lr": self.opt.get_lr(), "img_per_s": st.epoch_ips, "loss_scale": scale,
+               **{f"val_{k}": v for k, v in val.items()}, **{f"general_{k}": v for k, v in general.items()}, "lr": self.opt.get_lr(), "img_per_s": st.epoch_ips, "loss_scale": scale,
                "skipped_steps": st.skipped}
         st.epoch_rows.append(row)
         self.ctx.emit({"event": "epoch", **row, "epochs": t.epochs, "ips": st.epoch_ips, "best": improved})
@@ -716,6 +816,8 @@ class _Trainer:
         """(mean loss, the task's metrics) over the whole split. Every rank evaluates all of it with the same
         parameters (BatchNorm statistics synced), so every rank takes the same decisions without a collective,
         and a metric over the whole split (detection's mAP) needs no gathering."""
+        if self.program is not None:
+            return self._evaluate_owned(split)
         paddle, F = self.p, self.p.nn.functional
         pos = np.arange(len(split))
         self.net.eval()
@@ -735,6 +837,32 @@ class _Trainer:
         joined = {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
         found = self.task.metrics_of(joined, np.asarray(split.y[split.idx]), self.info)
         return loss_sum / len(pos), {k: float(found[k]) for k in self.task.metrics}
+
+    def _evaluate_owned(self, split: Any) -> tuple[float, dict[str, float]]:
+        """`_evaluate` for a task that owns its data: the split in the task's batches (ocr_rec: by width), each
+        batch's loss and answers, scored by the task."""
+        paddle, F, task = self.p, self.p.nn.functional, self.task
+        self.net.eval()
+        loss_sum, answers = 0.0, [None] * len(split)
+        with paddle.no_grad():
+            for pos, feeds in task.batches(split, self.info, 32):
+                out = {task.OUTPUT: self.call(self.net, {k: paddle.to_tensor(v) for k, v in feeds.items()})}
+                y = task.targets([split.texts[p] for p in pos], feeds, self.info)
+                loss_sum += float(task.loss(F, out, _tensors(paddle, y), self.info)) * len(pos)
+                for p, a in zip(pos, task.decode({k: v.numpy() for k, v in out.items()}, self.info), strict=True):
+                    answers[p] = a
+        self.net.train()
+        found = task.score(answers, split, self.info)
+        return loss_sum / max(1, len(split)), {k: float(found[k]) for k in task.metrics}
+
+    def _guard(self, general: dict[str, float], st: "_State") -> bool:
+        """Whether an epoch kept finetune.general within finetune.max_drop of the pretrained model (always, for
+        pipe's own models)."""
+        if self.program is None:
+            return True
+        m = self.task.monitor
+        drop = st.baseline[f"general_{m}"] - general[m]
+        return drop <= self.cfg.finetune.max_drop + 1e-12 if self.task.maximize else -drop <= self.cfg.finetune.max_drop
 
     # ---- checkpoints
     def _save(self, st: "_State", best: bool) -> None:
@@ -783,7 +911,7 @@ class _Trainer:
             "stopped_early": st.stopped_early, "world_size": self.ctx.world,
             "scheduler": self.sched.state_dict(), "scaler": checkpoint.jsonable(self.scaler.state_dict()),
             "rng": checkpoint.rng_state(self.p),
-            "param_names": self.param_names, "config": self.cfg.to_dict(),
+            "param_names": self.param_names, "config": self.cfg.to_dict(), "baseline": st.baseline,
         }
 
     def _load(self, path: Path) -> "_State":
@@ -807,7 +935,7 @@ class _Trainer:
         st = _State(step=doc["step"], epoch=doc["epoch"], batch=doc["batch"], skipped=doc["skipped"],
                     nonfinite_run=doc["nonfinite_run"], best_metric=doc.get("best_metric", doc.get("best_acc")),
                     best_loss=doc.get("best_loss"),
-                    bad_epochs=doc["bad_epochs"], stopped_early=doc["stopped_early"])
+                    bad_epochs=doc["bad_epochs"], stopped_early=doc["stopped_early"], baseline=doc.get("baseline") or {})
         st.step_rows = trainlog.read_csv(art.file("steps.csv"))
         st.epoch_rows = trainlog.read_csv(art.file("metrics.csv"))
         if st.best_loss is None and st.best_metric is not None:
@@ -834,6 +962,12 @@ class _Trainer:
     def _finish(self, st: "_State") -> None:
         """[rank0] evaluate the best checkpoint on the test split and write train/."""
         checksums = self._rank_checksums()  # [sync] a collective: every rank takes part
+        if self.program is not None and st.best_metric is None:
+            f, m = self.cfg.finetune, self.task.monitor
+            seen = [f"{r[f'general_{m}']:.4f}" for r in st.epoch_rows]
+            raise GateError(f"finetune.max_drop {f.max_drop:g}: every epoch lost more on the general lines than that "
+                            f"(general_{m} {st.baseline[f'general_{m}']:.4f} pretrained, then {', '.join(seen)}); "
+                            f"train/ not written: lower finetune.lr, raise finetune.mix or allow a larger drop")
         if self.ctx.rank == 0:
             best = checkpoint.read_pointer(self.ckpt_dir, "best")
             best_dir = artifacts.verify(self.ckpt_dir / best, (checkpoint.STAGE,))
@@ -845,13 +979,16 @@ class _Trainer:
                 trainlog.write_csv(w.dir / "metrics.csv", self.epoch_fields, st.epoch_rows)
                 trainlog.write_csv(w.dir / "steps.csv", trainlog.STEP_FIELDS, st.step_rows)
                 trainlog.plot(w.dir / "curves.png", st.step_rows, st.epoch_rows, self.metric_key)
-                if self.data.is_text:
+                if self.program is None and self.data.is_text:
                     (w.dir / "vocab.json").write_text(json.dumps(self.data.preprocessing["vocab"], ensure_ascii=False),
                                                       encoding="utf-8")
                 # inputs from the data, outputs as the model returned them (the order export sees)
-                w.interface = {**self.data.interface(self.output_tensors), "model": self.cfg.model.name,
-                               "task": {"name": self.task.name, "spec": self.cfg.model.task or "classification",
-                                        "settings": self.info.settings}}
+                if self.program is None:
+                    w.interface = {**self.data.interface(self.output_tensors), "model": self.cfg.model.name,
+                                   "task": {"name": self.task.name, "spec": self.cfg.model.task or "classification",
+                                            "settings": self.info.settings}}
+                else:  # the imported program's, unchanged: fine-tuning changes its weights only
+                    w.interface = artifacts.verify(self.program.path, ("export",)).manifest["interface"]
                 ips = [r["img_per_s"] for r in st.epoch_rows if r["img_per_s"]]
                 w.metrics = {
                     **{f"test_{k}": v for k, v in test.items()}, "test_loss": test_loss,
@@ -866,6 +1003,12 @@ class _Trainer:
                 }
                 if self.teacher is not None:
                     w.metrics["teacher_test_acc"] = self.teacher_acc
+                if self.program is not None:  # the guard: the general lines before and after, and the bound
+                    general = self._evaluate(self.general.val)[1]
+                    w.metrics.update({**{f"general_{k}": v for k, v in general.items()},
+                                      **{f"pretrained_{k}": v for k, v in st.baseline.items()},
+                                      "general_lines": len(self.general.val), "max_general_drop": self.cfg.finetune.max_drop,
+                                      "general_source": self.cfg.finetune.general or self.task.default_source})
                 w.extra = {"amp": {"requested": self.cfg.amp.level, "active": self.ctx.amp_active,
                                    "dtype": self.cfg.amp.dtype}, "format": "safetensors",
                            "deterministic": self.ctx.deterministic}
@@ -892,6 +1035,19 @@ class _State:
     epoch_ips: float = 0.0
     step_rows: list[dict[str, Any]] = field(default_factory=list)
     epoch_rows: list[dict[str, Any]] = field(default_factory=list)
+    baseline: dict[str, float] = field(default_factory=dict)  # an imported program's val_ and general_ before training
+
+
+class _Batches:
+    """A loader of batches made in this thread: `collate` of each of the sampler's batches, as tensors."""
+
+    def __init__(self, paddle: Any, sampler: Any, collate: Any):
+        self.p, self.sampler, self.collate = paddle, sampler, collate
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        for batch in self.sampler:
+            feeds, y = self.collate(batch)
+            yield _tensors(self.p, feeds), _tensors(self.p, y)
 
 
 def _tensors(paddle: Any, t: Any) -> Any:

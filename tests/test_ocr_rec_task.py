@@ -195,9 +195,17 @@ def test_answer_fidelity_and_training():
     other = probs.copy()
     other[1] = _probs([[3, 0, 3]])[0]  # "中中"
     assert ocr_rec.fidelity({"probs": other}, {"probs": probs}, INFO) == {"text_agreement": pytest.approx(2 / 3)}
-    for fn in (ocr_rec.targets, ocr_rec.loss):
-        with pytest.raises(InputError, match="ocr_rec: pipe train does not fine-tune recognizers yet"):
-            fn(None, None, INFO)
+    # training targets: class ids (space = keys + 1), blank-padded; a character the keys lack is dropped
+    y = ocr_rec.targets(["ab", "中 文", "x中"], None, INFO)
+    assert y["labels"].tolist() == [[1, 2, 0], [3, 5, 4], [3, 0, 0]] and y["label_lengths"].tolist() == [2, 3, 1]
+    from pipeline import runtime
+
+    paddle = runtime.import_paddle(1)
+    F = paddle.nn.functional
+    t = {k: paddle.to_tensor(v) for k, v in ocr_rec.targets(["ab", "中文", " "], None, INFO).items()}
+    right = float(ocr_rec.loss(F, {"probs": paddle.to_tensor(probs)}, t, INFO))
+    wrong = float(ocr_rec.loss(F, {"probs": paddle.to_tensor(_probs([[2, 0, 1], [4, 4, 3], [1, 0, 0]]))}, t, INFO))
+    assert 0 < right < 1 < wrong  # CTC of the path the probabilities spell, against a path they do not
 
 
 def test_the_task_never_imports_paddle():

@@ -46,6 +46,10 @@ default_source = data_mod.BUILT_IN
 KEYS_FILE = "keys.txt"
 OUTPUT = "probs"
 REFERENCE_LINES = 16  # a package's reference set (reference_set): its inputs' size decides
+# Training batches are [N, 3, 48, 320], a wider line squeezed: PaddleOCR's PP-OCRv4 rec training config
+# (RecResizeImg image_shape [3, 48, 320]). Measured here (dygraph, batch 8, 2 busy cores): 2.0 GB and ~3 s a step
+# at 320; every new width grows Paddle's CPU allocator's cache (6.8 GB after widths up to 960).
+TRAIN_WIDTH = 320
 timing_batch = 32  # compress's throughput batch, lines (items/s at batch 32, as every compress measures it)
 unit = "lines"  # what compress's messages count
 # NNCF's preset for models with attention blocks: on PP-OCRv4 rec (an SVTR neck) its default preset lost 7.4
@@ -56,11 +60,37 @@ nncf_model_type = "transformer"
 # ------------------------------------------------------------------ the common contract
 
 
-def targets(y: Any, feeds: Any, info: Any) -> Any:
-    raise InputError("ocr_rec: pipe train does not fine-tune recognizers yet; pipe import brings one")
+def targets(y: Any, feeds: Any, info: Any) -> dict[str, np.ndarray]:
+    """A batch's texts -> CTC targets: `labels` [N, L] (class ids, blank-padded) and `label_lengths` [N]."""
+    labels, lengths, _ = text.encode([str(t) for t in y], info.labels)
+    return {"labels": labels, "label_lengths": lengths}
 
 
-loss = targets
+def loss(F: Any, outputs: dict[str, Any], targets: dict[str, Any], info: Any) -> Any:
+    """PaddleOCR's CTCLoss: CTC over every step of the output (padding included, as its recognizers train),
+    per line, then the batch mean. The model ends in a softmax: the log of it goes in (warpctc normalises its
+    input again, and log_softmax(log p) = log p)."""
+    import paddle
+
+    probs = _probs(outputs, "ocr_rec")
+    n, steps = probs.shape[0], probs.shape[1]
+    logp = paddle.log(paddle.clip(probs.astype("float32"), min=1e-12)).transpose([1, 0, 2])
+    per = F.ctc_loss(logp, targets["labels"], paddle.full([n], steps, dtype="int64"), targets["label_lengths"],
+                     blank=text.BLANK, reduction="none")
+    return per.mean()
+
+
+def training_batch(images: Sequence[np.ndarray], texts: Sequence[str], info: Any,
+                   rngs: Sequence[np.random.Generator] | None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(feeds, targets) of one training batch: each RGB line augmented with its own generator (`augment.py`; None:
+    as it is), prepared as every other line (`lines.prepare`) at most TRAIN_WIDTH wide and padded to it."""
+    st = info.settings
+    if rngs is not None:
+        from pipeline.tasks.ocr_rec import augment
+
+        images = [augment.augment(im, r) for im, r in zip(images, rngs, strict=True)]
+    x = lines.collate([lines.prepare(im, TRAIN_WIDTH) for im in images], int(st["width_bucket"]), TRAIN_WIDTH)
+    return {st.get("input", "x"): x}, targets(texts, None, info)
 
 
 def check_outputs(outputs: dict[str, np.ndarray], info: Any, where: str) -> None:

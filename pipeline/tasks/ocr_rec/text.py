@@ -55,6 +55,22 @@ def check_classes(keys: Sequence[str], n_classes: int, where: str) -> None:
                          f"output has {n_classes:,}")
 
 
+def encode(texts: Sequence[str], keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray, int]:
+    """CTC targets of `texts`: (labels int32 [N, L] padded with the blank, lengths int64 [N], characters dropped).
+    A character the keys do not hold is dropped, as PaddleOCR's CTCLabelEncode drops it."""
+    index = {k: i + 1 for i, k in enumerate(keys)}
+    space = len(keys) + 1
+    rows, dropped = [], 0
+    for t in texts:
+        ids = [space if c == " " else index.get(c, -1) for c in t]
+        dropped += ids.count(-1)
+        rows.append([i for i in ids if i != -1])
+    labels = np.zeros((len(rows), max([1, *(len(r) for r in rows)])), np.int32)
+    for i, r in enumerate(rows):
+        labels[i, :len(r)] = r
+    return labels, np.asarray([len(r) for r in rows], np.int64), dropped
+
+
 def ctc_greedy(probs: np.ndarray, keys: Sequence[str]) -> list[tuple[str, float]]:
     """[N, T, C] per-step class probabilities -> (text, score) per line: argmax, repeats merged, blanks
     dropped; score = the mean of the kept steps' max probabilities (0.0 for an empty line), as CTCLabelDecode."""
