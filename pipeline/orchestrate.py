@@ -173,7 +173,8 @@ def _run_all(cfg: RunConfig, run_dir: Path, resume: str | None, force: str | Non
         export_dir = step("export", {"config": _sections(cfg, "import", "data", "postprocess"), "inputs": inputs},
                           lambda: import_.run(cfg, src, run_dir / "export"))
     else:
-        train_dir = step("train", {"config": _sections(cfg, "data", "model", "train", "amp", "dist", "distill"),
+        train_sections = ("data", "model", "train", "amp", "dist", "distill", "finetune")
+        train_dir = step("train", {"config": _sections(cfg, *train_sections),
                                    "inputs": _fingerprints(cfg)},
                          lambda: train.run(cfg, run_dir / "train", resume=resume))
         export_dir = step("export", {"config": _sections(cfg, "export"), "input": _manifest_sha(train_dir)},

@@ -245,8 +245,8 @@ def _dropout(paddle: Any, op: Op, env: dict[str, Any], training: bool) -> None:
     a = op.attrs
     mode = a.get("dropout_implementation", "downgrade_in_infer")
     p = float(a.get("dropout_prob", 0.5))
-    env[op.out()] = paddle.nn.functional.dropout(env[op.x()], p, training=training and not a.get("is_test", False) and p > 0,
-                                                 mode=mode)
+    on = training and not a.get("is_test", False) and p > 0
+    env[op.out()] = paddle.nn.functional.dropout(env[op.x()], p, training=on, mode=mode)
 
 
 def _fill_constant(paddle: Any, op: Op, env: dict[str, Any], training: bool) -> None:
@@ -327,7 +327,8 @@ _OPS: dict[str, Callable[..., None]] = {
     "relu": _unary(lambda p, op, x: p.nn.functional.relu(x)),
     "sigmoid": _unary(lambda p, op, x: p.nn.functional.sigmoid(x)),
     "hard_swish": _unary(lambda p, op, x: x * p.clip(x + float(op.attrs.get("offset", 3.0)), 0.0,
-                                                      float(op.attrs.get("threshold", 6.0))) / float(op.attrs.get("scale", 6.0))),
+                                                      float(op.attrs.get("threshold", 6.0)))
+                         / float(op.attrs.get("scale", 6.0))),
     "hard_sigmoid": _unary(lambda p, op, x: p.nn.functional.hardsigmoid(x, float(op.attrs.get("slope", 0.2)),
                                                                          float(op.attrs.get("offset", 0.5)))),
     "swish": _unary(lambda p, op, x: x * p.nn.functional.sigmoid(float(op.attrs.get("beta", 1.0)) * x)),

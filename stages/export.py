@@ -148,7 +148,8 @@ def _export_program(cfg: RunConfig, src: artifacts.Artifact, train_cfg: RunConfi
     try:
         imp = artifacts.verify(Path(init["path"]), ("export",))
     except InputError as e:
-        raise InputError(f"{src.path}: fine-tuned from the import {init['path']}, which no longer verifies: {e}") from None
+        raise InputError(f"{src.path}: fine-tuned from the import {init['path']}, which no longer verifies: "
+                         f"{e}") from None
     if imp.manifest_sha256 != init["manifest_sha256"]:
         raise InputError(f"{src.path}: fine-tuned from {imp.path}, which has changed since (manifest sha256 "
                          f"{imp.manifest_sha256[:12]}, trained from {init['manifest_sha256'][:12]})")
@@ -170,14 +171,14 @@ def _export_program(cfg: RunConfig, src: artifacts.Artifact, train_cfg: RunConfi
                "train": {"path": str(src.path.resolve()), "manifest_sha256": src.manifest_sha256}}
     task = tasks.get(str(task_rec.get("spec") or ""))
     keys = [n for n in task.files(task.info_of(iface)) if n in imp.manifest["files"]]  # ocr_rec: keys.txt
-    with tempfile.TemporaryDirectory(prefix=".pipe-finetuned-", dir=out_dir.parent if out_dir.parent.is_dir() else None) as tmp:
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".pipe-finetuned-", dir=out_dir.parent) as tmp:
         shutil.copyfile(prog.program, Path(tmp) / "model.pdmodel")
         program_layer.write_params(prog.params, Path(tmp) / "model.pdiparams", values, io_)
         icfg = dataclasses.replace(train_cfg.import_, task=str(task_rec.get("spec") or ""),
                                    keys=str(imp.file(keys[0])) if keys else "",
                                    onnx=onnx or "onnx" in imp.manifest)
         run_cfg = dataclasses.replace(train_cfg, import_=icfg, export=cfg.export)
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
         return import_.run(run_cfg, Path(tmp), out_dir, finetuned=src, lineage=lineage)
 
 

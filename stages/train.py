@@ -520,7 +520,8 @@ class _Trainer:
             raise InputError(f"{where}: pipe train fine-tunes imported ocr_rec models; task {spec} has no training "
                              "batches (tasks/__init__.py)")
         if cfg.distill.teacher:
-            raise InputError(f"distill.teacher: distillation trains pipe's own models, not an imported program ({where})")
+            raise InputError(f"distill.teacher: distillation trains pipe's own models, not an imported program "
+                             f"({where})")
         self._judged_by()
         self.info = self.task.info_of(iface)
         source = cfg.data.source if cfg.data.source != config_mod.DataConfig.source else self.task.default_source
@@ -566,8 +567,9 @@ class _Trainer:
         # batches are made in this thread: Paddle's DataLoader runs collate in a thread of its own, and a line
         # that fails there (an image it cannot read) hung the loop instead of failing it
         self.loader = _Batches(paddle, self.sampler, dataset.collate)
-        self.epoch_fields = [*self.epoch_fields[:4 + len(self.task.metrics)],
-                             *(f"general_{m}" for m in self.task.metrics), *self.epoch_fields[4 + len(self.task.metrics):]]
+        cut = 4 + len(self.task.metrics)  # metrics.csv: the general set's columns after the val ones
+        self.epoch_fields = [*self.epoch_fields[:cut], *(f"general_{m}" for m in self.task.metrics),
+                             *self.epoch_fields[cut:]]
 
     def _targets(self, y: np.ndarray, feeds: dict[str, np.ndarray]) -> Any:
         return self.task.targets(y, feeds, self.info)
@@ -783,7 +785,8 @@ class _Trainer:
             st.stopped_early = True
         scale = float(self.scaler._scale) if self.scaler._enable else ""
         row = {"epoch": epoch, "step": st.step, "train_loss": st.epoch_loss, "val_loss": val_loss,
-               **{f"val_{k}": v for k, v in val.items()}, **{f"general_{k}": v for k, v in general.items()}, "lr": self.opt.get_lr(), "img_per_s": st.epoch_ips, "loss_scale": scale,
+               **{f"val_{k}": v for k, v in val.items()}, **{f"general_{k}": v for k, v in general.items()},
+               "lr": self.opt.get_lr(), "img_per_s": st.epoch_ips, "loss_scale": scale,
                "skipped_steps": st.skipped}
         st.epoch_rows.append(row)
         self.ctx.emit({"event": "epoch", **row, "epochs": t.epochs, "ips": st.epoch_ips, "best": improved})
@@ -935,7 +938,8 @@ class _Trainer:
         st = _State(step=doc["step"], epoch=doc["epoch"], batch=doc["batch"], skipped=doc["skipped"],
                     nonfinite_run=doc["nonfinite_run"], best_metric=doc.get("best_metric", doc.get("best_acc")),
                     best_loss=doc.get("best_loss"),
-                    bad_epochs=doc["bad_epochs"], stopped_early=doc["stopped_early"], baseline=doc.get("baseline") or {})
+                    bad_epochs=doc["bad_epochs"], stopped_early=doc["stopped_early"],
+                    baseline=doc.get("baseline") or {})
         st.step_rows = trainlog.read_csv(art.file("steps.csv"))
         st.epoch_rows = trainlog.read_csv(art.file("metrics.csv"))
         if st.best_loss is None and st.best_metric is not None:
@@ -968,12 +972,15 @@ class _Trainer:
             raise GateError(f"finetune.max_drop {f.max_drop:g}: every epoch lost more on the general lines than that "
                             f"(general_{m} {st.baseline[f'general_{m}']:.4f} pretrained, then {', '.join(seen)}); "
                             f"train/ not written: lower finetune.lr, raise finetune.mix or allow a larger drop")
+        # every rank evaluates the best checkpoint (rank 0 alone would keep the others waiting in the barrier below
+        # longer than gloo's timeout: an imported recognizer's three splits take minutes on a CPU)
+        best = checkpoint.read_pointer(self.ckpt_dir, "best")
+        best_dir = artifacts.verify(self.ckpt_dir / best, (checkpoint.STAGE,))
+        self.net.set_state_dict(runtime.load_safetensors(self.p, best_dir.file("model.safetensors")))
+        test_loss, test = self._evaluate(self.data.test)
+        val_loss, val = self._evaluate(self.data.val)
+        general = self._evaluate(self.general.val)[1] if self.program is not None else {}
         if self.ctx.rank == 0:
-            best = checkpoint.read_pointer(self.ckpt_dir, "best")
-            best_dir = artifacts.verify(self.ckpt_dir / best, (checkpoint.STAGE,))
-            self.net.set_state_dict(runtime.load_safetensors(self.p, best_dir.file("model.safetensors")))
-            test_loss, test = self._evaluate(self.data.test)
-            val_loss, val = self._evaluate(self.data.val)
             with artifacts.write_stage(self.out_dir, "train", self.cfg.to_dict()) as w:
                 shutil.copyfile(best_dir.file("model.safetensors"), w.dir / "model.safetensors")
                 trainlog.write_csv(w.dir / "metrics.csv", self.epoch_fields, st.epoch_rows)
@@ -1004,10 +1011,10 @@ class _Trainer:
                 if self.teacher is not None:
                     w.metrics["teacher_test_acc"] = self.teacher_acc
                 if self.program is not None:  # the guard: the general lines before and after, and the bound
-                    general = self._evaluate(self.general.val)[1]
                     w.metrics.update({**{f"general_{k}": v for k, v in general.items()},
                                       **{f"pretrained_{k}": v for k, v in st.baseline.items()},
-                                      "general_lines": len(self.general.val), "max_general_drop": self.cfg.finetune.max_drop,
+                                      "general_lines": len(self.general.val),
+                                      "max_general_drop": self.cfg.finetune.max_drop,
                                       "general_source": self.cfg.finetune.general or self.task.default_source})
                 w.extra = {"amp": {"requested": self.cfg.amp.level, "active": self.ctx.amp_active,
                                    "dtype": self.cfg.amp.dtype}, "format": "safetensors",

@@ -14,6 +14,7 @@ machine is shared and noisy: quote the ratios, not the absolute numbers.
     detection  centernet_tiny on generated shapes: COCO mAP, int8 mAP drop per engine, auto pick, served PNGs
     ocr        the real PP-OCRv4 recognizer imported, every fp32 engine against RapidOCR's on the same lines
     ocr_system PP-OCRv4 det + cls + rec chained in-process (pipeline/ocr_system.py) against RapidOCR whole
+    ocr_finetune PP-OCRv4 rec fine-tuned by pipe train on dot-matrix lines, 1 and 2 processes, with the guard
     ocr_served the same system as one package behind `pipe serve`'s /v1/ocr, concurrency 1 and 8, against RapidOCR
     finetune   model.init from related data (digits 0-4) against from scratch, side by side
     measure    `pipe bench DIR...`: every servable model in export/compress/package artifacts, measured here
@@ -47,8 +48,8 @@ def run(out_file: Path, quick: bool = False) -> None:
     rows += _train_throughput(repeats)
     rows += _data_parallel(repeats=1)
     rows += _pipe_all()
-    from pipeline.bench import (compress, detection, ernie, finetune, ocr, ocr_served, ocr_system, peers, serving,  # each in its own temp dirs
-                                 text)
+    from pipeline.bench import (compress, detection, ernie, finetune, ocr, ocr_finetune, ocr_served, ocr_system,  # each in its own temp dirs
+                                 peers, serving, text)
 
     rows += compress.rows(quick)
     rows += serving.rows(quick)
@@ -61,6 +62,7 @@ def run(out_file: Path, quick: bool = False) -> None:
     rows += ocr_served.rows(quick)
     rows += text.rows(1 if quick else 2)
     rows += finetune.rows()
+    rows += ocr_finetune.rows(quick)
     _write(out_file, rows, quick)
 
 
