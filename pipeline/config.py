@@ -251,7 +251,7 @@ class FinetuneConfig:
                             "the task; '' = its built-in lines (ocr_lines)")
     general_lines: int = _opt(150, "lines of finetune.general evaluated every epoch (its val split); its train "
                                    "split (1/0.15 as many) is what finetune.mix draws from", min=10)
-    mix: float = _opt(0.25, "share of every training batch drawn from finetune.general's train lines (rehearsal)",
+    mix: float = _opt(0.5, "share of every training batch drawn from finetune.general's train lines (rehearsal)",
                       min=0, max=0.9)
     max_drop: float = _opt(0.01, "the best checkpoint is the best by train.monitor among epochs whose metric on "
                                  "finetune.general is within this of the pretrained model's (0.01 = 1 point); "

@@ -686,7 +686,7 @@ class _Trainer:
         self.model.train()
         self.sampler.set_epoch(epoch, start=st.batch)
         fault_nan = _fault_steps("PIPE_FAULT_NAN_STEPS")
-        t0, seen, losses = time.perf_counter(), 0, []
+        t0, seen = time.perf_counter(), 0
         for b, (feeds, y) in enumerate(self.loader, start=st.batch):
             kd = None
             with paddle.amp.auto_cast(enable=ctx.amp_active, level=a.level, dtype=a.dtype):
@@ -718,7 +718,6 @@ class _Trainer:
                 self.scaler.update()
                 if ctx.amp_active and self.scaler._found_inf:
                     st.skipped += 1
-                losses.append(value)
             self.opt.clear_grad()
             lr = self.opt.get_lr()
             self.sched.step()
@@ -733,7 +732,9 @@ class _Trainer:
             if t.checkpoint_every and st.step % t.checkpoint_every == 0 and st.batch < self.spe:
                 self.vdl.flush()  # [rank0] the records up to this step on disk before the checkpoint commits
                 self._save(st, best=False)
-        st.epoch_loss = float(np.mean(losses)) if losses else float("nan")
+        # over the epoch's every finite step, those before a resume included (step_rows came back with the checkpoint)
+        mine = [r["loss"] for r in st.step_rows if r["epoch"] == epoch and math.isfinite(r["loss"])]
+        st.epoch_loss = float(np.mean(mine)) if mine else float("nan")
         st.epoch_ips = seen / max(1e-9, time.perf_counter() - t0)
 
     def _loss(self, named: dict[str, Any], feeds: dict[str, Any], y: Any, kd: Any = None) -> Any:

@@ -1,6 +1,6 @@
 """`make bench` rows for fine-tuning the real PP-OCRv4 recognizer (`pipe train --init <its pipe import>`), issue 33:
 
-    python -m pipeline.bench.ocr_finetune            # prints the rows (~15 min on 2 cores); --quick: 1 process only
+    python -m pipeline.bench.ocr_finetune [--quick] bench/OCR_FINETUNE.md    # ~20 min on 2 cores; --quick: 1 process
 
 The pretrained model is imported once (`pipe import pretrained:ch_PP-OCRv4_rec_infer`, no ONNX); then
 examples/ppocr_finetune.yaml runs as written (ocr_lines_dotmatrix, 300 lines, batch 16 of which 4 general lines,
@@ -88,5 +88,8 @@ def _pipe(*args: Any) -> None:
 
 
 if __name__ == "__main__":
-    for r in rows("--quick" in sys.argv):
-        print(" | ".join(r))
+    from pipeline import bench
+
+    quick = "--quick" in sys.argv
+    bench._write(Path(next((a for a in sys.argv[1:] if not a.startswith("--")), "bench/OCR_FINETUNE.md")),
+                 rows(quick), quick)

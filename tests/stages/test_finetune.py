@@ -19,8 +19,8 @@ from pipeline import artifacts
 from tests.conftest import REPO
 
 PIPE = [sys.executable, "-m", "pipeline.cli"]
-# The example (ocr_lines_dotmatrix, 2 epochs), shortened: 240 domain lines (36 val, 36 test), 100 general lines. One
-# epoch is not enough: at its end (the warm-up's peak) the general lines had lost 2 of 100 (the guard refused it).
+# The example (ocr_lines_dotmatrix, 2 epochs, mix 0.5), shortened: 240 domain lines (36 val, 36 test), 100 general
+# lines. Measured: domain 0.583 -> 0.833, general 0.930 -> 0.950 (docs/finetune.md's table).
 SHORT = ["--set", "data.ocr_lines=240", "--set", "finetune.general_lines=100"]
 
 
@@ -87,7 +87,7 @@ def test_the_fine_tuned_model_exports_as_an_import_does(tuned, ppocr_rec_export,
 
 def test_a_crash_mid_run_resumes_to_the_same_weights(tmp_path, ppocr_rec_export):
     """In fresh processes, as for pipe's own models: crash after step 3 (a checkpoint), resume = uninterrupted."""
-    args = [*PIPE, *_args(ppocr_rec_export, "--epochs", "2", "--set", "data.ocr_lines=40", "--set",
+    args = [*PIPE, *_args(ppocr_rec_export, "--nproc", "1", "--epochs", "2", "--set", "data.ocr_lines=40", "--set",
                           "finetune.general_lines=10", "--set", "train.batch_size=8", "--set",
                           "train.checkpoint_every=3")]
 
@@ -105,7 +105,10 @@ def test_a_crash_mid_run_resumes_to_the_same_weights(tmp_path, ppocr_rec_export)
     assert "Resuming training from" in resumed.stderr and "step-000003" in resumed.stderr
     assert "pretrained: val_acc" not in resumed.stderr  # measured once, kept in the checkpoint
     a, b = tmp_path / "full" / "train", tmp_path / "part" / "train"
-    assert (a / "metrics.csv").read_text() == (b / "metrics.csv").read_text()
+    assert (a / "steps.csv").read_text() == (b / "steps.csv").read_text()
+    rows = [[{k: v for k, v in r.items() if k != "img_per_s"} for r in csv.DictReader(open(d / "metrics.csv"))]
+            for d in (a, b)]
+    assert rows[0] == rows[1]  # the resumed epoch's train_loss covers its steps before the crash too
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
 
 
