@@ -4,13 +4,13 @@ resizes it to height 48 afterwards, `lines.prepare`); its only randomness is `rn
 state gives the same bytes.
 
 Upstream is PaddleOCR's `ppocr/data/imaug/rec_img_aug.py` (`RecAug`, `BaseDataAugmentation`: each kind with
-probability 0.4, the defaults PP-OCRv4 rec's training config keeps). Each kind here, in this order, with
-probability 0.4 (`PROB`), and where its range comes from:
+probability 0.4, the defaults: `configs/rec/PP-OCRv4/ch_PP-OCRv4_rec.yml` lists `RecAug` with no arguments).
+Each kind here, in this order, with probability 0.4 (`PROB`), and where its range comes from:
 
-- margins cropped (`crop_margins`, `crop_box`; upstream `get_crop`, crop_prob 0.4: 1-8 px off the top or the bottom,
-  blind to the text, so it can cut ink): here each side loses a uniform share of its margin outside the ink's
-  bounding box (`ink_box`, estimated from the image, padded by 2 px), never ink. First, on the line as given,
-  where the ink is easiest to find;
+- margins cropped (`crop_margins`, `crop_box`; upstream `get_crop`, crop_prob 0.4: 1-8 px off the top or the
+  bottom, blind to the text, so it can cut ink): here each side loses a uniform share of its margin outside
+  the ink's bounding box (`ink_box`, estimated from the image, padded by 2 px), never ink. First, on the line
+  as given, where the ink is easiest to find;
 - small rotation and perspective (`warp`; upstream TIA, tia_prob 0.4: `tia_perspective` moves each corner
   vertically by up to half the height, `tia_distort`/`tia_stretch` bend the line by moving points up to a
   third of a segment; `Config.make` draws a rotation of up to 10 degrees that `warp` never applies): here one
@@ -28,9 +28,9 @@ probability 0.4 (`PROB`), and where its range comes from:
   grey levels, invisible): here 2-8 grey levels, as `data.render`'s lines carry up to 6.
 
 Left out of upstream's set: reverse (255 - image, reverse_prob 0.4): PP-OCRv4 was trained with it and reads
-light-on-dark lines as well as dark ones (96.5% both on 200 short generated lines); a caller who wants to keep
-that in the fine-tune inverts a share of lines itself. Lines below 8 px in height or width are only blurred,
-jittered and noised (nothing to crop, nothing to tilt).
+light-on-dark lines as well as dark ones (96.5% both on 200 short lines of `data.render`'s look); a caller
+who wants to keep that in the fine-tune inverts a share of lines itself. Lines below 8 px in height or width
+are only blurred, jittered and noised (nothing to crop, nothing to tilt).
 """
 
 from __future__ import annotations

@@ -7,6 +7,12 @@
   its centred punctuation costs ~20 points, facts §17), at several sizes, ink and paper shades, with mild
   noise and blur; deterministic by seed, cached under data.cache_dir ($PIPE_CACHE_DIR or ~/.cache/pipe).
   `data.ocr_lines` lines for train, 15% as many each for val and test.
+- `ocr_lines_dotmatrix` (built in): a domain PP-OCRv4 reads badly, for fine-tuning: short lines (2-10
+  characters of the same corpus, cut at the end until the line's prepared width is at most 320 px) in a
+  dot-matrix print, as inkjet date codes on packaging and receipt printers print them: the same font
+  rendered at 10-14 px (one dot a pixel, a dot where the glyph covers more than a third of it), each dot a
+  small round blob on a 3-4 px grid, a little off it; the same ink, paper and noise as `ocr_lines`.
+  Deterministic by seed, cached beside `ocr_lines` (the style in the cache key); counts as `ocr_lines`.
 - a folder of PaddleOCR recognition label files: `train.txt`, `val.txt`, `test.txt` (or `rec_gt_train.txt`,
   `rec_gt_val.txt`, `rec_gt_test.txt`), each line `image_path<TAB>text` with the path relative to the
   folder; a missing val or test is carved out of train (15% each, seeded by data.split_seed).
@@ -27,8 +33,12 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from pipeline.errors import InputError
+from pipeline.tasks.ocr_rec import lines
 
 BUILT_IN = "ocr_lines"
+# data.source ocr_lines_<style>: generated lines drawn another way (`styled`); each style's generator version
+# is its cache key (bump when its rendering changes)
+STYLES = {"dotmatrix": "1"}
 _ASSETS = Path(__file__).resolve().parents[2] / "assets"
 _LABEL_FILES = {"train": ("train.txt", "rec_gt_train.txt"), "val": ("val.txt", "rec_gt_val.txt"),
                 "test": ("test.txt", "rec_gt_test.txt")}
@@ -57,15 +67,30 @@ class Data:
 
 def load(cfg: Any, keys: Sequence[str]) -> Data:
     """`cfg` is the run's DataConfig (source, ocr_lines, split_seed, cache_dir)."""
-    if cfg.source == BUILT_IN:
+    style = "" if cfg.source == BUILT_IN else style_of(cfg.source)
+    if style is not None:
         n = int(cfg.ocr_lines)
         m = max(1, round(n * _FRACTION))
-        return _generated((n, m, m), keys, cache_root(cfg))
+        return _generated((n, m, m), keys, cache_root(cfg), style)
     root = Path(cfg.source)
     if not root.is_dir():
         raise InputError(f"--data {cfg.source}: no such folder (ocr_rec takes {BUILT_IN} or a folder of PaddleOCR "
-                         f"label files: train.txt, val.txt, test.txt)")
+                         f"label files: train.txt, val.txt, test.txt; or generated lines in another style: "
+                         f"{', '.join(f'{BUILT_IN}_{s}' for s in STYLES)})")
     return _from_label_files(root, int(cfg.split_seed))
+
+
+def style_of(source: str) -> str | None:
+    """The style a data.source `ocr_lines_<style>` names (None: not such a name, or a folder of that name,
+    which stays a folder); an unknown style is refused."""
+    prefix = BUILT_IN + "_"
+    if not source.startswith(prefix) or Path(source).is_dir():
+        return None
+    style = source[len(prefix):]
+    if style not in STYLES:
+        raise InputError(f"data.source {source}: no such style of generated lines (built in: {BUILT_IN}, "
+                         f"{', '.join(prefix + s for s in STYLES)})")
+    return style
 
 
 def cache_root(cfg: Any) -> Path:
@@ -216,12 +241,16 @@ def render(text: str, rng: np.random.Generator, font_file: Path) -> np.ndarray:
     return np.clip(a, 0, 255).astype(np.uint8)
 
 
-def generated(counts: tuple[int, int, int], keys: Sequence[str], seed: int = 0) -> Data:
+def _check_raqm(source: str) -> None:
     from PIL import features
 
     if not features.check_feature("raqm"):  # Pillow's wheels bundle raqm; it loads libfribidi from the OS
-        raise InputError(f"data.source {BUILT_IN}: Pillow has no raqm text layout here (install libfribidi0); "
+        raise InputError(f"data.source {source}: Pillow has no raqm text layout here (install libfribidi0); "
                          f"without it the lines render in Traditional forms")
+
+
+def generated(counts: tuple[int, int, int], keys: Sequence[str], seed: int = 0) -> Data:
+    _check_raqm(BUILT_IN)
     font_file = font_path()
     total = sum(counts)
     texts = corpus_lines(keys, total, seed)
@@ -231,11 +260,86 @@ def generated(counts: tuple[int, int, int], keys: Sequence[str], seed: int = 0) 
     return Data(Lines(images[:a], texts[:a]), Lines(images[a:b], texts[a:b]), Lines(images[b:], texts[b:]))
 
 
-def _generated(counts: tuple[int, int, int], keys: Sequence[str], root: Path) -> Data:
-    """`generated`, cached: one .npz of the pixels (uint8, no pickle) and a JSON of texts and shapes per
-    split count and key set, written atomically."""
-    h = hashlib.sha256(("\n".join(keys) + f"|{counts}|{_GENERATOR}").encode()).hexdigest()[:16]
-    base = root / "ocr_lines" / f"{counts[0]}-{counts[1]}-{counts[2]}-{h}"
+def short_lines(keys: Sequence[str], count: int, seed: int) -> list[str]:
+    """`count` pieces of 2-10 characters of `corpus_lines` (keys held), seeded."""
+    rng = np.random.default_rng([seed, 1])  # not corpus_lines' own stream
+    out = []
+    for t in corpus_lines(keys, count, seed):
+        n = int(rng.integers(2, 11))
+        start = int(rng.integers(0, max(1, len(t) - n + 1)))
+        out.append(t[start: start + n])
+    return out
+
+
+def render_dotmatrix(text: str, rng: np.random.Generator, font_file: Path, max_width: int = 320
+                     ) -> tuple[np.ndarray, str]:
+    """One line in dot-matrix print, and the text drawn: the longest start of `text` (2 characters at least)
+    whose prepared width (lines.width) is at most `max_width`. The glyphs at 10-14 dots to the em (a dot
+    where the font, drawn 4x as large, covers more than a third of the dot's cell), each dot a round blob of
+    0.4-0.7 of its 3-4 px cell, placed up to 0.15 cell off the grid; margins 1-3 cells; ink, paper and noise
+    as `render`'s. RGB uint8."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    k = 4  # supersampling, of the glyphs' coverage and of the dots' edges
+    em, cell = int(rng.integers(10, 15)), int(rng.integers(3, 5))
+    mx, my = (int(v) for v in rng.integers(1, 4, 2))
+    dot = float(rng.uniform(0.4, 0.7))
+    paper = rng.integers(190, 256, 3) if rng.random() < 0.3 else np.full(3, int(rng.integers(205, 256)))
+    ink = rng.integers(0, 90, 3) if rng.random() < 0.3 else np.full(3, int(rng.integers(0, 70)))
+    font = ImageFont.truetype(str(font_file), em * k, layout_engine=ImageFont.Layout.RAQM)
+    while True:
+        l, t, r, b = font.getbbox(text, language=LANGUAGE)
+        cols, rows = -(-(r - l) // k), -(-(b - t) // k)
+        w, h = (cols + 2 * mx) * cell, (rows + 2 * my) * cell
+        if len(text) <= 2 or lines.width(h, w, 10 ** 6) <= max_width:
+            break
+        text = text[:-1]
+    glyphs = Image.new("L", (cols * k, rows * k), 0)
+    ImageDraw.Draw(glyphs).text((-l, -t), text, font=font, fill=255, language=LANGUAGE)
+    on = np.asarray(glyphs, np.float32).reshape(rows, k, cols, k).mean(axis=(1, 3)) > 255 / 3
+    big = Image.new("L", (w * k, h * k), 0)
+    draw = ImageDraw.Draw(big)
+    ys, xs = np.nonzero(on)
+    jitter = rng.uniform(-0.15, 0.15, (len(ys), 2))
+    radius = dot * cell * k / 2
+    for y, x, (jy, jx) in zip(ys, xs, jitter):
+        cy, cx = (y + my + 0.5 + jy) * cell * k, (x + mx + 0.5 + jx) * cell * k
+        draw.ellipse((cx - radius, cy - radius, cx + radius, cy + radius), fill=255)
+    cover = np.asarray(big.resize((w, h), Image.Resampling.BOX), np.float32)[:, :, None] / 255
+    a = paper.astype(np.float32) * (1 - cover) + ink.astype(np.float32) * cover
+    a += rng.normal(0, float(rng.uniform(0, 6)), a.shape)
+    return np.clip(a, 0, 255).astype(np.uint8), text
+
+
+def style_seeds(seed: int) -> tuple[int, int]:
+    """(texts' seed, drawing's seed) of `styled`: streams of their own, so that a style's lines are not
+    ocr_lines' own lines of the same seed cut short (a fine-tune on one and a check on the other share no
+    texts by construction)."""
+    a, b = np.random.SeedSequence([seed, 1]).generate_state(2)
+    return int(a), int(b)
+
+
+def styled(counts: tuple[int, int, int], keys: Sequence[str], style: str, seed: int = 0) -> Data:
+    """`generated`'s counterpart for data.source ocr_lines_<style>: short lines (`short_lines`) drawn in
+    that style, deterministic by seed."""
+    _check_raqm(f"{BUILT_IN}_{style}")
+    draw = {"dotmatrix": render_dotmatrix}[style]
+    font_file = font_path()
+    total = sum(counts)
+    text_seed, draw_seed = style_seeds(seed)
+    rngs = np.random.default_rng(draw_seed).spawn(total)
+    drawn = [draw(t, r, font_file) for t, r in zip(short_lines(keys, total, text_seed), rngs)]
+    images, texts = [d[0] for d in drawn], [d[1] for d in drawn]
+    a, b = counts[0], counts[0] + counts[1]
+    return Data(Lines(images[:a], texts[:a]), Lines(images[a:b], texts[a:b]), Lines(images[b:], texts[b:]))
+
+
+def _generated(counts: tuple[int, int, int], keys: Sequence[str], root: Path, style: str = "") -> Data:
+    """`generated` (or `styled` for a style), cached: one .npz of the pixels (uint8, no pickle) and a JSON of
+    texts and shapes per split count, key set and style, written atomically."""
+    key = "\n".join(keys) + f"|{counts}|{_GENERATOR}" + (f"|{style}|{STYLES[style]}" if style else "")
+    h = hashlib.sha256(key.encode()).hexdigest()[:16]
+    base = root / (f"{BUILT_IN}_{style}" if style else BUILT_IN) / f"{counts[0]}-{counts[1]}-{counts[2]}-{h}"
     pixels, meta = base.with_suffix(".npz"), base.with_suffix(".json")
     if pixels.is_file() and meta.is_file():
         try:
@@ -245,7 +349,7 @@ def _generated(counts: tuple[int, int, int], keys: Sequence[str], root: Path) ->
             return _unflatten(flat, doc)
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
             pass  # a damaged cache is rebuilt
-    data = generated(counts, keys)
+    data = styled(counts, keys, style) if style else generated(counts, keys)
     base.parent.mkdir(parents=True, exist_ok=True)
     flat, doc = _flatten(data)
     # one temporary name per process (users, tests and the bench share the cache), each file complete before
