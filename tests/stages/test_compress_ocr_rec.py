@@ -26,15 +26,15 @@ QUICK = ["--set", "compress.latency_runs=5", "--set", "compress.throughput_runs=
 
 
 @pytest.fixture(scope="module")
-def compressed(tmp_path_factory, rec_src, keys) -> tuple[Path, int, str]:
-    """(the run folder, compress's exit code, its stderr)."""
+def compressed(tmp_path_factory, rec_src, keys, heavy_memory) -> tuple[Path, int, str]:
+    """(the run folder, compress's exit code, its stderr). Peaks ~16 GB: never beside another heavy step."""
     import contextlib
     import io
 
     d = tmp_path_factory.mktemp("ocr-int8")
     assert main(["import", str(rec_src), "--task", "ocr_rec", "--keys", str(keys), "--out", str(d / "export"), *LINES]) == 0
     err = io.StringIO()
-    with contextlib.redirect_stderr(err):
+    with heavy_memory(), contextlib.redirect_stderr(err):
         code = main(["compress", str(d / "export"), "--out", str(d / "compress"), "--int8", "--backend", "onnxruntime",
                      *QUICK])
     return d, code, err.getvalue()

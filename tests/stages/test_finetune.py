@@ -29,11 +29,13 @@ def _args(init: Path, *more: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def tuned(tmp_path_factory, ppocr_rec_export) -> Path:
-    """The example's fine-tune, shortened, on 2 CPU processes (gloo): the run every test here reads."""
+def tuned(tmp_path_factory, ppocr_rec_export, heavy_memory) -> Path:
+    """The example's fine-tune, shortened, on 2 CPU processes (gloo): the run every test here reads (~6 GB: never
+    beside another heavy step)."""
     run = tmp_path_factory.mktemp("finetune") / "run"
-    done = subprocess.run([*PIPE, *_args(ppocr_rec_export, "--nproc", "2"), "--run", str(run)],
-                          capture_output=True, text=True, timeout=1200, cwd=REPO)
+    with heavy_memory():
+        done = subprocess.run([*PIPE, *_args(ppocr_rec_export, "--nproc", "2"), "--run", str(run)],
+                              capture_output=True, text=True, timeout=1200, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
     return run
 
