@@ -20,6 +20,9 @@ from pipeline.tasks import ocr_rec
 from tests.serving_helpers import start_server
 from tests.stages.test_serve_ocr_rec import _png
 
+# Its fixture may first wait for the heavy-memory lock (conftest.heavy_memory) while the fine-tune fixture holds it
+# (~9 min): the wait counts towards pytest-timeout's 600 s.
+pytestmark = pytest.mark.timeout(1800)
 LINES = ["--set", "data.ocr_lines=300"]
 # Timing only orders the variants for `pipe package` (openvino-int8 ran ~4x fp32 here); speed is `make bench`'s.
 QUICK = ["--set", "compress.latency_runs=5", "--set", "compress.throughput_runs=1"]

@@ -19,6 +19,7 @@ from pipeline import artifacts
 from tests.conftest import REPO
 
 PIPE = [sys.executable, "-m", "pipeline.cli"]
+pytestmark = pytest.mark.timeout(1800)  # the fixture may wait for the heavy-memory lock (compress ~7 min), then run ~9
 # The example (ocr_lines_dotmatrix, 2 epochs, mix 0.5), shortened: 240 domain lines (36 val, 36 test), 100 general
 # lines. Measured: domain 0.583 -> 0.833, general 0.930 -> 0.950 (docs/finetune.md's table).
 SHORT = ["--set", "data.ocr_lines=240", "--set", "finetune.general_lines=100"]
