@@ -42,7 +42,8 @@ class Source:
     path: Path
     kind: str  # "train", "safetensors", "pdparams" or "program" (a pipe import's export artifact)
     file: Path
-    manifest_sha256: str | None = None  # kind "train": the artifact's manifest
+    manifest_sha256: str | None = None  # kind "train" or "program": the artifact's manifest
+    manifest: dict[str, Any] | None = None  # kind "program": that manifest, verified (read it, do not verify again)
 
 
 def source(spec: str) -> Source:
@@ -78,7 +79,7 @@ def _program(art: artifacts.Artifact) -> Source:
     if legacy.get("format") != "legacy":
         raise InputError(f"{where}: imported from a PIR program; pipe train fine-tunes a legacy program "
                          f"(<prefix>.pdmodel): {legacy.get('reason', 'none here')}")
-    return Source(art.path, "program", art.file(legacy["params"]), art.manifest_sha256)
+    return Source(art.path, "program", art.file(legacy["params"]), art.manifest_sha256, art.manifest)
 
 
 def apply(paddle: Any, net: Any, src: Source, strict: bool, emit: Emit) -> dict[str, Any]:

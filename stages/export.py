@@ -156,8 +156,8 @@ def _export_program(cfg: RunConfig, src: artifacts.Artifact, train_cfg: RunConfi
     legacy = imp.manifest["legacy"]
     prog = paddle_program.Program(imp.file(legacy["model"]), imp.file(legacy["params"]))
     io_ = paddle_program.read(prog)
-    runtime.import_paddle(runtime.threads_per_process(1))
-    trained = runtime.load_safetensors(runtime.import_paddle(), src.file("model.safetensors"))
+    paddle = runtime.import_paddle(runtime.threads_per_process(1))
+    trained = runtime.load_safetensors(paddle, src.file("model.safetensors"))
     names = {program_layer.key(p.name): p.name for p in io_.params}
     if set(trained) != set(names):
         raise InputError(f"{src.file('model.safetensors')}: holds {len(trained)} tensors, the program "

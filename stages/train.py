@@ -175,8 +175,7 @@ def _preflight(cfg: RunConfig) -> tuple[int, int]:
 
 def _check_program_task(cfg: RunConfig, init: weights.Source) -> None:
     """An imported program is fine-tuned for its own task: model.task must name it."""
-    iface = artifacts.verify(init.path, ("export",)).manifest["interface"]
-    spec = str((iface.get("task") or {}).get("spec") or "classification")
+    spec = str((init.manifest["interface"].get("task") or {}).get("spec") or "classification")
     if cfg.model.task != spec:
         raise InputError(f"model.init {init.path}: an imported {spec} model; model.task is {cfg.model.task} "
                          f"(set model.task: {spec}, or --set model.task={spec})")
@@ -492,7 +491,6 @@ class _Trainer:
         tasks.check_outputs(self.task, self._probe_named(net), self.info, where)
         paddle.seed(t.seed * 1000 + ctx.rank)  # dropout masks differ per rank
         self.net = net
-        self.per_rank = t.batch_size // ctx.world
         self.sampler = batches.GlobalBatchSampler(len(self.data.train), t.batch_size, ctx.rank, ctx.world, t.seed)
         if len(self.sampler) == 0:
             raise InputError(f"train.batch_size {t.batch_size}: larger than the training split "
@@ -511,8 +509,7 @@ class _Trainer:
         paddle, cfg, ctx = self.p, self.cfg, self.ctx
         t, f = cfg.train, cfg.finetune
         where = f"model.init {init.path}"
-        imp = artifacts.verify(init.path, ("export",))
-        iface = imp.manifest["interface"]
+        iface = init.manifest["interface"]
         _check_program_task(cfg, init)
         spec = cfg.model.task
         self.task = tasks.get(spec)
@@ -531,31 +528,28 @@ class _Trainer:
         self.general = self.task.load_data(general_cfg, self.info)
         paddle.seed(t.seed)
         np.random.seed(t.seed)
-        net = program_layer.build(paddle, imp.path / Path(imp.manifest["legacy"]["model"]).with_suffix(""))
-        self.names = {program_layer.key(n): n for n in net.names}
+        net = program_layer.build(paddle, init.path / Path(init.manifest["legacy"]["model"]).with_suffix(""))
         feed = net.feeds[0]
         self.call = models.calling(net, (feed,), where)
         self.outputs = models.Outputs("tensor", (self.task.OUTPUT,), "")
         self.output_tensors = ()
-        pos, feeds = next(iter(self.task.batches(self.data.train, self.info, 2, limit=2)))
+        _, feeds = next(iter(self.task.batches(self.data.train, self.info, 2, limit=2)))
         net.eval()
         with paddle.no_grad():
             probe = {self.task.OUTPUT: net(paddle.to_tensor(feeds[self.info.settings.get("input", feed)])).numpy()}
         net.train()
         tasks.check_outputs(self.task, probe, self.info, where)
-        self.init = {"path": str(imp.path.resolve()), "kind": "program", "sha256": artifacts.sha256_file(init.file),
-                     "manifest_sha256": imp.manifest_sha256, "loaded": len(net.names), "shape_mismatch": [],
-                     "missing": [], "unexpected": [], "source": imp.manifest.get("source")}
+        self.init = {"path": str(init.path.resolve()), "kind": "program", "sha256": artifacts.sha256_file(init.file),
+                     "manifest_sha256": init.manifest_sha256, "loaded": len(net.names), "shape_mismatch": [],
+                     "missing": [], "unexpected": [], "source": init.manifest.get("source")}
         ctx.emit({"event": "notice", "text": f"{where}: fine-tuning the imported program ({len(net.ops)} ops, "
                                              f"{len(net.parameters())} trainable tensors; batch-norm statistics "
                                              f"frozen) from lr {f.lr:g}"})
         paddle.seed(t.seed * 1000 + ctx.rank)  # dropout masks differ per rank
         self.net = net
-        self.num_classes = probe[self.task.OUTPUT].shape[-1]
         g = round(t.batch_size * f.mix / ctx.world) * ctx.world if len(self.general.train) else 0
         if t.batch_size - g < ctx.world:
             raise InputError(f"finetune.mix {f.mix:g}: leaves no line of train.batch_size {t.batch_size} for the data")
-        self.per_rank = t.batch_size // ctx.world
         user = batches.GlobalBatchSampler(len(self.data.train), t.batch_size - g, ctx.rank, ctx.world, t.seed)
         if len(user) == 0:
             raise InputError(f"train.batch_size {t.batch_size}: larger than the training split "
@@ -996,7 +990,7 @@ class _Trainer:
                                    "task": {"name": self.task.name, "spec": self.cfg.model.task or "classification",
                                             "settings": self.info.settings}}
                 else:  # the imported program's, unchanged: fine-tuning changes its weights only
-                    w.interface = artifacts.verify(self.program.path, ("export",)).manifest["interface"]
+                    w.interface = self.program.manifest["interface"]
                 ips = [r["img_per_s"] for r in st.epoch_rows if r["img_per_s"]]
                 w.metrics = {
                     **{f"test_{k}": v for k, v in test.items()}, "test_loss": test_loss,
