@@ -40,10 +40,22 @@ demo: $(STAMP)
 	$(BIN)/pipe inspect runs/demo/package --verify
 	$(BIN)/python examples/serve_demo.py runs/demo/package
 
+# Triton's load tool, perf_analyzer, for the bench's rows against tritonserver (pipeline/bench/perf.py) and
+# tests/stages/test_serve_grpc.py: it ships in the tritonclient 2.45.0 wheel (later ones on the index have
+# none), in its own venv .venv/perf; it links libcudart even on a CPU (the nvidia-cuda-runtime-cu12 wheel, put
+# on its library path by perf.binary) and libb64 (Debian's libb64-0d). Without them that test is skipped.
+PERF_STAMP := $(VENV)/perf/.installed
+$(PERF_STAMP): $(STAMP)
+	$(PY) -m venv $(VENV)/perf
+	$(VENV)/perf/bin/pip install --quiet tritonclient==2.45.0 nvidia-cuda-runtime-cu12==12.9.79 \
+	  && { dpkg -s libb64-0d >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q libb64-0d >/dev/null; } \
+	       || echo "libb64-0d did not install (apt-get install libb64-0d as root)"; } && touch $(PERF_STAMP) \
+	  || echo "tritonclient 2.45.0 did not install: the bench's perf_analyzer rows will say so"
+
 # Two pytest workers, one test module each at a time (module fixtures stay shared within a module): on 2 cores
 # the suite spends much of its time waiting on servers, launchers and child processes, which the second worker
 # fills (measured on 6 modules: 218 s in one process, 159 s in two; docs/verified.md has the whole suite).
-test: $(STAMP) $(STAMP39)
+test: $(STAMP) $(STAMP39) $(PERF_STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # The serving benchmark's Python peer (pipeline/bench/kserve_peer.py): KServe's ModelServer in its own venv
@@ -61,7 +73,7 @@ $(RAPIDOCR_STAMP): $(STAMP)
 	$(VENV)/rapidocr/bin/pip install --quiet rapidocr-onnxruntime==1.4.4 && touch $(RAPIDOCR_STAMP) \
 	  || echo "rapidocr-onnxruntime did not install: the OCR benchmark's RapidOCR rows will say so"
 
-bench: $(STAMP) $(KSERVE_STAMP) $(RAPIDOCR_STAMP)
+bench: $(STAMP) $(KSERVE_STAMP) $(RAPIDOCR_STAMP) $(PERF_STAMP)
 	$(BIN)/pipe bench --out bench/RESULTS.md
 
 clean:

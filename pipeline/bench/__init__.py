@@ -8,7 +8,8 @@ machine is shared and noisy: quote the ratios, not the absolute numbers.
     (here)     the suite's entry `run` (CLI start-up, training throughput, data parallel, `pipe all`)
     compress   int8 and bf16 against fp32 on every engine, the auto pick, the int8 accuracy drop (images, text)
     serving    `pipe serve` under load (HTTP, dynamic batching, /v1 and /v2), versus the engine alone
-    peers      `pipe serve` against tritonserver and KServe's ModelServer on the same model.onnx, HTTP and gRPC
+    perf       `pipe serve` against tritonserver on the same model.onnx, measured by Triton's perf_analyzer
+    peers      `pipe serve` against KServe's ModelServer and its own past, by the bench's Python client
     text       the text model against a TF-IDF + logistic regression baseline on the same split
     ernie      ernie_tiny (two inputs) through train, export, compress on 3 engines, package, served text
     detection  centernet_tiny on generated shapes: COCO mAP, int8 mAP drop per engine, auto pick, served PNGs
@@ -49,10 +50,11 @@ def run(out_file: Path, quick: bool = False) -> None:
     rows += _data_parallel(repeats=1)
     rows += _pipe_all()
     from pipeline.bench import (compress, detection, ernie, finetune, ocr, ocr_finetune, ocr_served, ocr_system,  # each in its own temp dirs
-                                 peers, serving, text)
+                                 peers, perf, serving, text)
 
     rows += compress.rows(quick)
     rows += serving.rows(quick)
+    rows += perf.rows(quick)
     rows += peers.rows(quick)
     rows += serving.text_rows(quick)
     rows += ernie.rows(quick)

@@ -1,4 +1,4 @@
-"""`pipe bench` rows: `pipe serve` against its real peers on the same package, side by side in one run.
+"""`pipe bench` rows: `pipe serve` against KServe and its own past on the same package, side by side in one run.
 
     python -c "from pipeline.bench import peers; print(peers.rows(quick=True))"
 
@@ -7,18 +7,19 @@ For digits (`make demo`'s chain) and mobilenet_v3_small at 3x64x64, one package 
 - `pipe serve` (HTTP and `--grpc-port`), this tree;
 - `pipe serve` as it was before issue 21 (commit BEFORE, from a git worktree: no gc freeze, no gRPC),
   for the HTTP process's CPU per request before and after (digits only; skipped without git history);
-- tritonserver 2.51 (the nvidia-pytriton wheel the Makefile puts in .venv/pytriton: C++ HTTP and gRPC
-  front ends, dynamic batching) on the package's own `triton/` repository, through the python-based
-  `onnxruntime` backend of tests/triton_backend (the wheel has no C++ onnxruntime backend);
 - KServe 0.21's ModelServer (`pipeline/bench/kserve_peer.py`, FastAPI, in its own venv .venv/kserve).
-One load client for all, in this process: `pipeline/bench/loadgen.py` for HTTP (the same /v2 JSON infer
-body to every server), and for gRPC a grpc.aio client sending one pre-serialised ModelInferRequest (raw
-tensor bytes) from 16 concurrent calls on one channel. Every point runs a fixed time; the servers are
+tritonserver is measured against pipe serve by Triton's own perf_analyzer (`pipeline/bench/perf.py`, which
+starts it with `_triton` here, onnxruntime held to 1 thread in its copy of the repository): at pipe's rate
+this Python client, not the server, can saturate first (issue 34: 1.22x by this client, 0.72x by
+perf_analyzer on that issue's machine). KServe's ModelServer has no Triton model
+configuration for perf_analyzer to read, so it stays on this client. One load client for all, in this
+process: `pipeline/bench/loadgen.py` for HTTP (the same /v2 JSON infer body to every server), and for
+gRPC a grpc.aio client sending one pre-serialised ModelInferRequest (raw tensor bytes) from 16 concurrent
+calls on one channel. Every point runs a fixed time; the servers are
 measured in turn within a round, and the rounds interleave. Reported per server: requests/s and p50/p99
 at 16 connections, p50 at 1 connection, the CPU ms per request of the server's own process (pipe: the
-HTTP process, not its predictor; tritonserver: its process, not the python backend's stub; KServe: its
-one process), and for pipe the collector's pauses per 10,000 requests from its /metrics. On a 2-core
-machine the client, the server and the model share the CPU: quote the ratios with that.
+HTTP process, not its predictor; KServe: its one process), and for pipe the collector's pauses per 10,000
+requests from its /metrics. On a 2-core machine the client, the server and the model share the CPU: quote the ratios with that.
 """
 
 from __future__ import annotations
@@ -55,7 +56,6 @@ _KSERVE = _REPO / ".venv/kserve/bin/python"
 _SHIM = _REPO / "tests/triton_backend/onnxruntime/model.py"
 _START_S = 120.0
 _CONNS = 16
-_GOAL_RATE, _GOAL_P99 = 1.0, 1.5  # issue 21, digits /v2 HTTP: pipe / tritonserver
 
 
 @dataclass
@@ -99,9 +99,6 @@ def _model_rows(name: str, build: Any, quick: bool) -> list[Row]:
             worktree = _worktree(tmp)
             if worktree is not None:
                 peers.append(_pipe("before", f"pipe serve before ({BEFORE})", package, tmp, cwd=worktree))
-        triton = _triton(package, tmp)
-        if triton is not None:
-            peers.append(triton)
         kserve = _kserve(package, model, tmp)
         if kserve is not None:
             peers.append(kserve)
@@ -115,7 +112,7 @@ def _model_rows(name: str, build: Any, quick: bool) -> list[Row]:
                     _measure(p, "grpc16", lambda: _grpc_load(p.grpc, grpc_request, _CONNS, seconds))
                 _measure(p, "http1", lambda: loadgen.run(p.http, bodies, 1, seconds=seconds / 2, path=path))
         gc_after = {p.key: _gc_seconds(p.http) for p in peers if p.key == "pipe"}
-        return [packaged, *_rows(name, peers, gc_before, gc_after, triton is not None, kserve is not None)]
+        return [packaged, *_rows(name, peers, gc_before, gc_after, kserve is not None)]
     finally:
         for p in peers:
             serving.stop(p.proc)
@@ -134,7 +131,7 @@ def _measure(p: _Peer, load: str, go: Any) -> None:
     p.results.setdefault(load, []).append(r)
 
 
-def _rows(name: str, peers: list[_Peer], gc0: dict, gc1: dict, triton: bool, kserve: bool) -> list[Row]:
+def _rows(name: str, peers: list[_Peer], gc0: dict, gc1: dict, kserve: bool) -> list[Row]:
     def med(p: _Peer, load: str, key: str) -> float:
         return statistics.median(r[key] for r in p.results[load])
 
@@ -172,25 +169,6 @@ def _rows(name: str, peers: list[_Peer], gc0: dict, gc1: dict, triton: bool, kse
                     f"{a / b:.2f}x ({a:.3f} vs {b:.3f} ms)", "< 1x", "met" if a < b else "**missed**"))
         out.append((f"{what}: p99 at {_CONNS} connections, pipe serve / before ({BEFORE})",
                     f"{med(pipe, 'http16', 'p99') / med(by['before'], 'http16', 'p99'):.2f}x", "reported", ""))
-    if triton:
-        t = by["triton"]
-        rate = med(pipe, "http16", "rate") / med(t, "http16", "rate")
-        p99 = med(pipe, "http16", "p99") / med(t, "http16", "p99")
-        goal = name.startswith("digits")
-        per = "/".join(f"{a['rate'] / b['rate']:.2f}" for a, b in zip(pipe.results["http16"], t.results["http16"]))
-        out.append((f"{what}: requests/s at {_CONNS} connections, pipe serve / tritonserver (per round)",
-                    f"{rate:.2f}x ({per})",
-                    f">= {_GOAL_RATE}x" if goal else "reported",
-                    ("met" if rate >= _GOAL_RATE else "**missed**") if goal else ""))
-        out.append((f"{what}: p99 at {_CONNS} connections, pipe serve / tritonserver", f"{p99:.2f}x",
-                    f"<= {_GOAL_P99}x" if goal else "reported",
-                    ("met" if p99 <= _GOAL_P99 else "**missed**") if goal else ""))
-        out.append((f"{what}: gRPC requests/s, pipe serve / tritonserver",
-                    f"{med(pipe, 'grpc16', 'rate') / med(t, 'grpc16', 'rate'):.2f}x", "reported", ""))
-        out.append((f"{what}: p50 at 1 connection, pipe serve / tritonserver",
-                    f"{med(pipe, 'http1', 'p50') / med(t, 'http1', 'p50'):.2f}x", "reported", ""))
-    else:
-        out.append((f"{what}: tritonserver", f"not measured: no runnable tritonserver in {_PYTRITON}", "", ""))
     if kserve:
         k = by["kserve"]
         out.append((f"{what}: requests/s at {_CONNS} connections, pipe serve / KServe ModelServer",
@@ -245,10 +223,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _pipe(key: str, label: str, package: Path, tmp: Path, grpc: bool = False, cwd: Path | None = None) -> _Peer:
-    """`pipe serve` with 1 predictor x 1 thread; from `cwd` (a worktree) its own code is imported first."""
+def _pipe(key: str, label: str, package: Path, tmp: Path, grpc: bool = False, cwd: Path | None = None,
+          prefix: list[str] | None = None) -> _Peer:
+    """`pipe serve` with 1 predictor x 1 thread; from `cwd` (a worktree) its own code is imported first;
+    `prefix` runs it under another command (perf.pinning's taskset)."""
     grpc_port = _free_port() if grpc else 0
-    cmd = [sys.executable, "-m", "pipeline.cli", "serve", str(package), "--port", "0", "--predictors", "1",
+    cmd = [*(prefix or []), sys.executable, "-m", "pipeline.cli", "serve", str(package), "--port", "0", "--predictors", "1",
            "--threads", "1", *(["--grpc-port", str(grpc_port)] if grpc else [])]
     env = dict(os.environ, PYTHONPATH=str(cwd)) if cwd else None
     log = tmp / f"{key}.log"
@@ -265,7 +245,7 @@ def _worktree(tmp: Path) -> Path | None:
     return path if r.returncode == 0 else None
 
 
-def _triton(package: Path, tmp: Path) -> _Peer | None:
+def _triton(package: Path, tmp: Path, prefix: list[str] | None = None) -> _Peer | None:
     server = _PYTRITON / "pytriton/tritonserver"
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = server / "python_backend_stubs" / version / "triton_python_backend_stub"
@@ -283,8 +263,14 @@ def _triton(package: Path, tmp: Path) -> _Peer | None:
                                                              sysconfig.get_config_var("LIBDIR"),
                                                              os.environ.get("LD_LIBRARY_PATH")])),
                OMP_NUM_THREADS="1")
+    repo = tmp / "triton-repo"  # the package's repository with onnxruntime held to 1 thread, as in pipe serve here
+    shutil.copytree(package / "triton", repo)
+    for config in repo.glob("*/config.pbtxt"):
+        with config.open("a", encoding="utf-8") as f:
+            f.write("".join(f'parameters {{ key: "{k}" value: {{ string_value: "1" }} }}\n'
+                            for k in ("intra_op_thread_count", "inter_op_thread_count")))
     http, grpc = _free_port(), _free_port()
-    cmd = [str(server / "bin/tritonserver"), f"--model-repository={package / 'triton'}",
+    cmd = [*(prefix or []), str(server / "bin/tritonserver"), f"--model-repository={repo}",
            f"--backend-directory={backends}", "--http-address=127.0.0.1", f"--http-port={http}",
            "--grpc-address=127.0.0.1", f"--grpc-port={grpc}", "--allow-metrics=false"]
     log = tmp / "triton.log"

@@ -313,3 +313,28 @@ def test_grpc_port_flags_fail_in_one_line(run, tmp_path):
             assert r.returncode == 2, (flags, r.stderr[-500:])
             lines = r.stderr.strip().splitlines()
             assert len(lines) == 1 and want in lines[0] and "Traceback" not in r.stderr, (flags, r.stderr)
+
+
+def test_perf_analyzer_drives_http_and_grpc(served, tmp_path):
+    """Triton's own load tool (perf_analyzer 2.45.0, `make test` puts it in .venv/perf), as the bench runs it
+    (`pipeline/bench/perf.py`), against this server over HTTP and gRPC: it reads the model's metadata and
+    configuration, loads it, and reads the statistics extension's server-side times."""
+    import csv
+
+    from pipeline.bench import perf
+
+    found = perf.binary()
+    if isinstance(found, str):
+        pytest.skip(found)
+    cmd, env = found
+    srv, address = served
+    data = perf.inputs_file(srv.url, MODEL, tmp_path / "inputs.json", samples=3)
+    entries = json.loads(data.read_text())["data"]
+    assert len(entries) == 3 and all(np.isfinite(e[n]["content"]).all() for e in entries for n in e), entries
+    for proto, url in (("http", srv.url.removeprefix("http://")), ("grpc", address)):
+        point = perf.measure(cmd, env, MODEL, url, proto, 2, perf.Flags(1000, 50, 5), data, tmp_path / f"{proto}.csv")
+        assert not point.error, (proto, point.error)
+        assert point.rate > 100 and 0 < point.p50 <= point.p99, (proto, point)
+        with (tmp_path / f"{proto}.csv").open(newline="") as f:
+            row = next(csv.DictReader(f))
+        assert int(row["Server Compute Infer"]) > 0, (proto, row)  # from /v2/models/NAME/stats (or gRPC's)
