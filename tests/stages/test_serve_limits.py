@@ -237,12 +237,16 @@ async def _app(scope: dict, receive: Any, send: Any) -> None:
 
 @pytest.fixture(scope="module")
 def small_server() -> Iterator[tuple[str, int]]:
+    yield from _in_process(_app, _Small)
+
+
+def _in_process(app: Any, protocol: type) -> Iterator[tuple[str, int]]:
     import uvicorn
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(16)
-    srv = uvicorn.Server(uvicorn.Config(_app, http=_Small, lifespan="off", log_level="warning", loop="asyncio"))
+    srv = uvicorn.Server(uvicorn.Config(app, http=protocol, lifespan="off", log_level="warning", loop="asyncio"))
     thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -318,3 +322,67 @@ def test_early_answers_on_keep_alive_close_too(small_server):
     finally:
         c.close()
 
+
+
+# ------------------------------------------------------------------ one socket write per answer
+
+
+class _Counted(lingering.LingeringHttpToolsProtocol):
+    """Records every write that reaches the connection's real transport (asyncio's, whose write can be
+    replaced on the instance)."""
+    writes: list[bytes] = []
+
+    def connection_made(self, transport: Any) -> None:
+        real = transport.write
+
+        def write(data: bytes) -> None:
+            _Counted.writes.append(bytes(data))
+            real(data)
+
+        transport.write = write
+        super().connection_made(transport)
+
+
+async def _answers(scope: dict, receive: Any, send: Any) -> None:
+    """/one: head + body; /stream: head, then two body parts; /fail: head, then an error."""
+    if scope["type"] != "http":
+        return
+    path = scope["path"]
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [] if path == "/stream" else [(b"content-length", b"2")]})
+    if path == "/fail":
+        raise RuntimeError("after the head")
+    await send({"type": "http.response.body", "body": b"ok", "more_body": path == "/stream"})
+    if path == "/stream":
+        await send({"type": "http.response.body", "body": b"!"})
+
+
+@pytest.fixture(scope="module")
+def counted_server() -> Iterator[tuple[str, int]]:
+    yield from _in_process(_answers, _Counted)
+
+
+def test_an_answer_is_one_socket_write(counted_server):
+    """Head and body leave in one send (uvicorn alone makes two): measured under perf_analyzer, 35% fewer
+    write calls in the serving process (docs/benchmarks.md)."""
+    with httpx.Client(base_url=f"http://{counted_server[0]}:{counted_server[1]}", timeout=10) as c:
+        _Counted.writes.clear()
+        r = c.get("/one")
+        assert r.status_code == 200 and r.text == "ok"
+        assert len(_Counted.writes) == 1 and _Counted.writes[0].startswith(b"HTTP/1.1 200 OK\r\n")
+        assert _Counted.writes[0].endswith(b"\r\n\r\nok")
+        _Counted.writes.clear()
+        r = c.get("/stream")  # a streamed answer: the head goes with its first part, the rest as it comes
+        assert r.status_code == 200 and r.text == "ok!" and r.headers["transfer-encoding"] == "chunked"
+        assert len(_Counted.writes) == 2 and _Counted.writes[0].endswith(b"\r\n\r\n2\r\nok\r\n"), _Counted.writes
+        assert _Counted.writes[1] == b"1\r\n!\r\n0\r\n\r\n"
+
+
+def test_an_app_failing_after_its_head_answers_500(counted_server):
+    """The held head was never written, so uvicorn still answers its own 500 (not a cut connection), and
+    the next request on the connection is served."""
+    with httpx.Client(base_url=f"http://{counted_server[0]}:{counted_server[1]}", timeout=10) as c:
+        r = c.get("/fail")
+        assert r.status_code == 500 and r.text == "Internal Server Error"
+    with httpx.Client(base_url=f"http://{counted_server[0]}:{counted_server[1]}", timeout=10) as c:
+        assert c.get("/one").text == "ok"
