@@ -78,6 +78,10 @@ def run(cfg: RunConfig, src: Path, out_dir: Path, finetuned: artifacts.Artifact 
     keys = _keys_file(icfg.keys, yml, prog)
     keys = wheel_keys if keys is None else keys
     labels, settings = task.from_program(pio, keys, yml, str(prog.program))
+    if icfg.nfkc:
+        if "nfkc" not in settings:
+            raise InputError(f"import.nfkc: an {spec} model's answers are not texts; only ocr_rec compares texts")
+        settings = {**settings, "nfkc": True}
     info = tasks.Info(tuple(labels), settings)
     source = cfg.data.source if cfg.data.source != DataConfig.source else task.default_source
     data_cfg = dataclasses.replace(cfg.data, source=source)

@@ -225,6 +225,29 @@ def test_bad_label_data_is_refused_in_one_line(rec_src, keys, tmp_path, cli):
     assert not (tmp_path / "e1").exists() and not (tmp_path / "e2").exists()
 
 
+def test_nfkc_reaches_the_metric_and_is_refused_for_a_model_without_texts(imported, rec_src, keys, ppocr, tmp_path,
+                                                                         cli):
+    """import.nfkc: recorded in the export's interface, which every later stage reads its metric from, so a
+    full-width form counts as its ASCII one; refused in one line for a model whose answers are not texts."""
+    from pipeline.tasks.ocr_rec import data as data_mod
+
+    out = tmp_path / "nfkc"
+    code, _, err = cli("import", rec_src, "--task", "ocr_rec", "--keys", keys, "--out", out, "--no-onnx",
+                       "--set", "import.nfkc=true", *LINES)
+    assert code == 0, err
+    on, off = (artifacts.verify(d, ("export",)).manifest for d in (out, imported))
+    assert on["interface"]["task"]["settings"]["nfkc"] is True and off["interface"]["task"]["settings"]["nfkc"] is False
+    truth = data_mod.Lines([None, None], ["了，1.5", "～（好）"])
+    read = [("了,1.5", 0.9), ("~(好)", 0.9)]
+    assert ocr_rec.score(read, truth, ocr_rec.info_of(on["interface"]))["acc"] == 1.0
+    assert ocr_rec.score(read, truth, ocr_rec.info_of(off["interface"]))["acc"] == 0.0
+    assert on["metrics"]["test_acc"] >= off["metrics"]["test_acc"]  # the same lines, fewer ways to differ
+    cls = tmp_path / "cls"
+    err = _one_line_error(cli, "import", ppocr / pretrained.MODELS["cls"], "--task", "ocr_cls", "--out", cls,
+                          "--no-onnx", "--set", "import.nfkc=true", "--set", "data.ocr_lines=20")
+    assert "import.nfkc: an ocr_cls model's answers are not texts" in err and not cls.exists()
+
+
 def test_a_failed_import_leaves_an_existing_artifact_untouched(imported, rec_src, tmp_path, cli):
     out = tmp_path / "export"
     shutil.copytree(imported, out)
