@@ -33,6 +33,42 @@ def arrays(split) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(x[split.idx]), np.asarray(split.y[split.idx])
 
 
+def live_children() -> set[int]:
+    """The pids of this process's children still running (zombies are not running)."""
+    me, found = os.getpid(), set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ...
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[1]) == me and fields[0] != "Z":
+            found.add(int(stat.parent.name))
+    return found
+
+
+_MAIN_THEN_CHILDREN = """import json, sys
+from pipeline.cli import main
+from tests.conftest import live_children
+code = main(sys.argv[1:])
+print("\\nchildren-left", json.dumps([code, sorted(live_children())]))
+"""
+
+
+def main_in_fresh_process(*args: object) -> tuple[int, str, list[int]]:
+    """pipe's main(args) in a new Python process that goes on after it, as `pipe all` does after training: (exit
+    code, stderr, its children still running). A new process rather than this test worker, for runs that fork
+    (DataLoader workers): a fork copies the state of every thread that earlier tests left in a long-lived worker."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _MAIN_THEN_CHILDREN, *map(str, args)], capture_output=True, text=True,
+                       cwd=REPO, timeout=600)
+    said = r.stdout.rsplit("children-left ", 1)
+    assert len(said) == 2, (r.returncode, r.stderr[-3000:])
+    code, left = json.loads(said[1])
+    return code, r.stderr, left
+
+
 def tree_hash(root: Path) -> str:
     """One hash over every file's path and bytes under root: proves a directory was not touched."""
     h = hashlib.sha256()

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from pipeline import artifacts, runtime
-from tests.conftest import REPO, tree_hash
+from tests.conftest import REPO, main_in_fresh_process, tree_hash
 
 DIGITS = REPO / "examples" / "digits.yaml"
 PIPE = [sys.executable, "-m", "pipeline.cli"]
@@ -71,10 +71,12 @@ def test_artifact_checkpoints_and_golden_losses(tmp_path, cli, monkeypatch):
     assert not (run / "logs").exists() and not (tmp_path / "log").exists()
 
 
-def test_loader_workers_give_the_same_losses(tmp_path, cli):
-    code, _, err = cli("train", "--config", DIGITS, "--run", tmp_path, "--epochs", "1",
-                       "--set", "data.num_workers=2", "--set", "data.persistent_workers=true")
+def test_loader_workers_give_the_same_losses(tmp_path):
+    """...and a run inside a longer-lived process (pipe all) leaves none of its persistent workers behind."""
+    code, err, left = main_in_fresh_process("train", "--config", DIGITS, "--run", tmp_path, "--epochs", "1",
+                                            "--set", "data.num_workers=2", "--set", "data.persistent_workers=true")
     assert code == 0, err
+    assert left == []
     np.testing.assert_allclose(_losses(tmp_path / "train")[:5], GOLDEN, rtol=1e-6)
 
 

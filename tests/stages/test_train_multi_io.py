@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from pipeline import artifacts, iospec
-from tests.conftest import REPO
+from tests.conftest import REPO, main_in_fresh_process
 
 YAML = REPO / "examples" / "two_inputs.yaml"
 COMMAND = "pipe train --config examples/two_inputs.yaml --run runs/two_inputs"
@@ -82,12 +82,14 @@ def test_two_inputs_example_trains_and_records_its_io(tmp_path, cli):
 
 
 def test_loader_workers_collate_named_inputs(tmp_path, cli):
-    """The collate returns a dict of arrays; worker processes give the same batches, so the same losses."""
+    """The collate returns a dict of arrays; worker processes give the same batches, so the same losses; the
+    persistent workers are stopped when the run ends."""
     args = [*_args(), "--epochs", "1"]
     assert cli(*args, "--run", tmp_path / "a")[0] == 0
-    code, _, err = cli(*args, "--run", tmp_path / "b", "--set", "data.num_workers=2",
-                       "--set", "data.persistent_workers=true")
+    code, err, left = main_in_fresh_process(*args, "--run", tmp_path / "b", "--set", "data.num_workers=2",
+                                            "--set", "data.persistent_workers=true")
     assert code == 0, err
+    assert left == []
     a, b = _losses(tmp_path / "a" / "train"), _losses(tmp_path / "b" / "train")
     assert len(a) == STEPS_PER_EPOCH and a == b
 
