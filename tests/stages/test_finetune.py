@@ -89,10 +89,11 @@ def test_the_fine_tuned_model_exports_as_an_import_does(tuned, ppocr_rec_export,
 
 
 def test_a_crash_mid_run_resumes_to_the_same_weights(tmp_path, ppocr_rec_export):
-    """In fresh processes, as for pipe's own models: crash after step 3 (a checkpoint), resume = uninterrupted."""
-    args = [*PIPE, *_args(ppocr_rec_export, "--nproc", "1", "--epochs", "2", "--set", "data.ocr_lines=40", "--set",
+    """In fresh processes, as for pipe's own models: crash after step 3 (a checkpoint) of the one epoch's 10, resume =
+    uninterrupted. The guard is not under test here (one epoch at full lr costs 3 of the 10 general lines): off."""
+    args = [*PIPE, *_args(ppocr_rec_export, "--nproc", "1", "--epochs", "1", "--set", "data.ocr_lines=40", "--set",
                           "finetune.general_lines=10", "--set", "train.batch_size=8", "--set",
-                          "train.checkpoint_every=3")]
+                          "train.checkpoint_every=3", "--set", "finetune.max_drop=1")]
 
     def pipe(run: Path, *more: str, **env: str) -> subprocess.CompletedProcess:
         return subprocess.run([*args, "--run", str(run), *more], env=dict(os.environ, **env), capture_output=True,
