@@ -180,8 +180,9 @@ def package(
                                             "any measured (compress), fp32 (export)."),
     engine: str = typer.Option("auto", "--engine", help="auto (fastest measured within budget), paddle, onnxruntime "
                                                         "or openvino."),
-    optimize: str = typer.Option("balanced", "--optimize", help="auto's criterion: balanced (batch 1 and 32), latency "
-                                                                "(batch 1) or throughput (batch 32)."),
+    optimize: str = typer.Option("balanced", "--optimize", help="auto's criterion: balanced (batch 1 and the throughput "
+                                                                "batch: 32, ocr_det 4 pages), latency (batch 1) or "
+                                                                "throughput."),
     variant: Optional[str] = typer.Option(None, "--variant", help="A compress variant by name (e.g. int8-onnx)."),
     name: Optional[str] = typer.Option(None, "--name", help="Model name (Triton repository); default: the model's."),
     max_batch_size: int = typer.Option(0, "--max-batch-size", help="Dynamic batching: samples per predictor run "

@@ -47,8 +47,9 @@ class DataConfig:
     coco_val_images: str = _opt("", "detection: the folder data.coco_val_json's file_names are relative to")
     coco_test_json: str = _opt("", "detection: the test split's COCO annotation file ('' = carved out of train)")
     coco_test_images: str = _opt("", "detection: the folder data.coco_test_json's file_names are relative to")
-    ocr_lines: int = _opt(1000, "ocr_lines (ocr_rec's and ocr_cls's built-in data): text lines generated for train "
-                                "(val and test: 15% as many each; ocr_cls turns half of them by 180 degrees)", min=10)
+    ocr_lines: int = _opt(1000, "ocr_lines (ocr_rec's and ocr_cls's built-in data) and ocr_lines_dotmatrix "
+                                "(ocr_rec's): text lines generated for train (val and test: 15% as many each; ocr_cls "
+                                "turns half of them by 180 degrees)", min=10)
     ocr_pages: int = _opt(100, "ocr_pages (ocr_det's built-in data): text pages generated for train (val and test: "
                                "15% as many each)", min=10)
     max_len: int = _opt(160, "text: characters kept per text (longer ones are truncated, shorter padded)", min=1)

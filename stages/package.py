@@ -90,7 +90,8 @@ class PackageConfig:
     engine: str = "auto"
     """auto (the fastest measured variant+engine within budget: pipeline/choose.py), paddle, onnxruntime, openvino."""
     optimize: str = "balanced"
-    """auto's speed criterion: balanced (batch 1 and batch 32), latency (batch 1) or throughput (batch 32)."""
+    """auto's speed criterion: balanced (batch 1 and the throughput batch compress timed at: 32, ocr_det 4 pages),
+    latency (batch 1) or throughput."""
     variant: str = ""
     """A compress variant by name (e.g. int8-onnx); '' = chosen by `engine`, `precision` and `optimize`."""
     name: str = ""
