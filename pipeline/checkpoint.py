@@ -28,6 +28,11 @@ def step_dirs(ckpt_dir: Path) -> list[Path]:
     return sorted(p for p in ckpt_dir.iterdir() if p.is_dir() and p.name.startswith("step-") and ".tmp-" not in p.name)
 
 
+def step_of(name: str) -> int:
+    """The step of a `step-NNNNNN` checkpoint name."""
+    return int(name.removeprefix("step-"))
+
+
 def read_pointer(ckpt_dir: Path, name: str) -> str | None:
     p = ckpt_dir / name
     return p.read_text().strip() if p.is_file() else None

@@ -781,7 +781,7 @@ class _Trainer:
         general = self._evaluate(self.general.val)[1] if self.program is not None else {}
         t = self.cfg.train
         metric = val[self.metric_key.removeprefix("val_")]
-        # every rank decides alike: each evaluated the whole split with the same parameters
+        # every rank decides alike: each has the whole split's scores, from the same parameters
         improved = self._guard(general, st) and self._better(metric, val_loss, st.best_metric, st.best_loss)
         if improved:
             st.best_metric, st.best_loss, st.bad_epochs = metric, val_loss, 0
@@ -822,9 +822,10 @@ class _Trainer:
         return up or (metric == best_metric and loss < best_loss)
 
     def _evaluate(self, split: data_mod.Split) -> tuple[float, dict[str, float]]:
-        """(mean loss, the task's metrics) over the whole split. Every rank evaluates all of it with the same
-        parameters (BatchNorm statistics synced), so every rank takes the same decisions without a collective,
-        and a metric over the whole split (detection's mAP) needs no gathering."""
+        """(mean loss, the task's metrics) over the whole split, the same on every rank, so every rank takes the
+        same decisions. pipe's own models: every rank evaluates all of it with the same parameters (BatchNorm
+        statistics synced), without a collective, and a metric over the whole split (detection's mAP) needs no
+        gathering; an imported program's splits are shared among the ranks (`_evaluate_owned`)."""
         if self.program is not None:
             return self._evaluate_owned(split)
         paddle, F = self.p, self.p.nn.functional
@@ -849,20 +850,50 @@ class _Trainer:
 
     def _evaluate_owned(self, split: Any) -> tuple[float, dict[str, float]]:
         """`_evaluate` for a task that owns its data: the split in the task's batches (ocr_rec: by width), each
-        batch's loss and answers, scored by the task."""
-        paddle, F, task = self.p, self.p.nn.functional, self.task
+        batch's loss and answers, scored by the task. An imported recognizer reads a line in ~0.1-0.2 s on a CPU
+        core, so the ranks share the work (`_read_share`) and exchange what they read."""
+        return self._scores(split, self._all_ranks(self._read_share(split)))
+
+    def _read_share(self, split: Any) -> list[tuple[int, list[int], float, list[Any]]]:
+        """This rank's share of the split, every world-th batch: (batch index, its positions in the split, its
+        summed loss, its answers) for each."""
+        paddle, F, task, ctx = self.p, self.p.nn.functional, self.task, self.ctx
         self.net.eval()
-        loss_sum, answers = 0.0, [None] * len(split)
+        mine = []
         with paddle.no_grad():
-            for pos, feeds in task.batches(split, self.info, 32):
+            for b, (pos, feeds) in enumerate(task.batches(split, self.info, 32)):
+                if b % ctx.world != ctx.rank:
+                    continue
                 out = {task.OUTPUT: self.call(self.net, {k: paddle.to_tensor(v) for k, v in feeds.items()})}
                 y = task.targets([split.texts[p] for p in pos], feeds, self.info)
-                loss_sum += float(task.loss(F, out, _tensors(paddle, y), self.info)) * len(pos)
-                for p, a in zip(pos, task.decode({k: v.numpy() for k, v in out.items()}, self.info), strict=True):
-                    answers[p] = a
+                loss = float(task.loss(F, out, _tensors(paddle, y), self.info)) * len(pos)
+                mine.append((b, pos, loss, task.decode({k: v.numpy() for k, v in out.items()}, self.info)))
         self.net.train()
-        found = task.score(answers, split, self.info)
-        return loss_sum / max(1, len(split)), {k: float(found[k]) for k in task.metrics}
+        return mine
+
+    def _scores(self, split: Any, read: list[tuple[int, list[int], float, list[Any]]]) -> tuple[float, dict[str, float]]:
+        """(mean loss, the task's metrics) of the whole split from every rank's `_read_share`: the losses summed in
+        batch order, as one process sums them, so every rank and every world size gets the same numbers."""
+        if sorted(b for b, *_ in read) != list(range(len(read))) or sum(len(pos) for _, pos, *_ in read) != len(split):
+            raise PipeError(f"evaluation: the ranks read {sum(len(pos) for _, pos, *_ in read)} of {len(split)} "
+                            f"lines in {len(read)} batches")
+        loss_sum, answers = 0.0, [None] * len(split)
+        for _, pos, loss, got in sorted(read, key=lambda batch: batch[0]):
+            loss_sum += loss
+            for p, a in zip(pos, got, strict=True):
+                answers[p] = a
+        found = self.task.score(answers, split, self.info)
+        return loss_sum / max(1, len(split)), {k: float(found[k]) for k in self.task.metrics}
+
+    def _all_ranks(self, items: list[Any]) -> list[Any]:
+        """[sync] every rank's `items` (picklable), one list in rank order, on every rank."""
+        if self.ctx.world == 1:
+            return items
+        import paddle.distributed as dist
+
+        gathered: list[list[Any]] = []
+        dist.all_gather_object(gathered, items)
+        return [x for part in gathered for x in part]
 
     def _guard(self, general: dict[str, float], st: "_State") -> bool:
         """Whether an epoch kept finetune.general within finetune.max_drop of the pretrained model (always, for
@@ -978,14 +1009,16 @@ class _Trainer:
             raise GateError(f"finetune.max_drop {f.max_drop:g}: every epoch lost more on the general lines than that "
                             f"(general_{m} {st.baseline[f'general_{m}']:.4f} pretrained, then {', '.join(seen)}); "
                             f"train/ not written: lower finetune.lr, raise finetune.mix or allow a larger drop")
-        # every rank evaluates the best checkpoint (rank 0 alone would keep the others waiting in the barrier below
-        # longer than gloo's timeout: an imported recognizer's three splits take minutes on a CPU)
+        # every rank evaluates the best checkpoint on the test split (rank 0 alone would keep the others waiting in
+        # the barrier below longer than gloo's timeout: an imported recognizer's splits take minutes on a CPU); its
+        # val and general scores are its epoch's, measured on these same parameters when it was saved
         best = checkpoint.read_pointer(self.ckpt_dir, "best")
         best_dir = artifacts.verify(self.ckpt_dir / best, (checkpoint.STAGE,))
         self.net.set_state_dict(runtime.load_safetensors(self.p, best_dir.file("model.safetensors")))
         test_loss, test = self._evaluate(self.data.test)
-        val_loss, val = self._evaluate(self.data.val)
-        general = self._evaluate(self.general.val)[1] if self.program is not None else {}
+        row = next(r for r in st.epoch_rows if r["step"] == checkpoint.step_of(best))
+        val_loss, val = row["val_loss"], {k: row[f"val_{k}"] for k in self.task.metrics}
+        general = {k: row[f"general_{k}"] for k in self.task.metrics} if self.program is not None else {}
         if self.ctx.rank == 0:
             with artifacts.write_stage(self.out_dir, "train", self.cfg.to_dict()) as w:
                 shutil.copyfile(best_dir.file("model.safetensors"), w.dir / "model.safetensors")
