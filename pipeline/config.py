@@ -215,8 +215,8 @@ class ImportConfig:
                          "'' = inference.yml's character_dict")
     nfkc: bool = _opt(False, "ocr_rec: compare texts after Unicode NFKC normalisation, so a full-width form matches "
                              "its ASCII one (，= , ～= ~ （= (: the keys hold both, most fonts draw them alike), in the "
-                             "recognizer's metrics and agreements at every stage (an OCR system's e2e_acc still "
-                             "compares exactly); off = as PaddleOCR's RecMetric")
+                             "recognizer's metrics and agreements at every stage and in an OCR system's e2e_acc; off "
+                             "= as PaddleOCR's RecMetric")
     onnx: bool = _opt(True, "also convert to model.onnx (paddle2onnx, repaired) held to import.parity_tol")
     parity_tol: float = _opt(1e-2, "max |diff| allowed, relative to each output's max |value|, of the PIR program and "
                                    "the ONNX file against the source program (PP-OCRv4 rec's softmax, 64 lines: up to "

@@ -143,7 +143,8 @@ def load(path: Path) -> SystemSpec:
 def measure(parts: dict[str, Any], drop_score: float) -> dict[str, Any]:
     """The system read whole, in-process, each part on its package's engine, over the detector's test pages
     (at most MEASURE_PAGES): the detection's hmean/precision/recall and the share of lines read exactly
-    (`ocr_system.end_to_end`), the pages and lines it read, and seconds per page."""
+    (`ocr_system.end_to_end`, with the recognizer's ignore_space and nfkc), the pages and lines it read, and
+    seconds per page."""
     from pipeline import config as config_mod, runtime
     from pipeline.tasks import ocr_det
 
@@ -160,7 +161,8 @@ def measure(parts: dict[str, Any], drop_score: float) -> dict[str, Any]:
     t0 = time.perf_counter()
     answers, _ = ocr_system.read(system, images)
     seconds = time.perf_counter() - t0
-    scores = ocr_system.end_to_end(answers, test.polys[:n], test.texts[:n])
+    st = parts["rec"].info.settings  # lines compared as the recognizer's own metric compares them (import.nfkc)
+    scores = ocr_system.end_to_end(answers, test.polys[:n], test.texts[:n], bool(st["ignore_space"]), bool(st["nfkc"]))
     out = {"det_hmean": round(scores["hmean"], 4), "det_precision": round(scores["precision"], 4),
            "det_recall": round(scores["recall"], 4), "e2e_acc": round(scores["e2e_acc"], 4),
            "lines": int(scores["lines"]), "pages": n, "seconds_per_page": round(seconds / max(1, n), 3),

@@ -7,6 +7,7 @@ compositions get one line."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -84,6 +85,23 @@ def test_the_package_holds_each_part_and_what_the_system_measured(package, syste
     assert measured["e2e_acc"] == round(want["e2e_acc"], 4) and measured["det_hmean"] == round(want["hmean"], 4)
     assert m["metrics"]["e2e_acc"] == measured["e2e_acc"] and measured["e2e_acc"] >= 0.6
     assert f"{measured['e2e_acc']:.1%} of {measured['lines']} lines" in (package / "README.md").read_text()
+
+
+def test_the_system_compares_lines_as_its_recognizer_does(package, system):
+    """A recognizer imported with import.nfkc: the system's e2e_acc compares its lines after NFKC as well (the
+    detector's pages hold the full-width and the ASCII forms of , ; ! which the font draws alike)."""
+    spec = ocr_package.load(package)
+    rec = spec.parts["rec"]
+    assert rec.info.settings["nfkc"] is False  # the session's import: exact
+    folding = dataclasses.replace(rec, info=dataclasses.replace(rec.info, settings={**rec.info.settings, "nfkc": True}))
+    got = ocr_package.measure({**spec.parts, "rec": folding}, spec.drop_score)
+    sysm, test = system
+    n = got["pages"]
+    answers, _ = ocr_system.read(sysm, test.images[:n])
+    exact, folded = (ocr_system.end_to_end(answers, test.polys[:n], test.texts[:n], nfkc=on)["e2e_acc"]
+                     for on in (False, True))
+    assert folded > exact, "no line differs only in a full-width form: nothing tested"
+    assert got["e2e_acc"] == round(folded, 4)
 
 
 def test_v1_ocr_reads_pages_as_the_system_in_process(server, system):
