@@ -874,9 +874,9 @@ class _Trainer:
     def _scores(self, split: Any, read: list[tuple[int, list[int], float, list[Any]]]) -> tuple[float, dict[str, float]]:
         """(mean loss, the task's metrics) of the whole split from every rank's `_read_share`: the losses summed in
         batch order, as one process sums them, so every rank and every world size gets the same numbers."""
-        if sorted(b for b, *_ in read) != list(range(len(read))) or sum(len(pos) for _, pos, *_ in read) != len(split):
-            raise PipeError(f"evaluation: the ranks read {sum(len(pos) for _, pos, *_ in read)} of {len(split)} "
-                            f"lines in {len(read)} batches")
+        lines = sum(len(pos) for _, pos, *_ in read)
+        if sorted(b for b, *_ in read) != list(range(len(read))) or lines != len(split):
+            raise PipeError(f"evaluation: the ranks read {lines} of {len(split)} lines in {len(read)} batches")
         loss_sum, answers = 0.0, [None] * len(split)
         for _, pos, loss, got in sorted(read, key=lambda batch: batch[0]):
             loss_sum += loss
@@ -991,14 +991,7 @@ class _Trainer:
         for name, v in sorted(self.net.state_dict().items()):
             h.update(name.encode())
             h.update(np.ascontiguousarray(v.numpy()).tobytes())
-        mine = h.hexdigest()[:15]
-        if self.ctx.world == 1:
-            return [mine]
-        import paddle.distributed as dist
-
-        gathered: list[Any] = []
-        dist.all_gather(gathered, self.p.to_tensor([int(mine, 16)], dtype="int64"))
-        return [f"{int(t.numpy()[0]):015x}" for t in gathered]
+        return self._all_ranks([h.hexdigest()[:15]])
 
     def _finish(self, st: "_State") -> None:
         """[rank0] evaluate the best checkpoint on the test split and write train/."""
