@@ -10,7 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.cli import main
+# Two xdist workers share the machine's cores. Paddle's OpenMP threads (Intel's runtime, from MKL) spin 200 ms after
+# each parallel region (KMP_BLOCKTIME), burning CPU the other worker needs: the 5-step fine-tune of test_finetune
+# alone took 38.5 CPU-s with the spin, 25.2 without (20.4 s wall against 24.8 when alone). Set before Paddle loads,
+# here and in every process the tests start; it changes when idle threads sleep, never what they compute. Speed is
+# `make bench`'s, which leaves the default.
+os.environ.setdefault("KMP_BLOCKTIME", "0")
+
+from pipeline.cli import main  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
