@@ -21,7 +21,7 @@ fixed-shape arrays:
   These two quantize every layer (they have no search): they are measured and judged like the others.
 
 Calibration: `calib_batches` x `calib_batch_size` train items (default all of up to 10 x 32, at most the task's
-`calib_max`: ocr_det 40 pages, as onnxruntime's calibrator holds ~75 MB a page), a seeded draw,
+`calib_max`: ocr_det 40 pages, the count its int8 was measured at), a seeded draw,
 in the task's batches (ocr_rec: sorted by width, bucketed as served; ocr_det: a page a batch, at its own
 shape), so every route calibrates at the shapes it serves. Messages count items in the task's `unit` ("lines"
 if it has none; ocr_det "pages"); manifest keys keep ocr_rec's word (`calibration.lines`, `val_lines`).

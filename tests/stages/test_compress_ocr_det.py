@@ -56,7 +56,7 @@ def test_package_ships_a_measured_variant_and_its_reference_check_passes(compres
 
 
 def test_calibration_takes_at_most_the_tasks_calib_max(capsys):
-    """onnxruntime's calibrator holds ~75 MB a page: by default ocr_det calibrates on at most 40 train pages
+    """By default ocr_det calibrates on at most 40 train pages (the count its int8 was measured at)
     (a seeded draw), not thin at 40; an explicit count is the user's; a task without calib_max (ocr_rec) keeps
     every compress's default of up to 10 x calib_batch_size."""
     rows = compress_owned._calibration_rows(100, CompressConfig(), ocr_det, "pages")
