@@ -98,28 +98,6 @@ def trained_digits(tmp_path_factory) -> Path:
     return run
 
 
-@pytest.fixture(scope="session")
-def heavy_memory(tmp_path_factory):
-    """heavy_memory() -> a context manager held around the suite's memory-heaviest steps, so that two xdist workers
-    never run two of them at once (a lock file in the run's shared temp root): PP-OCRv4 rec's int8 compress peaks
-    ~16 GB, the 2-process fine-tune ~6 GB, and together on this 23 GB machine the kernel killed a worker."""
-    import contextlib
-    import fcntl
-
-    path = tmp_path_factory.getbasetemp().parent / "heavy-memory.lock"
-
-    @contextlib.contextmanager
-    def hold():
-        with open(path, "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
-
-    return hold
-
-
 OCR_LINES = ["--set", "data.ocr_lines=120"]  # generated lines: 120 train, 18 val, 18 test
 OCR_PAGES = ["--set", "data.ocr_pages=40"]  # generated pages: 40 train, 6 val, 6 test
 
