@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import os
 import subprocess
@@ -110,14 +111,6 @@ def int8_onnx(model: Path, io: dict[str, Any], calib: list[dict[str, np.ndarray]
     desc = io["desc"]
     on = engines_mod.names(ort_engine.load([model], threads=threads), desc, str(model))
     batches = [{on[k]: a for k, a in b.items()} for b in calib]
-
-    class _Reader(q.CalibrationDataReader):
-        def __init__(self) -> None:
-            self.it = iter(batches)
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            return next(self.it, None)
-
     method, extra = ORT_CALIB[ccfg.algo]
     op_types, _ = ort_op_types(desc)
     dest.mkdir()
@@ -147,7 +140,7 @@ def int8_onnx(model: Path, io: dict[str, Any], calib: list[dict[str, np.ndarray]
         # on digits (1,797 samples): agreement with fp32 0.996 with it on an AVX2-only CPU (0.972 without)
         # and 0.996 on an AVX-512 VNNI CPU (0.998 without), at the same speed on both.
         ranges = Path(tmp) / "ranges.json"
-        _ort_ranges(pre, _Reader(), op_types, method, extra, ranges)
+        _ort_ranges(pre, batches, op_types, method, extra, ranges)
         q.quantize_static(str(pre), str(dest / "model.onnx"), None, quant_format=q.QuantFormat.QDQ,
                           activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8, per_channel=True,
                           reduce_range=ccfg.reduce_range, calibrate_method=getattr(q.CalibrationMethod, method),
@@ -165,27 +158,47 @@ _ORT_CALIB_KEYS = {"CalibTensorRangeSymmetric": "symmetric", "CalibMovingAverage
                    "CalibMovingAverageConstant": "averaging_constant", "CalibPercentile": "percentile"}
 
 
-def _ort_ranges(model: Path, reader: Any, op_types: list[str] | None, method: str, extra: dict[str, Any],
-                dest: Path) -> None:
-    """onnxruntime's own calibrator (the one quantize_static builds from the same arguments) over `reader`, its
-    ranges written to `dest`, the calibration cache quantize_static then reads: the only change is the order its
-    session runs nodes in. The calibrator appends a ReduceMin/ReduceMax pair per calibrated tensor at the graph's
+def _ort_ranges(model: Path, batches: list[dict[str, np.ndarray]], op_types: list[str] | None, method: str,
+                extra: dict[str, Any], dest: Path) -> None:
+    """onnxruntime's own calibrator (the one quantize_static builds from the same arguments) over `batches`, its
+    ranges written to `dest`, the calibration cache quantize_static then reads. Two changes. Its session runs nodes
+    in priority order. The calibrator appends a ReduceMin/ReduceMax pair per calibrated tensor at the graph's
     end, and in onnxruntime's default order every activation stays alive until they run: PP-OCRv4 rec on 10 batches
     of 32 lines peaked at 15 GB (43 s). PRIORITY_BASED runs each pair as soon as its tensor exists: 786 MB (23 s),
     the same ranges to the bit (the int8 files are byte-identical, every algo). MinMax's (avg, mse) only: the
-    histogram methods (KL, hist) take the tensors themselves as outputs, which no order spares."""
+    histogram methods (KL, hist) take the tensors themselves as outputs, which no order spares. And those methods
+    get the batches a shape at a time: they stack each tensor over the batches of one call, which fails on batches
+    of different shapes (ocr_rec's width buckets, ocr_det's pages: "inhomogeneous shape"); each call adds to the
+    histograms so far. Batches of one shape (every fixed-size input) are one call, as quantize_static makes it."""
     import onnxruntime as ort
     from onnxruntime.quantization import calibrate
 
+    options = {_ORT_CALIB_KEYS[k]: v for k, v in extra.items() if k in _ORT_CALIB_KEYS}
     cal = calibrate.create_calibrator(model, op_types, augmented_model_path=str(model.with_name("augmented.onnx")),
                                       calibrate_method=getattr(calibrate.CalibrationMethod, method),
-                                      extra_options={_ORT_CALIB_KEYS[k]: v for k, v in extra.items() if k in _ORT_CALIB_KEYS})
+                                      extra_options=options)
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as the calibrator's own session
     so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     cal.infer_session = ort.InferenceSession(cal.augmented_model_path, so, providers=cal.execution_providers)
-    cal.collect_data(reader)
+
+    def shape(b: dict[str, np.ndarray]) -> tuple:
+        return tuple((k, a.shape) for k, a in sorted(b.items()))
+
+    groups = [batches] if method == "MinMax" else [list(g) for _, g in itertools.groupby(batches, key=shape)]
+    for group in groups:
+        cal.collect_data(_Batches(group))
     calibrate.save_tensors_data(cal.compute_data(), dest)
+
+
+class _Batches:
+    """onnxruntime's CalibrationDataReader protocol over a list of feed dicts."""
+
+    def __init__(self, batches: list[dict[str, np.ndarray]]) -> None:
+        self.it = iter(batches)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self.it, None)
 
 
 AUTO_CALIB_BATCHES = 10

@@ -27,10 +27,15 @@ def _convnet(path) -> None:
              helper.make_node("GlobalAveragePool", ["r2"], ["g"]),
              helper.make_node("Flatten", ["g"], ["f"]),
              helper.make_node("MatMul", ["f", "fc"], ["logits"])]
-    graph = helper.make_graph(nodes, "convnet", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 16, 16])],
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 16, "w"])
+    graph = helper.make_graph(nodes, "convnet", [x],
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", 5])],
                               [numpy_helper.from_array(a.astype(np.float32), k) for k, a in w.items()])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+
+
+DESC = iospec.IO.from_interface({"inputs": [{"name": "x", "dtype": "float32", "shape": [-1, 3, 16, -1]}],
+                                 "outputs": [{"name": "logits", "dtype": "float32", "shape": [-1, 5]}]})
 
 
 @pytest.mark.parametrize("algo", sorted(quantize.ORT_CALIB))
@@ -38,26 +43,21 @@ def test_the_int8_file_is_the_one_quantize_static_writes_by_itself(tmp_path, alg
     from onnxruntime import quantization as q
 
     _convnet(tmp_path / "model.onnx")
-    desc = iospec.IO.from_interface({"inputs": [{"name": "x", "dtype": "float32", "shape": [-1, 3, 16, 16]}],
-                                     "outputs": [{"name": "logits", "dtype": "float32", "shape": [-1, 5]}]})
+    desc = DESC
     rng = np.random.default_rng(1)
     calib = [{"x": rng.normal(size=(n, 3, 16, 16)).astype(np.float32)} for n in (4, 4, 4)]
     ccfg = CompressConfig(algo=algo)
     quantize.int8_onnx(tmp_path / "model.onnx", {"desc": desc}, calib, ccfg, tmp_path / "pipe", threads=1)
 
-    # onnxruntime alone, from the same pre-processed model and arguments, calibrating in its default session
-    q.quant_pre_process(str(tmp_path / "model.onnx"), str(tmp_path / "pre.onnx"), auto_merge=True)
+    # onnxruntime alone, calibrating in its default session, on the model pre-processed as pipe does it for an input
+    # dynamic beyond the batch (the width here: no symbolic shapes), with pipe's arguments
+    q.quant_pre_process(str(tmp_path / "model.onnx"), str(tmp_path / "pre.onnx"), skip_symbolic_shape=True)
     method, extra = quantize.ORT_CALIB[algo]
-    reader = iter(calib)
-
-    class _Reader(q.CalibrationDataReader):
-        def get_next(self):
-            return next(reader, None)
-
-    q.quantize_static(str(tmp_path / "pre.onnx"), str(tmp_path / "alone.onnx"), _Reader(), quant_format=q.QuantFormat.QDQ,
-                      activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8, per_channel=True,
-                      reduce_range=ccfg.reduce_range, calibrate_method=getattr(q.CalibrationMethod, method),
-                      extra_options=dict(extra), op_types_to_quantize=None, nodes_to_exclude=[])
+    q.quantize_static(str(tmp_path / "pre.onnx"), str(tmp_path / "alone.onnx"), quantize._Batches(calib),
+                      quant_format=q.QuantFormat.QDQ, activation_type=q.QuantType.QUInt8,
+                      weight_type=q.QuantType.QInt8, per_channel=True, reduce_range=ccfg.reduce_range,
+                      calibrate_method=getattr(q.CalibrationMethod, method), extra_options=dict(extra),
+                      op_types_to_quantize=None, nodes_to_exclude=[])
     quantize_ops = {"QuantizeLinear", "DequantizeLinear"}
     import onnx
 
@@ -66,3 +66,31 @@ def test_the_int8_file_is_the_one_quantize_static_writes_by_itself(tmp_path, alg
     # the file pipe writes also carries its weight-range mark (ort_engine.mark_weight_range): compare the graphs
     alone = onnx.load(str(tmp_path / "alone.onnx"))
     assert ours.graph.SerializeToString() == alone.graph.SerializeToString()
+
+
+@pytest.mark.parametrize("algo", ["KL", "hist"])
+def test_histogram_algos_calibrate_on_batches_of_different_shapes(tmp_path, algo):
+    """ocr_rec's width buckets and ocr_det's pages differ in shape from batch to batch: onnxruntime's histogram
+    calibrators, given them in one call, fail ("inhomogeneous shape"); pipe gives them a shape at a time, and the
+    int8 model reads every batch close to fp32 (the histograms span all of them)."""
+    import onnxruntime as ort
+    from onnxruntime import quantization as q
+
+    _convnet(tmp_path / "model.onnx")
+    rng = np.random.default_rng(2)
+    calib = [{"x": rng.normal(size=(4, 3, 16, w)).astype(np.float32)} for w in (16, 16, 24, 32)]
+    q.quant_pre_process(str(tmp_path / "model.onnx"), str(tmp_path / "pre.onnx"), skip_symbolic_shape=True)
+    method, extra = quantize.ORT_CALIB[algo]
+    with pytest.raises(ValueError, match="inhomogeneous"):  # onnxruntime alone, all batches in one call
+        q.quantize_static(str(tmp_path / "pre.onnx"), str(tmp_path / "alone.onnx"), quantize._Batches(calib),
+                          calibrate_method=getattr(q.CalibrationMethod, method), extra_options=dict(extra))
+    quantize.int8_onnx(tmp_path / "model.onnx", {"desc": DESC}, calib, CompressConfig(algo=algo), tmp_path / "pipe",
+                       threads=1)
+    fp32 = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    int8 = ort.InferenceSession(str(tmp_path / "pipe" / "model.onnx"), providers=["CPUExecutionProvider"])
+    import onnx
+
+    assert sum(n.op_type == "QuantizeLinear" for n in onnx.load(str(tmp_path / "pipe" / "model.onnx")).graph.node) >= 3
+    for b in calib:  # each shape's batch, the widest included, within the ranges the histograms set
+        want, got = fp32.run(None, b)[0], int8.run(None, b)[0]
+        assert np.corrcoef(want.ravel(), got.ravel())[0, 1] > 0.99, b["x"].shape
