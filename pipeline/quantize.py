@@ -11,6 +11,7 @@ import contextlib
 import io
 import itertools
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -140,12 +141,13 @@ def int8_onnx(model: Path, io: dict[str, Any], calib: list[dict[str, np.ndarray]
         # on digits (1,797 samples): agreement with fp32 0.996 with it on an AVX2-only CPU (0.972 without)
         # and 0.996 on an AVX-512 VNNI CPU (0.998 without), at the same speed on both.
         ranges = Path(tmp) / "ranges.json"
-        _ort_ranges(pre, batches, op_types, method, extra, ranges)
-        q.quantize_static(str(pre), str(dest / "model.onnx"), None, quant_format=q.QuantFormat.QDQ,
-                          activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8, per_channel=True,
-                          reduce_range=ccfg.reduce_range, calibrate_method=getattr(q.CalibrationMethod, method),
-                          extra_options=dict(extra), op_types_to_quantize=op_types, nodes_to_exclude=kept,
-                          calibration_cache_path=str(ranges))
+        with _ort_quiet():
+            _ort_ranges(pre, batches, op_types, method, extra, ranges)
+            q.quantize_static(str(pre), str(dest / "model.onnx"), None, quant_format=q.QuantFormat.QDQ,
+                              activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8, per_channel=True,
+                              reduce_range=ccfg.reduce_range, calibrate_method=getattr(q.CalibrationMethod, method),
+                              extra_options=dict(extra), op_types_to_quantize=op_types, nodes_to_exclude=kept,
+                              calibration_cache_path=str(ranges))
     ort_engine.mark_weight_range(dest / "model.onnx", reduced=ccfg.reduce_range)
     before, after = _onnx_input_types(model), _onnx_input_types(dest / "model.onnx")
     if before != after:
@@ -189,6 +191,21 @@ def _ort_ranges(model: Path, batches: list[dict[str, np.ndarray]], op_types: lis
     for group in groups:
         cal.collect_data(_Batches(group))
     calibrate.save_tensors_data(cal.compute_data(), dest)
+
+
+@contextlib.contextmanager
+def _ort_quiet() -> Iterator[None]:
+    """onnxruntime's quantization tools talk on stdout ("Collecting tensor data and making histogram ...") and
+    through the root logger ("Axis 1 is out-of-range for weight 'batch_norm_1.w_0' with rank 1", once per
+    batch-norm on PP-OCRv4 det): neither is for compress's user, whose output is pipe's table. Errors still raise."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        root.setLevel(level)
 
 
 class _Batches:
@@ -252,8 +269,6 @@ def int8_openvino(files: list[Path], calib: list[dict[str, np.ndarray]], val: li
     dest/model.xml + model.bin; returns the search's record: the score of fp32, of int8 everywhere and after
     the search, whether that reached the budget (NNCF returns its best even when no set of layers does), and
     the layers kept in fp32. `model_type`: NNCF's preset by its value ("transformer"), None = its default."""
-    import logging
-
     import nncf
     import openvino as ov
     from openvino._offline_transformations import compress_quantize_weights_transformation

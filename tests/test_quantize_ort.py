@@ -69,7 +69,7 @@ def test_the_int8_file_is_the_one_quantize_static_writes_by_itself(tmp_path, alg
 
 
 @pytest.mark.parametrize("algo", ["KL", "hist"])
-def test_histogram_algos_calibrate_on_batches_of_different_shapes(tmp_path, algo):
+def test_histogram_algos_calibrate_on_batches_of_different_shapes(tmp_path, capsys, algo):
     """ocr_rec's width buckets and ocr_det's pages differ in shape from batch to batch: onnxruntime's histogram
     calibrators, given them in one call, fail ("inhomogeneous shape"); pipe gives them a shape at a time, and the
     int8 model reads every batch close to fp32 (the histograms span all of them)."""
@@ -84,8 +84,10 @@ def test_histogram_algos_calibrate_on_batches_of_different_shapes(tmp_path, algo
     with pytest.raises(ValueError, match="inhomogeneous"):  # onnxruntime alone, all batches in one call
         q.quantize_static(str(tmp_path / "pre.onnx"), str(tmp_path / "alone.onnx"), quantize._Batches(calib),
                           calibrate_method=getattr(q.CalibrationMethod, method), extra_options=dict(extra))
+    capsys.readouterr()
     quantize.int8_onnx(tmp_path / "model.onnx", {"desc": DESC}, calib, CompressConfig(algo=algo), tmp_path / "pipe",
                        threads=1)
+    assert capsys.readouterr() == ("", "")  # onnxruntime's "Collecting tensor data ..." is not compress's output
     fp32 = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
     int8 = ort.InferenceSession(str(tmp_path / "pipe" / "model.onnx"), providers=["CPUExecutionProvider"])
     import onnx
