@@ -43,11 +43,10 @@ def test_the_int8_file_is_the_one_quantize_static_writes_by_itself(tmp_path, alg
     from onnxruntime import quantization as q
 
     _convnet(tmp_path / "model.onnx")
-    desc = DESC
     rng = np.random.default_rng(1)
     calib = [{"x": rng.normal(size=(n, 3, 16, 16)).astype(np.float32)} for n in (4, 4, 4)]
     ccfg = CompressConfig(algo=algo)
-    quantize.int8_onnx(tmp_path / "model.onnx", {"desc": desc}, calib, ccfg, tmp_path / "pipe", threads=1)
+    quantize.int8_onnx(tmp_path / "model.onnx", {"desc": DESC}, calib, ccfg, tmp_path / "pipe", threads=1)
 
     # onnxruntime alone, calibrating in its default session, on the model pre-processed as pipe does it for an input
     # dynamic beyond the batch (the width here: no symbolic shapes), with pipe's arguments
