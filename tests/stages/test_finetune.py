@@ -139,5 +139,5 @@ def test_the_bench_rows_read_the_run(tuned):
         f"{m['steps']} steps)"] * 3
     assert rows[1][1] == f"{m['pretrained_val_acc']:.4f} -> {m['val_acc']:.4f}" and rows[1][3] == "met"
     assert rows[2][3] == "met"  # the guard's bound, as the manifest's figures say
-    seconds, per_s = (float(v) for v in rows[0][1].split(" / "))
-    assert seconds == pytest.approx(16 / per_s, rel=0.01)
+    per_s = m["img_per_s"]  # the manifest's figure, printed at the row's precision (not re-derived from it)
+    assert rows[0][1] == f"{16 / per_s:.2f} / {per_s:.1f}" and per_s > 0
