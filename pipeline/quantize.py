@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import itertools
 import json
 import logging
 import os
@@ -163,15 +162,13 @@ _ORT_CALIB_KEYS = {"CalibTensorRangeSymmetric": "symmetric", "CalibMovingAverage
 def _ort_ranges(model: Path, batches: list[dict[str, np.ndarray]], op_types: list[str] | None, method: str,
                 extra: dict[str, Any], dest: Path) -> None:
     """onnxruntime's own calibrator (the one quantize_static builds from the same arguments) over `batches`, its
-    ranges written to `dest`, the calibration cache quantize_static then reads. Two changes. Its session runs nodes
-    in priority order. The calibrator appends a ReduceMin/ReduceMax pair per calibrated tensor at the graph's
-    end, and in onnxruntime's default order every activation stays alive until they run: PP-OCRv4 rec on 10 batches
-    of 32 lines peaked at 15 GB (43 s). In PRIORITY_BASED order the same calibration peaked at 786 MB (23 s), so
-    the pairs run early and the activations are freed as they go; the same ranges to the bit (the int8 files are byte-identical, every algo). MinMax's (avg, mse) only: the
-    histogram methods (KL, hist) take the tensors themselves as outputs, which no order spares. And those methods
-    get the batches a shape at a time: they stack each tensor over the batches of one call, which fails on batches
-    of different shapes (ocr_rec's width buckets, ocr_det's pages: "inhomogeneous shape"); each call adds to the
-    histograms so far. Batches of one shape (every fixed-size input) are one call, as quantize_static makes it."""
+    ranges written to `dest`, the calibration cache quantize_static then reads: the int8 file is the one
+    quantize_static writes by itself, byte for byte, every algo (tests/test_quantize_ort.py). Two changes, both
+    for memory. MinMax's (avg, mse) session runs nodes in priority order: the calibrator appends a
+    ReduceMin/ReduceMax pair per tensor at the graph's end, and in onnxruntime's default order every activation
+    stayed alive until they ran (PP-OCRv4 rec, 10 batches of 32 lines: 15 GB, 43 s; in priority order 786 MB,
+    23 s). The histogram methods (KL, hist) take every tensor as a graph output, which no order spares:
+    `_histograms` makes their histograms a sample at a time."""
     import onnxruntime as ort
     from onnxruntime.quantization import calibrate
 
@@ -183,14 +180,69 @@ def _ort_ranges(model: Path, batches: list[dict[str, np.ndarray]], op_types: lis
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as the calibrator's own session
     so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     cal.infer_session = ort.InferenceSession(cal.augmented_model_path, so, providers=cal.execution_providers)
-
-    def shape(b: dict[str, np.ndarray]) -> tuple:
-        return tuple((k, a.shape) for k, a in sorted(b.items()))
-
-    groups = [batches] if method == "MinMax" else [list(g) for _, g in itertools.groupby(batches, key=shape)]
-    for group in groups:
-        cal.collect_data(_Batches(group))
+    if method == "MinMax":
+        cal.collect_data(_Batches(batches))
+    else:
+        cal.collector = calibrate.HistogramCollector(
+            method=cal.method, symmetric=cal.symmetric, num_bins=cal.num_bins,
+            num_quantized_bins=cal.num_quantized_bins, percentile=cal.percentile, scenario=cal.scenario)
+        cal.collector.histogram_dict = _histograms(cal, batches)
     calibrate.save_tensors_data(cal.compute_data(), dest)
+
+
+def _histograms(cal: Any, batches: list[dict[str, np.ndarray]]) -> dict[str, tuple]:
+    """The histograms onnxruntime's HistogramCollector.collect makes of each calibrated tensor over all `batches`
+    stacked (its `histogram_dict`, which compute_data reads), made in two passes a sample at a time: each tensor's
+    range over every sample, then each sample's counts in that range's bins, summed. A histogram counts each value
+    by itself, so the counts are the same to the last one (tests/test_quantize_ort.py). onnxruntime stacks every
+    tensor over all the batches first: PP-OCRv4 rec's 10 batches of 32 lines peaked at 16.3 GB (3 batches of one
+    width at once; 228 s), and batches of different shapes (ocr_rec's width buckets, ocr_det's pages) failed
+    ("inhomogeneous shape"). Here the same calibration peaked at 1.5 GB (169 s). onnxruntime's rule, followed:
+    the percentile method with symmetric ranges bins |x| over [min |x|, max |x|] (collect_absolute_value); entropy
+    and the asymmetric percentile bin x over [-t, t], t = max |x| (collect_value)."""
+    sess = cal.infer_session
+    names = [o.name for o in sess.get_outputs()]
+    wanted = [(i, n) for i, n in enumerate(names) if n in cal.tensors_to_calibrate]
+    absolute = cal.method == "percentile" and cal.symmetric
+
+    # a sample at a time where every input's first axis is dynamic (the batch's): one batch of 32 PP-OCRv4 rec
+    # lines 896 wide, its 340 calibrated tensors at once, did not fit in 23 GB
+    per_sample = not any(isinstance(i.shape[0], int) for i in sess.get_inputs())
+
+    def feeds() -> Iterator[dict[str, np.ndarray]]:
+        for b in batches:
+            if not per_sample:
+                yield b
+                continue
+            for j in range(len(next(iter(b.values())))):
+                yield {k: a[j:j + 1] for k, a in b.items()}
+
+    def outputs() -> Iterator[tuple[str, np.ndarray]]:
+        for feed in feeds():
+            got = sess.run(None, feed)
+            for i, name in wanted:
+                yield name, got[i].ravel()
+
+    seen: dict[str, list] = {}  # name -> [min x, max x, min |x|, max |x|] over every sample where it has values
+    for n, a in outputs():
+        if a.size:
+            m = np.absolute(a)
+            r = [np.nanmin(a), np.nanmax(a), np.nanmin(m), np.nanmax(m)]
+            old = seen.setdefault(n, r)
+            seen[n] = [min(old[0], r[0]), max(old[1], r[1]), min(old[2], r[2]), max(old[3], r[3])]
+    hists: dict[str, list] = {}
+    for n, a in outputs():
+        lo, hi, alo, ahi = seen.get(n) or [np.zeros((), a.dtype)] * 4
+        if absolute:
+            counts, edges = np.histogram(np.absolute(a), bins=cal.num_bins, range=(alo, ahi) if n in seen else None)
+        else:
+            t = np.array(max(abs(lo), abs(hi)), dtype=a.dtype)
+            counts, edges = np.histogram(a, cal.num_bins, range=(-t, t))
+        if n in hists:
+            hists[n][0] = hists[n][0] + counts
+        else:
+            hists[n] = [counts, edges.astype(a.dtype) if absolute else edges, lo, hi] + ([] if absolute else [t])
+    return {n: tuple(h) for n, h in hists.items()}
 
 
 @contextlib.contextmanager

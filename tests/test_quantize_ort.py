@@ -12,8 +12,9 @@ from pipeline import iospec, quantize
 from pipeline.config import CompressConfig
 
 
-def _convnet(path) -> None:
-    """A small real CNN in ONNX (conv, relu, conv, global pool, matmul): random weights, a dynamic batch."""
+def _convnet(path, batch: int | str = "n") -> None:
+    """A small real CNN in ONNX (conv, relu, conv, global pool, matmul): random weights, a dynamic batch unless
+    `batch` fixes it."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -27,9 +28,9 @@ def _convnet(path) -> None:
              helper.make_node("GlobalAveragePool", ["r2"], ["g"]),
              helper.make_node("Flatten", ["g"], ["f"]),
              helper.make_node("MatMul", ["f", "fc"], ["logits"])]
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 16, "w"])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 16, "w"])
     graph = helper.make_graph(nodes, "convnet", [x],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", 5])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 5])],
                               [numpy_helper.from_array(a.astype(np.float32), k) for k, a in w.items()])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
 
@@ -67,11 +68,40 @@ def test_the_int8_file_is_the_one_quantize_static_writes_by_itself(tmp_path, alg
     assert ours.graph.SerializeToString() == alone.graph.SerializeToString()
 
 
+@pytest.mark.parametrize("batch", ["n", 4])
+@pytest.mark.parametrize("algo", ["KL", "hist"])
+def test_histograms_a_sample_at_a_time_are_onnxruntimes_over_all_batches_at_once(tmp_path, algo, batch):
+    """`quantize._histograms` (two passes, a sample at a time; a batch at a time where the model fixes its batch
+    size) makes the histograms onnxruntime's collector makes of every batch stacked: the same counts, bins, min,
+    max (and threshold), tensor by tensor. The int8 file test above cannot see them all: onnxruntime's entropy
+    with its 128 bins reads only the min and max."""
+    from onnxruntime.quantization import calibrate, quant_pre_process
+
+    _convnet(tmp_path / "model.onnx", batch)
+    quant_pre_process(str(tmp_path / "model.onnx"), str(tmp_path / "pre.onnx"), skip_symbolic_shape=True)
+    rng = np.random.default_rng(3)
+    calib = [{"x": rng.normal(size=(4, 3, 16, 16)).astype(np.float32) * s} for s in (0.5, 1.0, 3.0)]
+    method, extra = quantize.ORT_CALIB[algo]
+    options = {quantize._ORT_CALIB_KEYS[k]: v for k, v in extra.items()}
+    cal = calibrate.create_calibrator(tmp_path / "pre.onnx", None, augmented_model_path=str(tmp_path / "aug.onnx"),
+                                      calibrate_method=getattr(calibrate.CalibrationMethod, method),
+                                      extra_options=options)
+    ours = quantize._histograms(cal, calib)
+    cal.collect_data(quantize._Batches(calib))  # onnxruntime's own: every batch's outputs stacked, then binned
+    theirs = cal.collector.histogram_dict
+    assert sorted(ours) == sorted(theirs) and len(ours) >= 5  # x, both convs' inputs, the pool's, the matmul's
+    for name, want in theirs.items():
+        got = ours[name]
+        assert len(got) == len(want), name
+        for g, w in zip(got, want):
+            assert np.asarray(g).dtype == np.asarray(w).dtype and np.array_equal(g, w), name
+
+
 @pytest.mark.parametrize("algo", ["KL", "hist"])
 def test_histogram_algos_calibrate_on_batches_of_different_shapes(tmp_path, capsys, algo):
     """ocr_rec's width buckets and ocr_det's pages differ in shape from batch to batch: onnxruntime's histogram
-    calibrators, given them in one call, fail ("inhomogeneous shape"); pipe gives them a shape at a time, and the
-    int8 model reads every batch close to fp32 (the histograms span all of them)."""
+    calibrators, given them in one call, fail ("inhomogeneous shape"); pipe's histograms (`_histograms`, a batch at
+    a time) span all of them, and the int8 model reads every batch close to fp32."""
     import onnxruntime as ort
     from onnxruntime import quantization as q
 
