@@ -14,6 +14,10 @@ Each json is standard COCO: `images` [{id, file_name, width, height}], `annotati
 category_id, bbox [x, y, w, h] in pixels from the top-left, area, iscrowd}], `categories` [{id, name}].
 Every split file must have the same categories; class index = position in category-id order.
 `iscrowd: 1` annotations are validated, then dropped. A missing `iscrowd` means 0; `area` is not read.
+A box that runs past its image's edge is clipped to the image, and one left with no area (or given with w or
+h 0) is dropped, as PaddleDetection's COCO reader did (its `with_background` version clipped; today's only
+drops); both are counted in `CocoData.note`. Refused, naming the annotation: a box wholly outside its image,
+a negative or non-finite size, an unknown image or category.
 Ids are unique per file (image and annotation ids may repeat across split files; file names may not).
 Sizes in messages are width x height.
 
@@ -42,7 +46,8 @@ SHAPES = ("rectangle", "ellipse", "triangle")  # category ids 1, 2, 3
 _SPLITS = ("train", "val", "test")
 _GEN_VERSION = 1
 _CACHE_VERSION = 1
-_TOL = 1e-3  # px a box may stick out of its image (float round-off in exporters)
+_TOL = 1e-3  # px: a box sticking out by less is not counted as clipped (float round-off in exporters); an
+# extent below it is no area
 _MODES = ("1", "L", "LA", "P", "RGB", "RGBA")
 # The folder layouts people have, each split's (annotation file, image folder) relative to data.source; the
 # first whose train annotation file exists is read. Val/test are optional (carved out of train when absent).
@@ -74,6 +79,9 @@ class CocoData:
     labels: tuple[str, ...]  # category names in category-id order
     category_ids: tuple[int, ...]  # the COCO ids, same order
     files: tuple[str, ...]  # file names relative to images/
+    clipped: int = 0  # boxes that ran past their image's edge, clipped to it
+    dropped: int = 0  # boxes with no area (after clipping), left out
+    note: str = ""  # one line saying both, with the first of each; "" when neither happened
 
 
 # ---------------------------------------------------------------- generate
@@ -232,7 +240,7 @@ class _Image:
     source: Path  # its annotation file
     dir: Path  # the folder its file_name is relative to
     first_ann: int | None = None
-    boxes: list[tuple[float, float, float, float, int]] = field(default_factory=list)  # x, y, w, h, category id
+    boxes: list[tuple[float, float, float, float, int]] = field(default_factory=list)  # x1, y1, x2, y2, category id
 
 
 def layout(root: Path, explicit: dict[str, tuple[str, str]] | None = None) -> dict[str, tuple[Path, Path]]:
@@ -291,6 +299,7 @@ def read(root: Path, image_size: int, cache_dir: Path | None = None,
     found = layout(root, explicit)
     train = found["train"][0]
     raws: list[tuple[str, bytes]] = []
+    fixes: dict[str, list[str]] = {"clipped": [], "dropped": []}  # per kind, "<file> annotation <id>, <what>"
     images: list[_Image] = []
     cats: list[tuple[int, str]] = []
     owner: dict[Path, _Image] = {}
@@ -302,7 +311,7 @@ def read(root: Path, image_size: int, cache_dir: Path | None = None,
             raw = path.read_bytes()
         except OSError as e:
             raise InputError(f"data.source {path}: cannot read ({e.strerror})") from None
-        file_cats, file_images = _parse(path, raw, k, folder)
+        file_cats, file_images, file_fixes = _parse(path, raw, k, folder)
         if k and file_cats != cats:
             raise InputError(f"data.source {path}: categories ({_cat_list(file_cats)}) differ from "
                              f"{train}'s ({_cat_list(cats)})")
@@ -313,7 +322,10 @@ def read(root: Path, image_size: int, cache_dir: Path | None = None,
                 other = owner[key]
                 raise _image_error(im, f"is also image {other.id} of {other.source.name} (an image is in one split)")
             owner[key] = im
-        raws.append((path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path), raw))
+        rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+        raws.append((rel, raw))
+        for kind, what in file_fixes:
+            fixes[kind].append(f"{rel} {what}")
         images += file_images
     if not images:
         raise InputError(f"data.source {train}: no images")
@@ -328,7 +340,19 @@ def read(root: Path, image_size: int, cache_dir: Path | None = None,
                     split=np.array([im.split for im in images], np.uint8),
                     sizes=np.array([(im.height, im.width) for im in images], np.int64),
                     labels=tuple(n for _, n in cats), category_ids=tuple(c for c, _ in cats),
-                    files=tuple(im.file for im in images))
+                    files=tuple(im.file for im in images), clipped=len(fixes["clipped"]),
+                    dropped=len(fixes["dropped"]), note=_fix_note(root, fixes))
+
+
+def _fix_note(root: Path, fixes: dict[str, list[str]]) -> str:
+    """One line counting the clipped and the dropped boxes, naming the first of each."""
+    said = []
+    for kind, what in (("clipped", "past the image edge clipped to it"),
+                       ("dropped", "with no area after clipping dropped")):
+        n = len(fixes[kind])
+        if n:
+            said.append(f"{n} box{'es' if n > 1 else ''} {what} (first: {fixes[kind][0]})")
+    return f"data.source {root}: " + "; ".join(said) if said else ""
 
 
 def _boxes(images: list[_Image], cat_ids: list[int], size: int) -> np.ndarray:
@@ -338,11 +362,9 @@ def _boxes(images: list[_Image], cat_ids: list[int], size: int) -> np.ndarray:
     for i, im in enumerate(images):
         if not im.boxes:
             continue
-        b = np.array([bx[:4] for bx in im.boxes], np.float64)
-        x1, y1 = np.clip(b[:, 0], 0, im.width), np.clip(b[:, 1], 0, im.height)  # within _TOL already
-        x2, y2 = np.clip(b[:, 0] + b[:, 2], 0, im.width), np.clip(b[:, 1] + b[:, 3], 0, im.height)
+        b = np.array([bx[:4] for bx in im.boxes], np.float64)  # clipped to the image by _parse
         sx, sy = (size / im.width, size / im.height) if size else (1.0, 1.0)
-        out[i, :len(b), :4] = np.stack([x1 * sx, y1 * sy, x2 * sx, y2 * sy], 1)
+        out[i, :len(b), :4] = b * [sx, sy, sx, sy]
         out[i, :len(b), 4] = [index[bx[4]] for bx in im.boxes]
     return out
 
@@ -350,8 +372,10 @@ def _boxes(images: list[_Image], cat_ids: list[int], size: int) -> np.ndarray:
 # ---------------------------------------------------------------- json validation
 
 
-def _parse(path: Path, raw: bytes, split: int, folder: Path) -> tuple[list[tuple[int, str]], list[_Image]]:
-    """The categories [(id, name)] in id order and the images, with their boxes, of one split file."""
+def _parse(path: Path, raw: bytes, split: int, folder: Path
+           ) -> tuple[list[tuple[int, str]], list[_Image], list[tuple[str, str]]]:
+    """The categories [(id, name)] in id order, the images with their boxes clipped to the image, and what the
+    clipping did [("clipped" or "dropped", "annotation <id>, <box> in image <id> (WxH)...")], of one split file."""
     where = f"data.source {path}"
     try:
         doc = json.loads(raw)
@@ -395,6 +419,7 @@ def _parse(path: Path, raw: bytes, split: int, folder: Path) -> tuple[list[tuple
         names[name] = e["id"]
         by_id[e["id"]] = _Image(e["id"], name, e["width"], e["height"], split, path, folder)
     ann_ids: set[int] = set()
+    fixes: list[tuple[str, str]] = []
     known = ", ".join(str(c) for c in sorted(cats))
     for i, a in enumerate(doc["annotations"]):
         tag = _entry(where, "annotations", "annotation", i, a, ("image_id", "category_id", "bbox"))
@@ -412,17 +437,27 @@ def _parse(path: Path, raw: bytes, split: int, folder: Path) -> tuple[list[tuple
         b = a["bbox"]
         if not isinstance(b, list) or len(b) != 4 or not all(_is_number(v) for v in b):
             raise InputError(f'{where}: {tag}: "bbox" must be 4 finite numbers [x, y, w, h], got {_show(b)}')
-        x, y, w, h = b
-        shown = "[" + ", ".join(f"{v:g}" for v in b) + "]"
-        if w <= 0 or h <= 0:
-            raise InputError(f"{where}: {tag}: box {shown} is empty (w and h must be > 0)")
-        if x < -_TOL or y < -_TOL or x + w > im.width + _TOL or y + h > im.height + _TOL:
+        x, y, w, h = (float(v) for v in b)
+        shown = _box(b)
+        if w < 0 or h < 0:
+            raise InputError(f"{where}: {tag}: box {shown} has a negative size (w and h must be >= 0)")
+        # wholly outside: apart from the image by more than round-off (a box touching an edge has no area left)
+        if x > im.width + _TOL or y > im.height + _TOL or x + w < -_TOL or y + h < -_TOL:
             raise InputError(f"{where}: {tag}: box {shown} lies outside image {im.id} ({im.width}x{im.height})")
         if im.first_ann is None:
             im.first_ann = a["id"]
-        if not crowd:
-            im.boxes.append((float(x), float(y), float(w), float(h), a["category_id"]))
-    return sorted(cats.items()), list(by_id.values())
+        if crowd:
+            continue
+        x1, y1 = min(max(x, 0.0), im.width), min(max(y, 0.0), im.height)
+        x2, y2 = min(max(x + w, 0.0), im.width), min(max(y + h, 0.0), im.height)
+        what = f"annotation {a['id']}, {shown} in image {im.id} ({im.width}x{im.height})"
+        if x2 - x1 < _TOL or y2 - y1 < _TOL:
+            fixes.append(("dropped", what))
+            continue
+        if x < -_TOL or y < -_TOL or x + w > im.width + _TOL or y + h > im.height + _TOL:
+            fixes.append(("clipped", f"{what} -> {_box([x1, y1, x2 - x1, y2 - y1])}"))
+        im.boxes.append((x1, y1, x2, y2, a["category_id"]))
+    return sorted(cats.items()), list(by_id.values()), fixes
 
 
 def _entry(where: str, key: str, kind: str, i: int, e: Any, fields: tuple[str, ...]) -> str:
@@ -453,6 +488,10 @@ def _safe_name(name: Any) -> bool:
         return False
     p = PurePosixPath(name)
     return not p.is_absolute() and ".." not in p.parts and p.name not in ("", ".")
+
+
+def _box(b: list[float]) -> str:
+    return "[" + ", ".join(f"{v:g}" for v in b) + "]"
 
 
 def _show(v: Any) -> str:

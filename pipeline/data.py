@@ -98,6 +98,8 @@ class Dataset:
     texts: tuple[str, ...] = ()  # text datasets: the distinct texts, indexed like x
     targets: str = "labels"  # what y holds: "labels" (class ids) or "boxes" (detection, see the module doc)
     sizes: np.ndarray | None = None  # detection: each image's original (height, width), indexed like y
+    notes: tuple[str, ...] = ()  # one line each on what reading changed; pipe train prints them and records them
+    counts: dict[str, int] = dataclasses.field(default_factory=dict)  # COCO: boxes_clipped, boxes_dropped
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -612,7 +614,8 @@ def _from_coco(root: Path, cfg: DataConfig) -> Dataset:
         split[tr[:nv]] = 1
         split[tr[nv:nv + nt]] = 2
     ds = _assemble({"image": d.images}, d.boxes, split, d.labels, str(root))
-    return dataclasses.replace(ds, targets="boxes", sizes=d.sizes)
+    return dataclasses.replace(ds, targets="boxes", sizes=d.sizes, notes=(d.note,) if d.note else (),
+                               counts={"boxes_clipped": d.clipped, "boxes_dropped": d.dropped})
 
 
 def _coco_paths(cfg: DataConfig) -> dict[str, tuple[str, str]]:

@@ -481,6 +481,8 @@ class _Trainer:
         self.task = tasks.get(cfg.model.task)
         self.data = data_mod.load(cfg.data, getattr(self.task, "data", None))
         tasks.check_data(self.task, self.data.targets, cfg.data.source)
+        for text in self.data.notes:  # e.g. COCO boxes clipped to their image; also in the manifest's "data"
+            ctx.emit({"event": "notice", "text": text})
         self.num_classes = len(self.data.labels)
         if cfg.distill.teacher and not getattr(self.task, "logits", False):
             raise InputError(f"distill.teacher: knowledge distillation reads logits; task {self.task.name} has "
@@ -1051,6 +1053,8 @@ class _Trainer:
                 w.extra = {"amp": {"requested": self.cfg.amp.level, "active": self.ctx.amp_active,
                                    "dtype": self.cfg.amp.dtype}, "format": "safetensors",
                            "deterministic": self.ctx.deterministic}
+                if self.program is None:  # what reading the data changed, counted, and the notes said so
+                    w.extra["data"] = {**self.data.counts, "notes": list(self.data.notes)}
                 if self.init is not None:
                     w.extra["init"] = self.init  # the starting weights: path, sha256, what matched
         if self.ctx.world > 1:

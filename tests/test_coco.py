@@ -249,12 +249,17 @@ def _ann(doc, i=0):
 
 
 BAD = {
-    "box_outside": (lambda d, r: _ann(d).update(bbox=[60, 2, 10, 5]),
-                    "annotation 17: box [60, 2, 10, 5] lies outside image 5 (64x64)"),
-    "box_negative": (lambda d, r: _ann(d).update(bbox=[-0.01, 2, 10, 5]),
-                     "annotation 17: box [-0.01, 2, 10, 5] lies outside image 5 (64x64)"),
-    "box_empty": (lambda d, r: _ann(d).update(bbox=[2, 2, 0, 5]),
-                  "annotation 17: box [2, 2, 0, 5] is empty (w and h must be > 0)"),
+    # wholly outside, past the right edge and above the top; a box merely past an edge is clipped (below)
+    "box_outside": (lambda d, r: _ann(d).update(bbox=[64.01, 2, 10, 5]),
+                    "annotation 17: box [64.01, 2, 10, 5] lies outside image 5 (64x64)"),
+    "box_outside_above": (lambda d, r: _ann(d).update(bbox=[2, -12, 10, 11.5]),
+                          "annotation 17: box [2, -12, 10, 11.5] lies outside image 5 (64x64)"),
+    "box_negative_width": (lambda d, r: _ann(d).update(bbox=[20, 2, -3, 5]),
+                           "annotation 17: box [20, 2, -3, 5] has a negative size (w and h must be >= 0)"),
+    "box_negative_height": (lambda d, r: _ann(d).update(bbox=[2, 20, 3, -0.5]),
+                            "annotation 17: box [2, 20, 3, -0.5] has a negative size (w and h must be >= 0)"),
+    "box_nan": (lambda d, r: _ann(d).update(bbox=[2, 2, float("nan"), 5]),
+                'annotation 17: "bbox" must be 4 finite numbers [x, y, w, h], got [2, 2, NaN, 5]'),
     "box_not_numbers": (lambda d, r: _ann(d).update(bbox=[2, 2, "5", 5]),
                         'annotation 17: "bbox" must be 4 finite numbers [x, y, w, h], got [2, 2, "5", 5]'),
     "unknown_category": (lambda d, r: _ann(d).update(category_id=9),
@@ -311,6 +316,88 @@ def test_box_touching_the_edge_within_tolerance_is_fine(tmp_path):
     _write(root, "train", doc)
     d = coco.read(root, 64, None)
     np.testing.assert_allclose(d.boxes[0, 0], [54, 0, 64, 64, 0], atol=1e-5)
+    assert (d.clipped, d.dropped, d.note) == (0, 0, "")  # round-off is not a box past the edge
+
+
+def _past_the_edge(root: Path) -> None:
+    """Issue 51.5's box (annotation 6 [44, 18, 59, 59] of image 6, 96x96, reaches x = 103), one past the
+    top-left corner (both clipped), one touching the right edge from outside and one of width 0 (no area:
+    dropped), and two plain boxes; three images, so that val and test can be carved out of train."""
+    doc = {"images": [{"id": i, "file_name": f"{i}.png", "width": 96, "height": 96} for i in (6, 7, 8)],
+           "annotations": [
+               {"id": 6, "image_id": 6, "category_id": 1, "bbox": [44, 18, 59, 59]},
+               {"id": 7, "image_id": 6, "category_id": 2, "bbox": [-2.5, -4, 10, 12]},
+               {"id": 8, "image_id": 7, "category_id": 3, "bbox": [96, 30, 5, 5]},
+               {"id": 9, "image_id": 7, "category_id": 1, "bbox": [10, 30, 0, 5]},
+               {"id": 10, "image_id": 7, "category_id": 2, "bbox": [3, 4, 20, 30]},
+               {"id": 11, "image_id": 8, "category_id": 3, "bbox": [50, 60, 16, 8]}],
+           "categories": copy.deepcopy(CATS)}
+    _write(root, "train", doc)
+
+
+# what the reader keeps, per image: [x1, y1, x2, y2, class index]; -1 rows pad
+CLIPPED = [[[44, 18, 96, 77, 0], [0, 0, 7.5, 8, 1]],
+           [[3, 4, 23, 34, 1], [0, 0, 0, 0, -1]],
+           [[50, 60, 66, 68, 2], [0, 0, 0, 0, -1]]]
+
+
+def _note(root: Path) -> str:
+    return (f"data.source {root}: 2 boxes past the image edge clipped to it (first: annotations/instances_train.json "
+            "annotation 6, [44, 18, 59, 59] in image 6 (96x96) -> [44, 18, 52, 59]); 2 boxes with no area after "
+            "clipping dropped (first: annotations/instances_train.json annotation 8, [96, 30, 5, 5] in image 7 (96x96))")
+
+
+def test_a_box_past_the_edge_is_clipped_and_one_left_with_no_area_dropped(tmp_path):
+    root = tmp_path / "edge"
+    _past_the_edge(root)
+    d = coco.read(root, 0, None)
+    assert d.boxes.tolist() == CLIPPED
+    assert (d.clipped, d.dropped) == (2, 2) and d.note == _note(root)
+    half = coco.read(root, 48, None)  # resized: the clipped box scales with the image
+    assert half.boxes[0, 0].tolist() == [22, 9, 48, 38.5, 0] and half.note == d.note
+
+
+def test_the_eval_ground_truth_is_the_clipped_one(tmp_path):
+    """COCO mAP (pycocotools, as training and export judge a split) scores detections on the clipped boxes
+    exactly 1.0, and the file's own box past the edge below 1: the dropped boxes are not missed objects and the
+    clipped one is judged clipped. data.load hands every split the same clipped rows."""
+    from pipeline import data as data_mod
+    from pipeline.config import DataConfig
+    from pipeline.tasks import detection
+
+    root = tmp_path / "edge"
+    _past_the_edge(root)
+    ds = data_mod.load(DataConfig(source=str(root), image_size=0, cache_dir=str(tmp_path / "c"), val_fraction=0.34,
+                                  test_fraction=0.34), "boxes")
+    assert ds.counts == {"boxes_clipped": 2, "boxes_dropped": 2} and ds.notes == (_note(root),)
+    for split in (ds.train, ds.val, ds.test):
+        assert len(split) == 1
+        y = np.asarray(split.y[split.idx])
+        truth = np.array(CLIPPED[int(split.idx[0])], np.float32)
+        assert np.array_equal(y[0], truth)
+        real = truth[truth[:, 4] >= 0]
+        dets = [np.c_[real[:, :4], np.ones(len(real)), real[:, 4]].astype(np.float32)]
+        assert detection.coco_map(dets, y, 3) == pytest.approx({"map": 1.0, "map50": 1.0}, abs=1e-9)
+    unclipped = np.array([[44, 18, 103, 77, 1, 0], [-2.5, -4, 7.5, 8, 1, 1]], np.float32)  # x + w, y + h as given
+    scores = detection.coco_map([unclipped], np.array([CLIPPED[0]], np.float32), 3)
+    assert scores["map50"] == pytest.approx(1.0, abs=1e-9) and scores["map"] < 0.9  # IoU 52/59 with the clipped box: missed above .85
+
+
+@pytest.mark.slow  # trains one epoch: 12 s on the shared 2-core machine, paddle import included
+def test_pipe_train_prints_one_note_and_counts_them_in_the_manifest(cli, tmp_path):
+    root = tmp_path / "edge"
+    _past_the_edge(root)
+    run = tmp_path / "run"
+    config = Path(__file__).resolve().parents[1] / "examples" / "detection.yaml"
+    code, out, err = cli("train", "--config", config, "--set", f"data.source={root}", "--set", "data.image_size=0",
+                         "--set", "data.val_fraction=0.34", "--set", "data.test_fraction=0.34",
+                         "--set", f"data.cache_dir={tmp_path / 'c'}", "--set", "train.batch_size=1",
+                         "--set", "train.warmup_epochs=0", "--run", run, "--epochs", "1")
+    assert code == 0, err[-2000:]
+    notes = [line for line in (out + err).splitlines() if line.startswith("note: data.source")]
+    assert notes == [f"note: {_note(root)}"]
+    m = json.loads((run / "train" / "manifest.json").read_text())
+    assert m["data"] == {"boxes_clipped": 2, "boxes_dropped": 2, "notes": [_note(root)]}
 
 
 def test_malformed_json_names_the_file(tmp_path):
@@ -330,10 +417,10 @@ def test_errors_in_val_and_test_name_their_file(tmp_path):
     root = tmp_path / "v"
     _write(root, "train", _doc())
     val = {"images": [{"id": 1, "file_name": "v.png", "width": 64, "height": 64}],
-           "annotations": [{"id": 3, "image_id": 1, "category_id": 1, "bbox": [0, 0, 65, 5]}],
+           "annotations": [{"id": 3, "image_id": 1, "category_id": 1, "bbox": [0, 70, 65, 5]}],
            "categories": copy.deepcopy(CATS)}
     _write(root, "val", val)
-    with pytest.raises(InputError, match=r"instances_val.json: annotation 3: box \[0, 0, 65, 5\] lies outside image 1"):
+    with pytest.raises(InputError, match=r"instances_val.json: annotation 3: box \[0, 70, 65, 5\] lies outside image 1"):
         coco.read(root, 32, None)
     val["annotations"] = []
     _write(root, "val", val)
