@@ -123,7 +123,8 @@ def import_(
     task: Optional[str] = typer.Option(None, "--task", help="What the model is: ocr_rec, ocr_det or ocr_cls (default: what inference.yml says)."),
     keys: Optional[str] = typer.Option(None, "--keys", help="ocr_rec: the character key file (default: inference.yml's character_dict)."),
     data: Optional[str] = typer.Option(None, "--data", help="Data to measure it on (default: the task's; ocr_rec: generated lines, ocr_det: pages), "
-                                                           "e.g. a folder of PaddleOCR label files."),
+                                                           "or PaddleOCR label files: one (the test split), several comma-separated, "
+                                                           "or a folder holding any of train.txt, val.txt, test.txt."),
     onnx: Optional[bool] = typer.Option(None, "--onnx/--no-onnx", help="Also convert to model.onnx, parity-checked (default on)."),
 ) -> None:
     """Bring someone else's exported Paddle model into the chain as an export artifact, measured and parity-checked."""
