@@ -148,7 +148,7 @@ def compress(
     config: Optional[Path] = ConfigOpt,
     set_: Optional[list[str]] = SetOpt,
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Write here instead of beside the input (RUN/compress)."),
-    int8: bool = typer.Option(False, "--int8", help="Post-training int8 quantization (calibrated on the train split)."),
+    int8: bool = typer.Option(False, "--int8", help="Post-training int8 quantization (calibrated on the train split; without one, on the split the data has)."),
     backend: Optional[str] = typer.Option(None, "--backend", help="paddle (PaddleSlim + oneDNN), onnxruntime, or both (default); openvino: only OpenVINO's own route (NNCF, ocr_rec)."),
     algo: Optional[str] = typer.Option(None, "--algo", help="Calibration: avg (default), KL, hist or mse."),
     calib_batches: Optional[int] = typer.Option(None, "--calib-batches", help="Calibration batches of 32 (default: up to 10, all of a smaller train split)."),

@@ -416,3 +416,24 @@ def test_pipe_all_fingerprints_each_label_file_of_a_comma_list(tmp_path):
     before = orchestrate._fingerprint(f"{a},{b}")
     b.write_text("img/1.png\tz\n", encoding="utf-8")
     assert orchestrate._fingerprint(f"{a},{b}") != before
+
+
+def test_compress_stands_in_a_split_the_label_data_lacks_and_says_so_in_one_line(tmp_path, capsys):
+    """A label file is a test split only: compress calibrates and searches on it, one line each; a folder of
+    val and test calibrates on val; data with every split is left as it is, silently."""
+    from pipeline import compress_owned
+
+    root = _folder(tmp_path / "d", {"test.txt": b"img/0.png\tok\nimg/1.png\tno\n", "val.txt": b"img/2.png\tv\n"})
+    only_test = _load(root / "test.txt")
+    d, roles = compress_owned._stand_ins(only_test, "d/test.txt", "lines")
+    assert roles == {"train": "test", "val": "test", "test": "test"}
+    assert d.train is d.val is d.test is only_test.test
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "compress: no train split in data.source 'd/test.txt': calibrating on the test split (2 lines)"
+    assert out[1].startswith("compress: no val split in data.source 'd/test.txt': the int8 search") and len(out) == 2
+    d, roles = compress_owned._stand_ins(_load(root), "d", "lines")
+    assert roles == {"train": "val", "val": "val", "test": "test"} and d.train.texts == ["v"]
+    assert capsys.readouterr().out == "compress: no train split in data.source 'd': calibrating on the val split (1 lines)\n"
+    whole = data.Data(*(data.Lines([np.zeros((4, 4, 3), np.uint8)], ["x"]) for _ in range(3)))
+    assert compress_owned._stand_ins(whole, "x", "lines") == (whole, {s: s for s in data.SPLITS})
+    assert capsys.readouterr().out == ""
