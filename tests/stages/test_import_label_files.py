@@ -6,6 +6,8 @@ tasks' own font and generators, a few of each."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import numpy as np
 import pytest
 
 from pipeline import artifacts
+from pipeline.cli import main
 from pipeline.tasks.ocr_det import data as det_data
 from pipeline.tasks.ocr_rec import data as rec_data
 
@@ -34,19 +37,22 @@ def _lines(folder: Path, texts: list[str], seed: int) -> Path:
 
 
 @pytest.fixture(scope="module")
-def rec_file(tmp_path_factory, rec_src, keys) -> tuple[Path, Path]:
-    """(the label file, the export of `pipe import --data` that one file): 10 rendered lines."""
+def rec_file(tmp_path_factory, rec_src, keys) -> tuple[Path, Path, str]:
+    """(the label file, the export of `pipe import --data` that one file, what the import printed): 10 rendered
+    lines."""
     root = tmp_path_factory.mktemp("rec-file")
     label = _lines(root / "my_lines", ["中文识别", "价格100元", "OK好的", "今天天气很好", "USB接口", "第3.5章",
                                        "质量不错", "发货很快", "Wi-Fi信号", "包装完好"], seed=1)
-    return label, root / "export"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(["import", str(rec_src), "--task", "ocr_rec", "--keys", str(keys), "--data", str(label),
+                     "--no-onnx", "--out", str(root / "export")])
+    assert code == 0
+    return label, root / "export", printed.getvalue()
 
 
-def test_import_measures_one_label_file_as_its_test_split(rec_file, rec_src, keys, cli):
-    label, out = rec_file
-    code, stdout, err = cli("import", rec_src, "--task", "ocr_rec", "--keys", keys, "--data", label, "--no-onnx",
-                            "--out", out)
-    assert code == 0, err
+def test_import_measures_one_label_file_as_its_test_split(rec_file):
+    label, out, stdout = rec_file
     assert f"import: measured on test (10 lines of {label})" in stdout, stdout
     m = artifacts.verify(out, ("export",)).manifest
     assert m["data"] == {"measured_on": ["test"], "label_files": {"test": [str(label)]}}
@@ -57,16 +63,14 @@ def test_import_measures_one_label_file_as_its_test_split(rec_file, rec_src, key
 
 
 def test_compress_calibrates_on_the_test_split_and_says_so(rec_file, cli, tmp_path):
-    _, export = rec_file
-    if not (export / artifacts.MANIFEST).is_file():
-        pytest.skip("needs test_import_measures_one_label_file_as_its_test_split's export")
+    label, export, _ = rec_file
     code, stdout, err = cli("compress", export, "--int8", "--backend", "paddle", "--set", "compress.openvino=false",
                             "--set", "compress.max_drop=100", "--set", "compress.min_agreement=0",
                             "--set", "compress.latency_runs=2", "--set", "compress.throughput_runs=1",
                             "--out", tmp_path / "c")
     assert code == 0, err
     said = [ln for ln in stdout.splitlines() if ln.startswith("compress: no train split")]
-    assert said == [f"compress: no train split in data.source {str(rec_file[0])!r}: calibrating on the test split "
+    assert said == [f"compress: no train split in data.source {str(label)!r}: calibrating on the test split "
                     f"(10 lines)"], stdout
     m = artifacts.verify(tmp_path / "c", ("compress",)).manifest["metrics"]
     assert m["calibration"]["split"] == "test" and m["calibration"]["lines"] == 10
@@ -74,9 +78,7 @@ def test_compress_calibrates_on_the_test_split_and_says_so(rec_file, cli, tmp_pa
 
 
 def test_train_refuses_data_without_a_train_split_in_one_line(rec_file, cli, tmp_path):
-    label, export = rec_file
-    if not (export / artifacts.MANIFEST).is_file():
-        pytest.skip("needs test_import_measures_one_label_file_as_its_test_split's export")
+    label, export, _ = rec_file
     code, _, err = cli("train", "--init", export, "--set", "model.task=ocr_rec", "--data", label,
                        "--run", tmp_path / "run")
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
