@@ -123,7 +123,8 @@ def import_(
     task: Optional[str] = typer.Option(None, "--task", help="What the model is: ocr_rec, ocr_det or ocr_cls (default: what inference.yml says)."),
     keys: Optional[str] = typer.Option(None, "--keys", help="ocr_rec: the character key file (default: inference.yml's character_dict)."),
     data: Optional[str] = typer.Option(None, "--data", help="Data to measure it on (default: the task's; ocr_rec: generated lines, ocr_det: pages), "
-                                                           "e.g. a folder of PaddleOCR label files."),
+                                                           "or PaddleOCR label files: one (the test split), several comma-separated, "
+                                                           "or a folder holding any of train.txt, val.txt, test.txt."),
     onnx: Optional[bool] = typer.Option(None, "--onnx/--no-onnx", help="Also convert to model.onnx, parity-checked (default on)."),
 ) -> None:
     """Bring someone else's exported Paddle model into the chain as an export artifact, measured and parity-checked."""
@@ -147,7 +148,7 @@ def compress(
     config: Optional[Path] = ConfigOpt,
     set_: Optional[list[str]] = SetOpt,
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Write here instead of beside the input (RUN/compress)."),
-    int8: bool = typer.Option(False, "--int8", help="Post-training int8 quantization (calibrated on the train split)."),
+    int8: bool = typer.Option(False, "--int8", help="Post-training int8 quantization (calibrated on the train split; without one, on the split the data has)."),
     backend: Optional[str] = typer.Option(None, "--backend", help="paddle (PaddleSlim + oneDNN), onnxruntime, or both (default); openvino: only OpenVINO's own route (NNCF, ocr_rec)."),
     algo: Optional[str] = typer.Option(None, "--algo", help="Calibration: avg (default), KL, hist or mse."),
     calib_batches: Optional[int] = typer.Option(None, "--calib-batches", help="Calibration batches of 32 (default: up to 10, all of a smaller train split)."),

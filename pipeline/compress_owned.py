@@ -23,7 +23,9 @@ fixed-shape arrays:
 Calibration: `calib_batches` x `calib_batch_size` train items (default all of up to 10 x 32, at most the task's
 `calib_max`: ocr_det 40 pages, the count its int8 was measured at), a seeded draw,
 in the task's batches (ocr_rec: sorted by width, bucketed as served; ocr_det: a page a batch, at its own
-shape), so every route calibrates at the shapes it serves. Messages count items in the task's `unit` ("lines"
+shape), so every route calibrates at the shapes it serves. Data without a train split (a label file, which is
+a test split, or a folder of val/test files) calibrates on val, else test, and one without val searches on test
+(`_stand_ins`: one line each, `metrics.splits`). Messages count items in the task's `unit` ("lines"
 if it has none; ocr_det "pages"); manifest keys keep ocr_rec's word (`calibration.lines`, `val_lines`).
 
 Each variant is judged on the test split by the task's metric (ocr_rec: line accuracy; ocr_det: hmean), against
@@ -81,6 +83,7 @@ def run(cfg: RunConfig, src: artifacts.Artifact, out_dir: Path) -> Path:
     unit = getattr(task, "unit", "lines")
     data = task.load_data(exp_cfg.data, info)
     _check_data(src, data, exp_cfg, unit)
+    data, roles = _stand_ins(data, exp_cfg.data.source, unit)
     size = exp_cfg.import_.batch_size
     calib_rows = _calibration_rows(len(data.train), ccfg, task, unit)
     calib = [feeds for _, feeds in task.batches(data.train, info, ccfg.calib_batch_size, rows=calib_rows)]
@@ -100,7 +103,7 @@ def run(cfg: RunConfig, src: artifacts.Artifact, out_dir: Path) -> Path:
         search = None
         if ccfg.openvino:
             built["openvino-int8"], search = _openvino_int8(legacy_files or [onnx], desc, calib, data, task, info, size,
-                                                            ccfg, w.dir)
+                                                            ccfg, w.dir, roles["val"])
         if "onnxruntime" in backends:
             built["int8-onnx"] = _ort_int8(onnx, desc, calib, ccfg, w.dir, threads)
         if "paddle" in backends:
@@ -108,6 +111,8 @@ def run(cfg: RunConfig, src: artifacts.Artifact, out_dir: Path) -> Path:
         variants, shape = _measure(built, src, w.dir, data, task, info, size, ref, ccfg)
         w.metrics = _metrics(variants, ccfg, task, calib, calib_rows, len(data.train), len(data.test), threads, search,
                              size, shape, unit)
+        w.metrics["calibration"]["split"] = roles["train"]
+        w.metrics["splits"] = roles  # the split each role ran on (a label file has test only)
         _print(variants, task, len(data.test), w.metrics, unit)
         fidelity.gate(w.metrics, variants, ccfg, len(data.test))
         w.interface = iface
@@ -137,9 +142,27 @@ def _check_data(src: artifacts.Artifact, data: Any, exp_cfg: RunConfig, unit: st
     if any(was.get(s) not in (None, n) for s, n in now.items()):
         raise InputError(f"{src.path / artifacts.MANIFEST}: measured on {was}; data.source {exp_cfg.data.source!r} "
                          f"now gives {now}; the data changed")
-    if not now["test"] or not now["val"] or not now["train"]:
-        raise InputError(f"data.source {exp_cfg.data.source!r}: compress needs train (calibration), val (the int8 "
-                         f"search) and test {unit}; it has {now}")
+    if not any(now.values()):
+        raise InputError(f"data.source {exp_cfg.data.source!r}: no {unit} to calibrate and measure on")
+
+
+def _stand_ins(data: Any, source: str, unit: str) -> tuple[Any, dict[str, str]]:
+    """The data with each split it lacks stood in for by one it has, and {role: the split it is}: calibration
+    (train) takes val, else test; the int8 search (val) takes test; judging (test) takes val. A label file is
+    a test split only (`ocr_rec.data.label_files`), a folder may hold val and test only; each stand-in is said
+    in one line."""
+    have = {s for s in ("train", "val", "test") if len(getattr(data, s))}
+    order = {"train": ("train", "val", "test"), "val": ("val", "test", "train"), "test": ("test", "val", "train")}
+    roles = {r: next(s for s in order[r] if s in have) for r in order}
+    what = {"train": "calibrating on", "val": "the int8 search and the agreement with fp32 run on",
+            "test": "the variants are judged on"}
+    for r, s in roles.items():
+        if r != s:
+            print(f"compress: no {r} split in data.source {source!r}: {what[r]} the {s} split "
+                  f"({len(getattr(data, s))} {unit})")
+    if all(r == s for r, s in roles.items()):
+        return data, roles
+    return dataclasses.replace(data, **{r: getattr(data, s) for r, s in roles.items()}), roles
 
 
 def _evaluate(run: Run, data: Any, task: Any, info: tasks.Info, size: int) -> dict[str, Any]:
@@ -201,7 +224,8 @@ def _fp32_variants(src: artifacts.Artifact, desc: iospec.IO, legacy: list[Path] 
 
 
 def _openvino_int8(files: list[Path], desc: iospec.IO, calib: list[Feeds], data: Any, task: Any, info: tasks.Info,
-                   size: int, ccfg: CompressConfig, cdir: Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
+                   size: int, ccfg: CompressConfig, cdir: Path, split: str = "val"
+                   ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """NNCF int8 with the per-layer search (`quantize.int8_openvino`), scored by the task's metric on the val
     split (the test split judges it afterwards), within compress.max_drop points of fp32's."""
     why = ov_engine.available() or _nncf_missing()
@@ -218,7 +242,7 @@ def _openvino_int8(files: list[Path], desc: iospec.IO, calib: list[Feeds], data:
 
     search = quantize.int8_openvino(files, calib, items, score, ccfg.max_drop / 100, cpu.int8_exact(ov_engine.NAME),
                                     cdir / "openvino-int8", model_type=getattr(task, "nncf_model_type", None))
-    search.update(score_means=f"{task.monitor} on the {len(val)} val {getattr(task, 'unit', 'lines')}",
+    search.update(score_means=f"{task.monitor} on the {len(val)} {split} {getattr(task, 'unit', 'lines')}",
                   val_lines=len(val), source=files[0].name)
     paths = [cdir / "openvino-int8/model.xml", cdir / "openvino-int8/model.bin"]
     eng = ov_engine.load(paths, threads=runtime.threads_per_process(1), precision="int8")

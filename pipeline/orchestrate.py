@@ -373,6 +373,8 @@ def _fingerprint(source: str) -> str:
     p = Path(source)
     if p.is_file():
         return "file:" + artifacts.sha256_file(p)
+    if "," in source and not p.exists():  # label files comma-separated (PaddleOCR's label_file_list): each one's
+        return "files:" + hashlib.sha256("\n".join(_fingerprint(s.strip()) for s in source.split(",")).encode()).hexdigest()
     if p.is_dir():  # an ImageFolder: names, sizes and mtimes (hashing every image would cost a full read)
         h = hashlib.sha256()
         for dirpath, dirs, names in os.walk(p):

@@ -22,8 +22,10 @@ repaired: pipeline/p2o.py; `import.onnx`), the task's files (ocr_rec: its key fi
 `manifest.json`: the io description read from the program (names, dtypes, shapes with the dynamic axes kept dynamic), the
 task and its settings, the lineage (`source`: where it came from and the sha256 of every file read; no
 train run) and the metrics: the imported model's own, measured here on the data's validation and test
-splits (the task's data; ocr_rec's default is its generated lines, ocr_det's its pages, ocr_cls's generated
-lines half turned by 180 degrees), run on the PIR program later stages serve, once it passed the parity gate: the baseline every later stage is judged against. Parity gate (exit 5, nothing written): the PIR program and the ONNX file against the source
+splits, those it has (the task's data; ocr_rec's default is its generated lines, ocr_det's its pages, ocr_cls's
+generated lines half turned by 180 degrees; `--data` PaddleOCR label files: one or several comma-separated are
+the test split only, a folder may hold any of train/val/test; which were measured is printed and in the
+manifest's `data`), run on the PIR program later stages serve, once it passed the parity gate: the baseline every later stage is judged against. Parity gate (exit 5, nothing written): the PIR program and the ONNX file against the source
 program in Paddle Inference, on the test split's first `import.parity_samples` samples in the task's
 batches, every output within `import.parity_tol` x its max|value| (1e-2: a translated program runs other
 kernels, and a softmax output moves most where two classes are close: measured up to 4.0e-4 PIR and 4.7e-3
@@ -86,6 +88,9 @@ def run(cfg: RunConfig, src: Path, out_dir: Path, finetuned: artifacts.Artifact 
     source = cfg.data.source if cfg.data.source != DataConfig.source else task.default_source
     data_cfg = dataclasses.replace(cfg.data, source=source)
     data = task.load_data(data_cfg, info)
+    measured = [s for s in ("val", "test") if len(getattr(data, s))]  # a label file: its one split, test
+    if not measured:
+        raise InputError(f"--data {source}: no val or test items to measure the model on")
     threads = runtime.threads_per_process(1)
     paddle = runtime.import_paddle(threads)
     model_name = prog.program.parent.resolve().name if lineage is None else lineage["model"]
@@ -98,14 +103,14 @@ def run(cfg: RunConfig, src: Path, out_dir: Path, finetuned: artifacts.Artifact 
         desc = _interface(pio, pir_eng.outputs, labels, task, settings, spec, model_name)
         pir = engines.bind(pir_eng, desc, "model.json")
         given = pir if prog.format == "pir" else engines.bind(_load(source, threads), desc, src_files["program"])
-        check = _parity_lines(data.test, icfg.parity_samples, info, task, desc)
+        check = _parity_lines(getattr(data, measured[-1]), icfg.parity_samples, info, task, desc)
         ref = [given(f) for f in check]
         parity = _parity(ref, [pir(f) for f in check], icfg.parity_tol, "the PIR program", desc, task, info)
         onnx = _onnx(w.dir, src_files, desc, check, ref, icfg.parity_tol, threads, task, info) if icfg.onnx else None
         for name, body in task.files(info).items():  # e.g. ocr_rec's key file, written from what was checked
             (w.dir / name).write_text(body, encoding="utf-8")
         scored = {split: _score(pir, getattr(data, split), task, info, icfg.batch_size)  # the program served
-                  for split in ("val", "test")}
+                  for split in measured}
         w.interface = desc.to_interface()
         w.metrics = {**parity, **{f"{s}_{k}": v for s, m in scored.items() for k, v in m.items()},
                      "pir_upsample_as_tile": src_files.get("upsample_as_tile", 0),  # paddle_program.py
@@ -115,7 +120,7 @@ def run(cfg: RunConfig, src: Path, out_dir: Path, finetuned: artifacts.Artifact 
                          **{f"onnx_repaired_{k}": v for k, v in onnx["repaired"].items()}}
                         if onnx else {}),
                      "threads": threads}
-        w.extra = {"format": "pir", "onednn": True,
+        w.extra = {"format": "pir", "onednn": True, "data": {"measured_on": measured, "label_files": data.files},
                    "legacy": ({"format": "legacy", "model": "legacy/model.pdmodel", "params": "legacy/model.pdiparams",
                                "inputs": [t.name for t in pio.inputs], "outputs": [t.name for t in pio.outputs]}
                               if prog.format == "legacy" else
@@ -125,6 +130,7 @@ def run(cfg: RunConfig, src: Path, out_dir: Path, finetuned: artifacts.Artifact 
             w.extra["onnx"] = {"format": "onnx", "model": "model.onnx", "opset": _ONNX_OPSET,
                                "inputs": onnx["inputs"], "outputs": onnx["outputs"]}
         _check_file_set(w.dir, prog.format, bool(onnx), set(task.files(info)))
+        print(f"import: measured on {tasks.splits(task, data, measured)}")
     return out_dir
 
 

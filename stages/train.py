@@ -535,6 +535,10 @@ class _Trainer:
         self.info = self.task.info_of(iface)
         source = cfg.data.source if cfg.data.source != config_mod.DataConfig.source else self.task.default_source
         self.data = self.task.load_data(dataclasses.replace(cfg.data, source=source), self.info)
+        if not len(self.data.train):  # a label file, or a folder of val/test files only: pipe import measures on it
+            have = [s for s in ("val", "test") if len(getattr(self.data, s))]
+            raise InputError(f"--data {source}: no train split to train on (only {' and '.join(have)}); pipe train "
+                             f"needs a folder holding a train label file (train.txt)")
         general_cfg = dataclasses.replace(cfg.data, source=f.general or self.task.default_source,
                                           ocr_lines=max(10, round(f.general_lines / 0.15)))
         self.general = self.task.load_data(general_cfg, self.info)

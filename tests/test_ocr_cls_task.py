@@ -230,7 +230,7 @@ def _folder(root: Path, label_files: dict[str, bytes]) -> Path:
     return root
 
 
-def _load(root: Path) -> data.Data:
+def _load(root: Path | str) -> data.Data:
     return ocr_cls.load_data(config_mod.load(None, [f"data.source={root}"]).data, INFO)
 
 
@@ -250,7 +250,7 @@ def test_paddleocr_cls_label_files(tmp_path):
     ({"train.txt": b"000000.png\t0\n", "val.txt": b"000001.png\t180 \n"}, "val.txt:1: label '180 ': ocr_cls takes"),
     ({"train.txt": b"000000.png 0\n"}, "train.txt:1: no tab between the image path and its text"),
     ({"train.txt": b"000000.png\t0\nnope.png\t180\n"}, "train.txt:2: nope.png: missing or not a decodable"),
-    ({"val.txt": b"000000.png\t0\n"}, "no train.txt (or rec_gt_train.txt)"),
+    ({"val.txt": b"000000.png\t0\n", "test.txt": b"\n"}, "test.txt: no label lines"),
 ])
 def test_bad_label_files_in_one_line(tmp_path, files, needle):
     root = _folder(tmp_path / "d", files)
@@ -259,6 +259,18 @@ def test_bad_label_files_in_one_line(tmp_path, files, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
-def test_no_such_folder(tmp_path):
-    with pytest.raises(InputError, match="no such folder .ocr_cls takes ocr_lines or a folder of PaddleOCR cls label"):
+def test_no_such_file_or_folder(tmp_path):
+    with pytest.raises(InputError, match="no such file or folder .ocr_cls takes ocr_lines or PaddleOCR cls label"):
         _load(tmp_path / "nowhere")
+
+
+def test_a_test_file_alone_a_label_file_or_several_and_a_bad_label_named_in_the_second(tmp_path):
+    root = _folder(tmp_path / "d", {"test.txt": b"000000.png\t0\n000001.png\t180\n",
+                                    "more.txt": b"000002.png\t180\n"})
+    for given, want in ((root, ["0", "180"]), (root / "more.txt", ["180"]),
+                        (f"{root / 'test.txt'},{root / 'more.txt'}", ["0", "180", "180"])):
+        d = _load(given)
+        assert (len(d.train), len(d.val), d.test.texts) == (0, 0, want), given
+    (root / "bad.txt").write_bytes(b"000003.png\t90\n")
+    with pytest.raises(InputError, match=f"{root / 'bad.txt'}:1: label '90': ocr_cls takes"):
+        _load(f"{root / 'test.txt'},{root / 'bad.txt'}")

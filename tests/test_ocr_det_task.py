@@ -348,7 +348,7 @@ def _line(i: int, labels: list) -> str:
     return f"img/{i}.png\t{json.dumps(labels, ensure_ascii=False)}"
 
 
-def _load(root: Path) -> data.Data:
+def _load(root: Path | str) -> data.Data:
     return data.load(config_mod.load(None, [f"data.source={root}"]).data)
 
 
@@ -385,12 +385,34 @@ def test_a_malformed_label_line_is_one_line_naming_file_and_line(tmp_path, line,
     assert needle in str(e.value) and str(root / "train.txt") in str(e.value) and "\n" not in str(e.value)
 
 
-def test_no_train_file_and_no_folder(tmp_path):
-    root = _folder(tmp_path / "d", {"val.txt": _line(0, [])})
-    with pytest.raises(InputError, match=r"no train.txt \(or det_gt_train.txt\)"):
-        _load(root)
-    with pytest.raises(InputError, match="no such folder"):
+def test_label_file_forms_and_a_missing_source(tmp_path):
+    """A folder of test.txt only, one label file, several comma-separated (each image path relative to its own
+    file's folder), all the test split; a missing file or folder is named."""
+    quad = [{"transcription": "a", "points": [[0, 0], [9, 0], [9, 9], [0, 9]]}]
+    root = _folder(tmp_path / "d", {"test.txt": _line(0, quad) + "\n" + _line(1, []) + "\n"})
+    other = _folder(tmp_path / "e", {"det_gt.txt": _line(5, quad) + "\n"})
+    for given, n in ((root, 2), (root / "test.txt", 2), (f"{root / 'test.txt'},{other / 'det_gt.txt'}", 3)):
+        d = _load(given)
+        assert (len(d.train), len(d.val), len(d.test)) == (0, 0, n), given
+    assert d.test.texts == [["a"], [], ["a"]] and d.test.images[2].shape == (100, 205, 3)
+    assert d.files == {"test": [str(root / "test.txt"), str(other / "det_gt.txt")]}
+    with pytest.raises(InputError, match=r"a folder without a label file: none of train.txt, det_gt_train.txt"):
+        _load(_folder(tmp_path / "f", {}))
+    with pytest.raises(InputError, match=f"--data {tmp_path / 'nowhere'}: no such file or folder"):
         _load(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("body, needle", [
+    (None, "{d}/missing.txt: no such label file"),
+    ("\n\n", "{d}/l.txt: no label lines"),
+    ("img/9.png\t[]\n", "{d}/l.txt:1: img/9.png: missing or not a decodable image"),
+])
+def test_a_bad_label_file_in_a_list_is_named(tmp_path, body, needle):
+    root = _folder(tmp_path / "d", {"ok.txt": _line(0, []) + "\n", **({} if body is None else {"l.txt": body})})
+    with pytest.raises(InputError) as e:
+        _load(f"{root / 'ok.txt'},{root / ('missing.txt' if body is None else 'l.txt')}")
+    assert needle.format(d=root) in str(e.value) and "\n" not in str(e.value), str(e.value)
+
 
 
 # ------------------------------------------------------------------ the contract

@@ -145,7 +145,8 @@ def test_bad_label_files_name_the_line(tmp_path, body, needle):
 
 
 def test_a_data_source_that_is_no_folder(tmp_path):
-    with pytest.raises(InputError, match="ocr_rec takes ocr_lines or a folder"):
+    with pytest.raises(InputError, match=r"nope: no such file or folder \(ocr_rec takes ocr_lines, .* or PaddleOCR "
+                                         r"label files: one label file, several comma-separated, or a folder of them"):
         data.load(config_mod.load(None, [f"data.source={tmp_path / 'nope'}"]).data, KEYS)
 
 

@@ -230,7 +230,7 @@ def _folder(root: Path, label_files: dict[str, bytes]) -> Path:
     return root
 
 
-def _load(root: Path) -> data.Data:
+def _load(root: Path | str) -> data.Data:
     return data.load(config_mod.load(None, [f"data.source={root}"]).data, KEYS)
 
 
@@ -269,10 +269,55 @@ def test_more_bad_label_files_in_one_line(tmp_path, body, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
-def test_no_train_file(tmp_path):
-    root = _folder(tmp_path / "d", {"val.txt": b"img/0.png\tok\n"})
-    with pytest.raises(InputError, match=r"no train.txt \(or rec_gt_train.txt\)"):
-        _load(root)
+def test_a_folder_without_train_holds_the_splits_it_has(tmp_path):
+    """pipe import measures on whatever the folder holds: no train.txt is no error here (pipe train refuses it)."""
+    root = _folder(tmp_path / "d", {"test.txt": b"img/0.png\tok\nimg/1.png\tno\n"})
+    d = _load(root)
+    assert (len(d.train), len(d.val), d.test.texts) == (0, 0, ["ok", "no"])
+    assert d.files == {"test": [str(root / "test.txt")]}
+    assert tasks.splits(ocr_rec, d) == f"test (2 lines of {root / 'test.txt'})"
+    _folder(tmp_path / "e", {"val.txt": b"img/0.png\tok\n", "rec_gt_test.txt": b"img/1.png\tno\n"})
+    d = _load(tmp_path / "e")
+    assert (len(d.train), d.val.texts, d.test.texts) == (0, ["ok"], ["no"])
+    with pytest.raises(InputError, match=r"a folder without a label file: none of train.txt, rec_gt_train.txt"):
+        _load(_folder(tmp_path / "f", {"labels.txt": b"img/0.png\tok\n"}))
+
+
+def test_one_label_file_is_the_test_split_its_paths_relative_to_its_folder(tmp_path):
+    root = _folder(tmp_path / "d", {"rec_gt.txt": "".join(f"img/{i}.png\t文{i}\n" for i in range(3)).encode()})
+    d = _load(root / "rec_gt.txt")
+    assert (len(d.train), len(d.val), d.test.texts) == (0, 0, ["文0", "文1", "文2"])
+    assert [im.shape[1] for im in d.test.images] == [50, 51, 52]
+    assert d.files == {"test": [str(root / "rec_gt.txt")]}
+
+
+def test_several_label_files_comma_separated_are_concatenated_each_from_its_own_folder(tmp_path):
+    """PaddleOCR's label_file_list: the lines of each in order; img/0.png is a different image in each folder."""
+    a = _folder(tmp_path / "a", {"l.txt": b"img/0.png\tA0\nimg/1.png\tA1\n"})
+    b = tmp_path / "b"
+    (b / "img").mkdir(parents=True)
+    from PIL import Image
+
+    Image.new("RGB", (90, 30), "white").save(b / "img" / "0.png")
+    (b / "l.txt").write_text("img/0.png\tB0\n", encoding="utf-8")
+    d = _load(f"{a / 'l.txt'},{b / 'l.txt'}")
+    assert d.test.texts == ["A0", "A1", "B0"] and len(d.train) == len(d.val) == 0
+    assert [im.shape[:2] for im in d.test.images] == [(20, 50), (20, 51), (30, 90)]
+    assert tasks.splits(ocr_rec, d) == f"test (3 lines of {a / 'l.txt'}, {b / 'l.txt'})"
+
+
+@pytest.mark.parametrize("given, body, needle", [
+    ("missing.txt", None, "--data {d}/missing.txt: no such file or folder (ocr_rec takes"),
+    ("l.txt,{d}/missing.txt", b"img/0.png\tok\n", "{d}/missing.txt: no such label file"),
+    ("l.txt", b"\n \n", "{d}/l.txt: no label lines"),
+    ("l.txt,{d}/l.txt", b"\n", "{d}/l.txt: no label lines"),
+    ("l.txt", b"img/0.png\tok\nimg/missing.png\tx\n", "{d}/l.txt:2: img/missing.png: missing or not a decodable image"),
+])
+def test_a_bad_label_file_is_refused_in_one_line_naming_it(tmp_path, given, body, needle):
+    root = _folder(tmp_path / "d", {} if body is None else {"l.txt": body})
+    with pytest.raises(InputError) as e:
+        _load(f"{root}/" + given.format(d=root))
+    assert needle.format(d=root) in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
 # ------------------------------------------------------------------ generated lines
@@ -359,3 +404,36 @@ def test_agreement_is_per_character_and_ignores_what_the_metric_ignores():
     assert ocr_rec.reference_agreement(digest(got), digest(ref), keep) == pytest.approx((0.75 + 2 / 3) / 2)
     assert ocr_rec.fidelity({"probs": got[1:]}, {"probs": ref[1:]}, INFO) == {"text_agreement": 1.0}
     assert ocr_rec.subset(ocr_rec.data_mod.Lines([np.zeros(1), np.ones(1)], ["x", "y"]), [1]).texts == ["y"]
+
+
+def test_pipe_all_fingerprints_each_label_file_of_a_comma_list(tmp_path):
+    """`pipe all` re-runs import when any listed label file changes (not just when the list's text does)."""
+    from pipeline import orchestrate
+
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("img/0.png\tx\n", encoding="utf-8")
+    b.write_text("img/1.png\ty\n", encoding="utf-8")
+    before = orchestrate._fingerprint(f"{a},{b}")
+    b.write_text("img/1.png\tz\n", encoding="utf-8")
+    assert orchestrate._fingerprint(f"{a},{b}") != before
+
+
+def test_compress_stands_in_a_split_the_label_data_lacks_and_says_so_in_one_line(tmp_path, capsys):
+    """A label file is a test split only: compress calibrates and searches on it, one line each; a folder of
+    val and test calibrates on val; data with every split is left as it is, silently."""
+    from pipeline import compress_owned
+
+    root = _folder(tmp_path / "d", {"test.txt": b"img/0.png\tok\nimg/1.png\tno\n", "val.txt": b"img/2.png\tv\n"})
+    only_test = _load(root / "test.txt")
+    d, roles = compress_owned._stand_ins(only_test, "d/test.txt", "lines")
+    assert roles == {"train": "test", "val": "test", "test": "test"}
+    assert d.train is d.val is d.test is only_test.test
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "compress: no train split in data.source 'd/test.txt': calibrating on the test split (2 lines)"
+    assert out[1].startswith("compress: no val split in data.source 'd/test.txt': the int8 search") and len(out) == 2
+    d, roles = compress_owned._stand_ins(_load(root), "d", "lines")
+    assert roles == {"train": "val", "val": "val", "test": "test"} and d.train.texts == ["v"]
+    assert capsys.readouterr().out == "compress: no train split in data.source 'd': calibrating on the val split (1 lines)\n"
+    whole = data.Data(*(data.Lines([np.zeros((4, 4, 3), np.uint8)], ["x"]) for _ in range(3)))
+    assert compress_owned._stand_ins(whole, "x", "lines") == (whole, {s: s for s in data.SPLITS})
+    assert capsys.readouterr().out == ""

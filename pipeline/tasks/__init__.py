@@ -151,6 +151,21 @@ def owns_data(task: Any) -> bool:
     return hasattr(task, "load_data")
 
 
+def splits(task: Any, data: Any, names: tuple[str, ...] | list[str] = ("train", "val", "test")) -> str:
+    """What an owned-data task's `load_data` gave, in one phrase naming each split of `names` that has items, its count
+    in the task's `unit` and the label files it was read from (`data.files`, where it has them), e.g.
+    "test (12 lines of my_lines/rec_gt.txt)"."""
+    files = getattr(data, "files", None) or {}
+    parts = []
+    for s in names:
+        n = len(getattr(data, s))
+        if n:
+            src = (f" of {', '.join(files[s])}" if s in files else
+                   f" carved out of {', '.join(files['train'])}" if "train" in files else "")
+            parts.append(f"{s} ({n} {getattr(task, 'unit', 'lines')}{src})")
+    return ", ".join(parts)
+
+
 def fidelity(task: Any, got: dict[str, Any], ref: dict[str, Any], info: Info) -> dict[str, float]:
     fn = getattr(task, "fidelity", None)
     return dict(fn(got, ref, info)) if fn is not None else {}

@@ -6,11 +6,12 @@
   the corpus (the classifier reads no key file), each line turned by 180 degrees with probability 0.5 by a
   seeded generator and labelled "180", else "0". Deterministic by seed; `data.ocr_lines` lines for train, 15%
   as many each for val and test. Not cached: ~7 ms a line here (1,300 lines for the default 1,000 in ~9 s).
-- a folder of PaddleOCR's cls label files (configs/cls/cls_mv3.yml: train.txt, test.txt; val.txt too), each
-  line `image_path<TAB>0` or `image_path<TAB>180`, the path relative to the folder: the format of ocr_rec's
-  label files, read by its reader (a missing val or test carved out of train, seeded by data.split_seed); a
-  label that is not one of the model's is refused first, naming the file and line (PaddleOCR's ClsLabelEncode
-  drops such a sample silently).
+- PaddleOCR's cls label files (configs/cls/cls_mv3.yml: train.txt, test.txt; val.txt too), each line
+  `image_path<TAB>0` or `image_path<TAB>180`, the path relative to the label file's folder: the format of
+  ocr_rec's label files, given and read as ocr_rec's are (a folder holding any of train.txt, val.txt,
+  test.txt, a missing val or test carved out of train when there is one; or one label file or several
+  comma-separated: the test split); a label that is not one of the model's is refused first, naming the file
+  and line (PaddleOCR's ClsLabelEncode drops such a sample silently).
 """
 
 from __future__ import annotations
@@ -35,12 +36,10 @@ def load(cfg: Any, labels: Sequence[str]) -> Data:
         n = int(cfg.ocr_lines)
         m = max(1, round(n * 0.15))
         return generated((n, m, m), labels)
-    root = Path(cfg.source)
-    if not root.is_dir():
-        raise InputError(f"--data {cfg.source}: no such folder (ocr_cls takes {BUILT_IN} or a folder of PaddleOCR "
-                         f"cls label files: train.txt, val.txt, test.txt, lines 'image_path<TAB>0' or '<TAB>180')")
-    _check_label_files(root, labels)
-    return rec_data._from_label_files(root, int(cfg.split_seed))
+    files = rec_data.label_files(cfg.source, rec_data._LABEL_FILES, f"ocr_cls takes {BUILT_IN} or PaddleOCR cls "
+                                 f"label files, lines 'image_path<TAB>0' or '<TAB>180'")
+    _check_label_files([p for ps in files.values() for p in ps], labels)
+    return rec_data.from_label_files(files, int(cfg.split_seed))
 
 
 def turned_label(labels: Sequence[str]) -> str:
@@ -66,13 +65,10 @@ def generated(counts: tuple[int, int, int], labels: Sequence[str], seed: int = 0
     return Data(turn(lines.train), turn(lines.val), turn(lines.test))
 
 
-def _check_label_files(root: Path, labels: Sequence[str]) -> None:
+def _check_label_files(paths: list[Path], labels: Sequence[str]) -> None:
     """Every label in the label files ocr_rec's reader will read is one of the model's, before any image is
     decoded; a line without a tab is left to that reader's message."""
-    for names in rec_data._LABEL_FILES.values():
-        path = next((root / n for n in names if (root / n).is_file()), None)
-        if path is None:
-            continue
+    for path in paths:
         for n, line in rec_data.label_lines(path):
             _, tab, label = line.partition("\t")
             if tab and label not in labels:

@@ -6,17 +6,18 @@
   +-10 degrees. A line's ground truth is its text's layout box (PIL's getbbox, 2 px added each side),
   turned with it: 4 points clockwise from the top left. Deterministic by seed; `data.ocr_pages` pages for
   train, 15% as many each for val and test. Not cached: a page draws in ~80 ms here.
-- a folder of PaddleOCR detection label files: `train.txt`, `val.txt`, `test.txt` (or `det_gt_train.txt`,
-  `det_gt_val.txt`, `det_gt_test.txt`), each line `image_path<TAB>[{"transcription": ..., "points":
-  [[x, y], ...]}, ...]` (4 or more points; "###" or "*" = don't care), the path relative to the folder; a
-  missing val or test is carved out of train as ocr_rec carves it.
+- PaddleOCR detection label files, each line `image_path<TAB>[{"transcription": ..., "points": [[x, y], ...]},
+  ...]` (4 or more points; "###" or "*" = don't care), the path relative to the label file's folder, given as
+  ocr_rec's are (`ocr_rec.data.label_files`): a folder holding any of `train.txt`, `val.txt`, `test.txt` (or
+  `det_gt_train.txt`, `det_gt_val.txt`, `det_gt_test.txt`; a missing val or test carved out of train, when
+  there is one), or one label file or several comma-separated (label_file_list): the test split.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ class Data:
     train: Pages
     val: Pages
     test: Pages
+    files: dict[str, list[str]] = field(default_factory=dict)  # label data: each split's label files read
 
 
 def load(cfg: Any) -> Data:
@@ -55,45 +57,24 @@ def load(cfg: Any) -> Data:
         n = int(cfg.ocr_pages)
         m = max(1, round(n * _FRACTION))
         return generated((n, m, m))
-    root = Path(cfg.source)
-    if not root.is_dir():
-        raise InputError(f"--data {cfg.source}: no such folder (ocr_det takes {BUILT_IN} or a folder of PaddleOCR "
-                         f"detection label files: train.txt, val.txt, test.txt)")
-    return _from_label_files(root, int(cfg.split_seed))
+    files = rec_data.label_files(cfg.source, _LABEL_FILES, f"ocr_det takes {BUILT_IN} or PaddleOCR detection "
+                                 f"label files")
+    rows = rec_data.read_splits(files, int(cfg.split_seed), read_label_file, "pages")
+    parts = {s: Pages([r[0] for r in rs], [r[1] for r in rs], [r[2] for r in rs]) for s, rs in rows.items()}
+    return Data(**parts, files={s: [str(p) for p in ps] for s, ps in files.items()})
 
 
 # ------------------------------------------------------------------ PaddleOCR label files
 
 
-def _from_label_files(root: Path, seed: int) -> Data:
-    found = {s: next((root / n for n in names if (root / n).is_file()), None) for s, names in _LABEL_FILES.items()}
-    if found["train"] is None:
-        raise InputError(f"{root}: no train.txt (or det_gt_train.txt) of PaddleOCR detection label lines "
-                         f"'image_path<TAB>[{{\"transcription\": ..., \"points\": ...}}]'")
-    splits = {s: read_label_file(p, root) for s, p in found.items() if p is not None}
-    train = splits["train"]
-    left, carved = rec_data.carve(len(train), set(splits), seed, f"{found['train']}: {len(train)} pages")
+def read_label_file(path: Path) -> list[tuple[np.ndarray, list[np.ndarray], list[str]]]:
+    """One detection label file's pages: (image, polygons, transcriptions) each."""
+    def parse(root: Path, rel: str, label: str, where: str) -> tuple[np.ndarray, list[np.ndarray], list[str]]:
+        ps, ts = _parse_label(label, where)
+        return rec_data.label_image(root, rel, where), ps, ts
 
-    def pick(idx: list[int]) -> Pages:
-        return Pages([train.images[i] for i in idx], [train.polys[i] for i in idx], [train.texts[i] for i in idx])
-
-    return Data(pick(left), splits.get("val") or pick(carved["val"]), splits.get("test") or pick(carved["test"]))
-
-
-def read_label_file(path: Path, root: Path) -> Pages:
-    images, polys, texts = [], [], []
-    for n, line in rec_data.label_lines(path):
-        rel, tab, label = line.partition("\t")
-        if not tab:
-            raise InputError(f"{path}:{n}: no tab between the image path and its labels (PaddleOCR's "
-                             f"'image_path<TAB>[{{\"transcription\": ..., \"points\": ...}}]')")
-        ps, ts = _parse_label(label, f"{path}:{n}")
-        images.append(rec_data.label_image(root, rel, f"{path}:{n}"))
-        polys.append(ps)
-        texts.append(ts)
-    if not images:
-        raise InputError(f"{path}: no label lines")
-    return Pages(images, polys, texts)
+    return rec_data.read_label_file(path, parse, "labels (PaddleOCR's 'image_path<TAB>[{\"transcription\": ..., "
+                                                 "\"points\": ...}]')")
 
 
 def _parse_label(label: str, where: str) -> tuple[list[np.ndarray], list[str]]:

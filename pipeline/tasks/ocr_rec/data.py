@@ -13,9 +13,14 @@
   rendered at 10-14 px (one dot a pixel, a dot where the glyph covers more than a third of it), each dot a
   small round blob on a 3-4 px grid, a little off it; the same ink, paper and noise as `ocr_lines`.
   Deterministic by seed, cached beside `ocr_lines` (the style in the cache key); counts as `ocr_lines`.
-- a folder of PaddleOCR recognition label files: `train.txt`, `val.txt`, `test.txt` (or `rec_gt_train.txt`,
-  `rec_gt_val.txt`, `rec_gt_test.txt`), each line `image_path<TAB>text` with the path relative to the
-  folder; a missing val or test is carved out of train (15% each, seeded by data.split_seed).
+- PaddleOCR recognition label files, each line `image_path<TAB>text` with the path relative to the label
+  file's folder (PaddleOCR joins it to data_dir; pipe's data_dir is that folder):
+  - a folder holding any of `train.txt`, `val.txt`, `test.txt` (or `rec_gt_train.txt`, `rec_gt_val.txt`,
+    `rec_gt_test.txt`); with a train file, a missing val or test is carved out of train (15% each, seeded by
+    data.split_seed); without one, the splits present are all there is (pipe import measures on them; pipe
+    train refuses it);
+  - one label file, or several comma-separated (`a.txt,b.txt`: PaddleOCR's label_file_list, their lines
+    concatenated): the test split, the one split there is (what `Eval.dataset.label_file_list` names).
 """
 
 from __future__ import annotations
@@ -26,9 +31,9 @@ import lzma
 import os
 import unicodedata
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -42,6 +47,7 @@ STYLES = {"dotmatrix": "1"}
 _ASSETS = Path(__file__).resolve().parents[2] / "assets"
 _LABEL_FILES = {"train": ("train.txt", "rec_gt_train.txt"), "val": ("val.txt", "rec_gt_val.txt"),
                 "test": ("test.txt", "rec_gt_test.txt")}
+SPLITS = ("train", "val", "test")
 _FRACTION = 0.15
 _GENERATOR = "1"  # bump when rendering changes: the cache key
 # Simplified-Chinese glyphs from the Traditional build: raqm applies the font's `locl` for this language, which
@@ -63,6 +69,7 @@ class Data:
     train: Lines
     val: Lines
     test: Lines
+    files: dict[str, list[str]] = field(default_factory=dict)  # label data: each split's label files read
 
 
 def load(cfg: Any, keys: Sequence[str]) -> Data:
@@ -72,19 +79,16 @@ def load(cfg: Any, keys: Sequence[str]) -> Data:
         n = int(cfg.ocr_lines)
         m = max(1, round(n * _FRACTION))
         return _generated((n, m, m), keys, cache_root(cfg), style)
-    root = Path(cfg.source)
-    if not root.is_dir():
-        raise InputError(f"--data {cfg.source}: no such folder (ocr_rec takes {BUILT_IN} or a folder of PaddleOCR "
-                         f"label files: train.txt, val.txt, test.txt; or generated lines in another style: "
-                         f"{', '.join(f'{BUILT_IN}_{s}' for s in STYLES)})")
-    return _from_label_files(root, int(cfg.split_seed))
+    files = label_files(cfg.source, _LABEL_FILES, f"ocr_rec takes {BUILT_IN}, generated lines in another style "
+                        f"({', '.join(f'{BUILT_IN}_{s}' for s in STYLES)}) or PaddleOCR label files")
+    return from_label_files(files, int(cfg.split_seed))
 
 
 def style_of(source: str) -> str | None:
-    """The style a data.source `ocr_lines_<style>` names (None: not such a name, or a folder of that name,
-    which stays a folder); an unknown style is refused."""
+    """The style a data.source `ocr_lines_<style>` names (None: not such a name, or a file or folder of that
+    name, which stays one); an unknown style is refused."""
     prefix = BUILT_IN + "_"
-    if not source.startswith(prefix) or Path(source).is_dir():
+    if not source.startswith(prefix) or Path(source).exists():
         return None
     style = source[len(prefix):]
     if style not in STYLES:
@@ -100,19 +104,44 @@ def cache_root(cfg: Any) -> Path:
 # ------------------------------------------------------------------ PaddleOCR label files
 
 
-def _from_label_files(root: Path, seed: int) -> Data:
-    found = {s: next((root / n for n in names if (root / n).is_file()), None) for s, names in _LABEL_FILES.items()}
-    if found["train"] is None:
-        raise InputError(f"{root}: no train.txt (or rec_gt_train.txt) of PaddleOCR label lines "
-                         f"'image_path<TAB>text'")
-    splits = {s: _read_label_file(p, root) for s, p in found.items() if p is not None}
-    train = splits["train"]
-    left, carved = carve(len(train), set(splits), seed, f"{found['train']}: {len(train)} lines")
+def label_files(source: str, names: dict[str, tuple[str, ...]], takes: str) -> dict[str, list[Path]]:
+    """The PaddleOCR label files data.source names, by split: a folder's train/val/test files (`names`: each
+    split's file names, the first found taken; at least one split), or one file or several comma-separated
+    (label_file_list), all the test split. `takes`: what the task takes, for the message of a missing one."""
+    path = Path(source)
+    if path.is_dir():
+        found = {s: [next(path / n for n in ns if (path / n).is_file())] for s, ns in names.items()
+                 if any((path / n).is_file() for n in ns)}
+        if not found:
+            raise InputError(f"--data {source}: a folder without a label file: none of "
+                             f"{', '.join(n for ns in names.values() for n in ns)}")
+        return found
+    parts = [path] if path.exists() or "," not in source else [Path(p.strip()) for p in source.split(",") if p.strip()]
+    for p in parts:
+        if not p.is_file():
+            what = f"--data {source}: {p}: no such label file" if len(parts) > 1 else \
+                f"--data {source}: no such file or folder"
+            raise InputError(f"{what} ({takes}: one label file, several comma-separated, "
+                             f"or a folder of them: {', '.join(ns[0] for ns in names.values())})")
+    return {"test": parts}
 
-    def pick(idx: list[int]) -> Lines:
-        return Lines([train.images[i] for i in idx], [train.texts[i] for i in idx])
 
-    return Data(pick(left), splits.get("val") or pick(carved["val"]), splits.get("test") or pick(carved["test"]))
+def read_splits(files: dict[str, list[Path]], seed: int, read: Callable[[Path], list[Any]], unit: str
+                ) -> dict[str, list[Any]]:
+    """Each split's rows (`read`: one label file's), the files of a split concatenated in order; with a train
+    split, the val and test it lacks are carved out of it (`carve`); without one, the splits given only."""
+    rows = {s: [r for p in ps for r in read(p)] for s, ps in files.items()}
+    if "train" in rows:
+        train = rows["train"]
+        left, carved = carve(len(train), set(rows), seed, f"{files['train'][0]}: {len(train)} {unit}")
+        rows = {**rows, "train": [train[i] for i in left], **{s: [train[i] for i in ix] for s, ix in carved.items()}}
+    return {s: rows.get(s, []) for s in SPLITS}
+
+
+def from_label_files(files: dict[str, list[Path]], seed: int) -> Data:
+    rows = read_splits(files, seed, _read_label_file, "lines")
+    parts = {s: Lines([r[0] for r in rs], [r[1] for r in rs]) for s, rs in rows.items()}
+    return Data(**parts, files={s: [str(p) for p in ps] for s, ps in files.items()})
 
 
 def carve(n: int, have: set[str], seed: int, what: str) -> tuple[list[int], dict[str, list[int]]]:
@@ -159,18 +188,23 @@ def label_image(root: Path, rel: str, where: str) -> np.ndarray:
         raise InputError(f"{where}: {rel}: missing or not a decodable image") from None
 
 
-def _read_label_file(path: Path, root: Path) -> Lines:
-    images, texts = [], []
+def read_label_file(path: Path, parse: Callable[[Path, str, str, str], Any], form: str) -> list[Any]:
+    """One label file's rows, `parse(folder, image path, label, "file:line")` each, the image path relative to
+    the file's folder; `form`: the line's format, for the message of a line without a tab."""
+    rows = []
     for n, line in label_lines(path):
         rel, tab, label = line.partition("\t")
         if not tab:
-            raise InputError(f"{path}:{n}: no tab between the image path and its text (PaddleOCR's "
-                             f"'image_path<TAB>text')")
-        images.append(label_image(root, rel, f"{path}:{n}"))
-        texts.append(label)
-    if not texts:
+            raise InputError(f"{path}:{n}: no tab between the image path and its {form}")
+        rows.append(parse(path.parent, rel, label, f"{path}:{n}"))
+    if not rows:
         raise InputError(f"{path}: no label lines")
-    return Lines(images, texts)
+    return rows
+
+
+def _read_label_file(path: Path) -> list[tuple[np.ndarray, str]]:
+    return read_label_file(path, lambda root, rel, label, where: (label_image(root, rel, where), label),
+                           "text (PaddleOCR's 'image_path<TAB>text')")
 
 
 def write_pngs(lines: Lines, dest: Path) -> list[Path]:
