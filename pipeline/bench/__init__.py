@@ -8,7 +8,7 @@ machine is shared and noisy: quote the ratios, not the absolute numbers.
     (here)     the suite's entry `run` (CLI start-up, training throughput, data parallel, `pipe all`)
     compress   int8 and bf16 against fp32 on every engine, the auto pick, the int8 accuracy drop (images, text)
     serving    `pipe serve` under load (HTTP, dynamic batching, /v1 and /v2), versus the engine alone
-    perf       `pipe serve` against tritonserver on the same model.onnx, measured by Triton's perf_analyzer
+    perf       `pipe serve` against tritonserver on `pipe all`'s digits package, each at its defaults, by perf_analyzer
     peers      `pipe serve` against KServe's ModelServer and its own past, by the bench's Python client
     text       the text model against a TF-IDF + logistic regression baseline on the same split
     ernie      ernie_tiny (two inputs) through train, export, compress on 3 engines, package, served text

@@ -181,13 +181,15 @@ def _rows(name: str, peers: list[_Peer], gc0: dict, gc1: dict, kserve: bool) -> 
 # ------------------------------------------------------------------ packages
 
 
-def _digits(tmp: Path, quick: bool) -> Path:
+def _digits(tmp: Path, quick: bool, repackage: bool = True) -> Path:
+    """`pipe all --config examples/digits.yaml`'s run, packaged again by `_package`, or (not `repackage`) its
+    own RUN/package as a user gets it."""
     from pipeline.bench import compress as bc
 
     run = tmp / "run"
     sets = ("train.epochs=1", "compress.max_drop=100", "compress.min_agreement=0", *bc.QUICK_TIMING) if quick else ()
     bc.pipe("all", "--config", str(_REPO / "examples/digits.yaml"), "--run", str(run), *bc.sets(sets), cwd=tmp)
-    return _package(run / "compress")
+    return _package(run / "compress") if repackage else run / "package"
 
 
 def _mobilenet(tmp: Path, quick: bool) -> Path:
@@ -224,12 +226,12 @@ def _free_port() -> int:
 
 
 def _pipe(key: str, label: str, package: Path, tmp: Path, grpc: bool = False, cwd: Path | None = None,
-          prefix: list[str] | None = None) -> _Peer:
-    """`pipe serve` with 1 predictor x 1 thread; from `cwd` (a worktree) its own code is imported first;
-    `prefix` runs it under another command (perf.pinning's taskset)."""
+          prefix: list[str] | None = None, settings: tuple[str, ...] = ("--predictors", "1", "--threads", "1")) -> _Peer:
+    """`pipe serve` with `settings` (default 1 predictor x 1 thread; () = the package's defaults); from `cwd`
+    (a worktree) its own code is imported first; `prefix` runs it under another command (perf.pinning's taskset)."""
     grpc_port = _free_port() if grpc else 0
-    cmd = [*(prefix or []), sys.executable, "-m", "pipeline.cli", "serve", str(package), "--port", "0", "--predictors", "1",
-           "--threads", "1", *(["--grpc-port", str(grpc_port)] if grpc else [])]
+    cmd = [*(prefix or []), sys.executable, "-m", "pipeline.cli", "serve", str(package), "--port", "0", *settings,
+           *(["--grpc-port", str(grpc_port)] if grpc else [])]
     env = dict(os.environ, PYTHONPATH=str(cwd)) if cwd else None
     log = tmp / f"{key}.log"
     with open(log, "wb") as sink:
@@ -245,7 +247,9 @@ def _worktree(tmp: Path) -> Path | None:
     return path if r.returncode == 0 else None
 
 
-def _triton(package: Path, tmp: Path, prefix: list[str] | None = None) -> _Peer | None:
+def _triton(package: Path, tmp: Path, prefix: list[str] | None = None, one_thread: bool = True) -> _Peer | None:
+    """tritonserver on the package's Triton repository: a copy with onnxruntime held to 1 thread (`one_thread`,
+    as `_pipe`'s default), else the package's own `triton/` as `pipe package` wrote it."""
     server = _PYTRITON / "pytriton/tritonserver"
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = server / "python_backend_stubs" / version / "triton_python_backend_stub"
@@ -262,13 +266,15 @@ def _triton(package: Path, tmp: Path, prefix: list[str] | None = None) -> _Peer 
                LD_LIBRARY_PATH=os.pathsep.join(filter(None, [str(_PYTRITON / "nvidia_pytriton.libs"),
                                                              sysconfig.get_config_var("LIBDIR"),
                                                              os.environ.get("LD_LIBRARY_PATH")])),
-               OMP_NUM_THREADS="1")
-    repo = tmp / "triton-repo"  # the package's repository with onnxruntime held to 1 thread, as in pipe serve here
-    shutil.copytree(package / "triton", repo)
-    for config in repo.glob("*/config.pbtxt"):
-        with config.open("a", encoding="utf-8") as f:
-            f.write("".join(f'parameters {{ key: "{k}" value: {{ string_value: "1" }} }}\n'
-                            for k in ("intra_op_thread_count", "inter_op_thread_count")))
+               **({"OMP_NUM_THREADS": "1"} if one_thread else {}))
+    repo = package / "triton"
+    if one_thread:  # a copy of the package's repository with onnxruntime held to 1 thread
+        repo = tmp / "triton-repo"
+        shutil.copytree(package / "triton", repo)
+        for config in repo.glob("*/config.pbtxt"):
+            with config.open("a", encoding="utf-8") as f:
+                f.write("".join(f'parameters {{ key: "{k}" value: {{ string_value: "1" }} }}\n'
+                                for k in ("intra_op_thread_count", "inter_op_thread_count")))
     http, grpc = _free_port(), _free_port()
     cmd = [*(prefix or []), str(server / "bin/tritonserver"), f"--model-repository={repo}",
            f"--backend-directory={backends}", "--http-address=127.0.0.1", f"--http-port={http}",

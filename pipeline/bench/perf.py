@@ -2,18 +2,27 @@
 
     python -m pipeline.bench.perf [--quick] bench/SERVING_PERF.md
 
-The same package as `peers` (digits, and mobilenet_v3_small 3x64x64 in a full run: `pipe package --engine
-onnxruntime`, 1 thread, so both servers run the same model.onnx), served by
-- `pipe serve` (HTTP and `--grpc-port`, 1 predictor x 1 thread), this tree;
-- tritonserver 2.51 on the package's own `triton/` repository (`peers._triton`: the nvidia-pytriton wheel's
-  C++ front ends and dynamic batching, the model through the python-based onnxruntime backend shim).
+What a user gets, nothing tuned for the bench: the digits package exactly as `pipe all --config
+examples/digits.yaml` makes it (RUN/package: its variant, engine and batching; `--quick` trains 1 epoch and
+skips compress's gates and most of its timing), served by
+- `pipe serve RUN/package` at its defaults (no flag: the package's serving.yaml and `pipe serve`'s own
+  predictors and threads); for the gRPC points a second one with `--grpc-port`, gRPC being off by default;
+- tritonserver 2.51 on the package's own `triton/` repository, unchanged (`peers._triton`: the nvidia-pytriton
+  wheel's C++ front ends and dynamic batching, the model through the python-based onnxruntime backend shim of
+  tests/triton_backend, which reads the same config.pbtxt parameters as Triton's onnxruntime backend).
 perf_analyzer drives each server's /v2 over HTTP and gRPC at concurrency 16 and 1, with the same flags for
-every server: synchronous requests of one sample, from the same file of 8 samples of standard normal float32
-(`inputs_file`; perf_analyzer's own random data is random bytes, NaN and infinities among them, which `pipe
-serve` refuses with a 400 and tritonserver runs), `--measurement-interval` ms windows until
-three in a row agree within `--stability-percentage`, at most `--max-trials` windows. The servers are measured in
-turn within a round and the rounds interleave. On a machine of 4 or more cores perf_analyzer runs pinned to
-the last quarter of the cores and the servers to the rest (`taskset`); on fewer the rows say it was not pinned.
+every server: synchronous requests of one sample, from one file of the digits test split (`inputs_file`: real
+samples, prepared as the package's serving.yaml says, the way a client sends them to /v2; perf_analyzer's own
+random data is random bytes, NaN and infinities among them, which `pipe serve` refuses with a 400),
+`--measurement-interval` ms windows until three in a row agree within `--stability-percentage`, at most
+`--max-trials` windows. Every server and protocol first gets one short discarded run (tritonserver's model
+is not warmed at load; pipe's is). The servers are measured in turn within a round, the rounds interleave,
+and the rows give each round's figure, the load average, and the CPU time the server's processes spent per
+inference (the rate on a shared machine is also the CPU share the scheduler gave each server; the CPU per
+inference is what the server costs). A full run takes windows of 4 s within 20% (perf_analyzer's default is
+10%: on a machine shared with other work windows rarely agree that closely). On a machine of 4 or more cores perf_analyzer
+runs pinned to the last quarter of the cores and the servers to the rest (`taskset`); on fewer the rows say
+it was not pinned.
 
 perf_analyzer comes from the `tritonclient==2.45.0` wheel (its last release on the index with the binary),
 installed by `make bench` into .venv/perf beside `nvidia-cuda-runtime-cu12` (the binary links libcudart even
@@ -60,13 +69,19 @@ class Flags:
                 "--max-trials", str(self.trials)]
 
 
+WARM_UP = Flags(1000, 50, 2)  # one discarded run per server and protocol: any figure, or a failure, will do
+
+
 @dataclass
 class Point:
-    """One perf_analyzer run: infer/s and latency percentiles in ms, or why it failed."""
+    """One perf_analyzer run: infer/s and latency percentiles in ms, or why it failed; `cpu_ms`: CPU time of
+    the server's processes (the server and its children: pipe's predictor, Triton's python backend stub)
+    per inference over the whole run, by the server's own statistics extension's inference_count."""
     rate: float = 0.0
     p50: float = 0.0
     p99: float = 0.0
     error: str = ""
+    cpu_ms: float = 0.0
 
 
 @dataclass
@@ -113,27 +128,28 @@ def parse(path: Path) -> Point:
     return Point(float(row["Inferences/Second"]), int(row["p50 latency"]) / 1000, int(row["p99 latency"]) / 1000)
 
 
-def inputs_file(http: str, model: str, out: Path, samples: int = 8, seed: int = 0) -> Path:
-    """perf_analyzer's `--input-data` JSON for `model` as the server at `http` describes it (/v2/models/NAME):
-    `samples` entries of standard normal values for every FP32 input, one sample each (the batch dimension
-    dropped). Written once and given to every server, so all of them answer the same requests."""
+def inputs_file(meta: dict, spec: dict, source: str, out: Path, samples: int = 0) -> Path:
+    """perf_analyzer's `--input-data` JSON for the model a server describes in `meta` (/v2/models/NAME): the
+    test split of data `source` (`pipe train --data`'s, e.g. digits), at most `samples` (0: all), each input
+    prepared as the package's serving.yaml (`spec`) says (`data.prepare_feeds`: what a client sends to /v2),
+    one sample per entry (the batch dimension dropped). Written once and given to every server, so all of
+    them answer the same requests."""
     import numpy as np
 
-    with urllib.request.urlopen(f"{http}/v2/models/{model}", timeout=10) as r:
-        meta = json.load(r)
-    rng = np.random.default_rng(seed)
-    data = []
-    for _ in range(samples):
-        entry = {}
-        for t in meta["inputs"]:
-            if t["datatype"] != "FP32" or any(d < 0 for d in t["shape"][1:]):
-                raise PipeError(f"perf: input {t['name']!r} of {model} is {t['datatype']} {t['shape']}; the bench "
-                                "writes data for fixed-shape FP32 inputs only")
-            shape = t["shape"][1:]
-            entry[t["name"]] = {"content": rng.standard_normal(shape, dtype=np.float32).ravel().tolist(),
-                                "shape": shape}
-        data.append(entry)
-    out.write_text(json.dumps({"data": data}), encoding="utf-8")
+    from pipeline import data
+    from pipeline.config import DataConfig
+
+    test = data.load(DataConfig(source=source)).test
+    idx = test.idx[:samples] if samples else test.idx
+    feeds = data.prepare_feeds({k: v[idx] for k, v in test.inputs.items()}, spec["preprocessing"])
+    wanted = [t["name"] for t in meta["inputs"]]
+    if len(wanted) == len(feeds) == 1:  # one input: its served name may differ from the stored one
+        feeds = {wanted[0]: next(iter(feeds.values()))}
+    if sorted(feeds) != sorted(wanted):
+        raise PipeError(f"perf: {source}'s inputs {', '.join(feeds)} are not the model's {', '.join(wanted)}")
+    data_ = [{name: {"content": np.asarray(x[i], np.float32 if x.dtype.kind == "f" else x.dtype).ravel().tolist(),
+                     "shape": list(x.shape[1:])} for name, x in feeds.items()} for i in range(len(idx))]
+    out.write_text(json.dumps({"data": data_}), encoding="utf-8")
     return out
 
 
@@ -152,54 +168,95 @@ def rows(quick: bool) -> list[Row]:
     found = binary()
     if isinstance(found, str):
         return [("serve vs tritonserver, perf_analyzer", f"not measured: {found}", "", "")]
-    out: list[Row] = []
-    models = (("digits_cnn 1x8x8", peers._digits),) if quick else (
-        ("digits_cnn 1x8x8", peers._digits), ("mobilenet_v3_small 3x64x64", peers._mobilenet))
-    for name, build in models:
-        try:
-            out += _model_rows(name, build, quick, *found)
-        except PipeError as e:
-            out.append((f"perf_analyzer, {name}", f"failed: {str(e)[-300:]}", "", "**failed**"))
-    return out
+    try:
+        return _digits_rows(quick, *found)
+    except PipeError as e:
+        return [(f"perf_analyzer, {NAME}", f"failed: {str(e)[-300:]}", "", "**failed**")]
 
 
-def _model_rows(name: str, build, quick: bool, cmd: list[str], env: dict[str, str]) -> list[Row]:
+NAME = "digits (`pipe all --config examples/digits.yaml`)"
+
+
+def _digits_rows(quick: bool, cmd: list[str], env: dict[str, str]) -> list[Row]:
     tmp = Path(tempfile.mkdtemp(prefix="pipe-bench-perf-"))
     servers: list[peers._Peer] = []
     try:
-        package = build(tmp, quick)
-        model = serving.yaml.safe_load((package / "serving.yaml").read_text(encoding="utf-8"))["triton"]["model"]
+        package = peers._digits(tmp, quick, repackage=False)
+        spec = serving.yaml.safe_load((package / "serving.yaml").read_text(encoding="utf-8"))
+        if not spec.get("triton"):
+            return [(f"perf_analyzer, {NAME}", "not measured: the package has no Triton repository", "", "")]
+        model = spec["triton"]["model"]
         server_pin, client_pin, pinned = pinning(os.cpu_count() or 1)
-        servers.append(peers._pipe("pipe", "pipe serve", package, tmp, grpc=True, prefix=server_pin))
-        triton = peers._triton(package, tmp, prefix=server_pin)
+        for key, grpc in (("pipe", False), ("pipe-grpc", True)):  # gRPC is off unless --grpc-port
+            servers.append(peers._pipe(key, "pipe serve", package, tmp, grpc=grpc, prefix=server_pin, settings=()))
+        triton = peers._triton(package, tmp, prefix=server_pin, one_thread=False)
         if triton is None:
-            return [(f"perf_analyzer, {name}: tritonserver", f"not measured: no runnable tritonserver in "
+            return [(f"perf_analyzer, {NAME}: tritonserver", f"not measured: no runnable tritonserver in "
                                                               f"{peers._PYTRITON}", "", "")]
         servers.append(triton)
-        data = inputs_file(servers[0].http, model, tmp / "inputs.json")
-        flags, rounds = (Flags(1500, 15, 6), 1) if quick else (Flags(4000), 2)
-        results = Results()
+        urls = {("pipe", "http"): servers[0].http.removeprefix("http://"), ("pipe", "grpc"): servers[1].grpc,
+                ("triton", "http"): triton.http.removeprefix("http://"), ("triton", "grpc"): triton.grpc}
+        peer = {("pipe", "http"): servers[0], ("pipe", "grpc"): servers[1], ("triton", "http"): triton,
+                ("triton", "grpc"): triton}
+        data = inputs_file(_get(f"{servers[0].http}/v2/models/{model}"), spec, "digits", tmp / "inputs.json")
+        said = settings(_get(f"{servers[0].http}/v1/model"), _get(f"{triton.http}/v2/models/{model}/config"))
+        for (key, proto), url in urls.items():  # one discarded run each: tritonserver loads its model cold
+            measure([*client_pin, *cmd], env, model, url, proto, CONCURRENCY[0], WARM_UP, data, tmp / "perf.csv")
+        flags, rounds = (Flags(1500, 15, 6), 1) if quick else (Flags(4000, 20), 3)
+        results, loads = Results(), []
         for _ in range(rounds):
-            for s in servers:
-                for proto in PROTOCOLS:
-                    for conc in CONCURRENCY:
-                        url = s.http.removeprefix("http://") if proto == "http" else s.grpc
-                        results.add(s.key, proto, conc, measure([*client_pin, *cmd], env, model, url, proto, conc,
-                                                                flags, data, tmp / "perf.csv"))
-        return table(name, results, flags, rounds, pinned, goals=name.startswith("digits"))
+            loads.append(os.getloadavg()[0])
+            for (key, proto), url in urls.items():
+                for conc in CONCURRENCY:
+                    results.add(key, proto, conc, costed(peer[key, proto], model, lambda: measure(
+                        [*client_pin, *cmd], env, model, url, proto, conc, flags, data, tmp / "perf.csv")))
+        return table(NAME, results, flags, rounds, pinned, goals=True, loads=loads, settings=said)
     finally:
         for s in servers:
             serving.stop(s.proc)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def table(name: str, r: Results, flags: Flags, rounds: int, pinned: str, goals: bool) -> list[Row]:
-    """The rows of one model: each server's points, then the ratios the issue set goals for."""
-    what = f"perf_analyzer, {name}, /v2, onnxruntime 1 thread"
+def costed(server: peers._Peer, model: str, run) -> Point:
+    """`run()`'s Point with the CPU its server's processes spent per inference meanwhile (`Point.cpu_ms`)."""
+    def now() -> tuple[float, int]:
+        stats = _get(f"{server.http}/v2/models/{model}/stats")["model_stats"][0]
+        return sum(serving._usage(server.proc.pid)[1][1:]), int(stats["inference_count"])
+
+    (cpu0, n0), p, (cpu1, n1) = now(), run(), now()
+    p.cpu_ms = (cpu1 - cpu0) * 1000 / max(1, n1 - n0)
+    return p
+
+
+def _get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.load(r)
+
+
+def settings(pipe_model: dict, triton_config: dict) -> str:
+    """The serving settings each server ran at, from pipe's GET /v1/model and Triton's model configuration."""
+    b = pipe_model["batching"]
+    groups = triton_config.get("instance_group") or [{}]
+    params = {k: v.get("string_value") for k, v in (triton_config.get("parameters") or {}).items()}
+    delay = int((triton_config.get("dynamic_batching") or {}).get("max_queue_delay_microseconds", 0))
+    return (f"pipe serve: {b['predictors']} predictor(s) x {b['threads']} thread(s), batch <= {b['max_batch_size']}, "
+            f"wait {b['max_wait_ms']:g} ms; tritonserver: {sum(int(g.get('count', 1)) for g in groups)} instance(s), "
+            f"onnxruntime intra-op threads {params.get('intra_op_thread_count') or 'default (every core)'}, "
+            f"batch <= {triton_config.get('max_batch_size')}, queue delay {delay / 1000:g} ms")
+
+
+def table(name: str, r: Results, flags: Flags, rounds: int, pinned: str, goals: bool, loads: list[float] = (),
+          settings: str = "") -> list[Row]:
+    """The rows of one model: how it was measured (`loads`: the 1-minute load average as each round began;
+    `settings`: what each server ran at), each server's points, then the ratios the issue set goals for."""
+    what = f"perf_analyzer, {name}, /v2"
     labels = {"pipe": "pipe serve", "triton": "tritonserver 2.51"}
+    load = f"; load average {'/'.join(f'{x:.1f}' for x in loads)} on {os.cpu_count()} cores" if loads else ""
     out: list[Row] = [(f"{what}: how", f"{rounds} interleaved round(s); windows of {flags.interval_ms} ms until 3 "
-                                       f"agree within {flags.stability}%, at most {flags.trials}; {pinned}",
+                                       f"agree within {flags.stability}%, at most {flags.trials}; {pinned}{load}",
                        "", "")]
+    if settings:
+        out.append((f"{what}: settings (each server at its package's defaults)", settings, "", ""))
     for key, label in labels.items():
         for proto in PROTOCOLS:
             for conc in CONCURRENCY:
@@ -209,11 +266,12 @@ def table(name: str, r: Results, flags: Flags, rounds: int, pinned: str, goals: 
                 text = (f"{statistics.median(p.rate for p in good):.0f} "
                         f"({'/'.join(f'{p.rate:.0f}' for p in good)}), "
                         f"{statistics.median(p.p50 for p in good):.2f} / {statistics.median(p.p99 for p in good):.2f}"
+                        + (f", {statistics.median(p.cpu_ms for p in good):.3f}" if any(p.cpu_ms for p in good) else "")
                         if good else "no stable measurement")
                 if bad:
                     text += f"; {len(bad)} run(s) failed: {bad[-1]}"
                 out.append((f"{what}: {label}, {proto.upper()}, concurrency {conc}: infer/s (per round), "
-                            "p50 / p99 ms", text, "reported", "" if good else "**failed**"))
+                            "p50 / p99 ms, server CPU ms per inference", text, "reported", "" if good else "**failed**"))
 
     def med(key: str, proto: str, conc: int, attr: str) -> float | None:
         good = r.good(key, proto, conc)
@@ -244,6 +302,10 @@ def table(name: str, r: Results, flags: Flags, rounds: int, pinned: str, goals: 
         ratio("HTTP p50 at concurrency 1, pipe serve / tritonserver", med("pipe", "http", 1, "p50"),
               med("triton", "http", 1, "p50"), None, False),
     ]
+    cpu = med("pipe", "http", c, "cpu_ms"), med("triton", "http", c, "cpu_ms")
+    if all(cpu):  # what each server costs: on a shared machine the rate is also the CPU the scheduler gave it
+        out.append(ratio(f"HTTP server CPU per inference at concurrency {c}, pipe serve / tritonserver", *cpu, None,
+                         False))
     return out
 
 

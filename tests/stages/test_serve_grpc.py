@@ -27,6 +27,7 @@ import tritonclient.grpc as tritonclient_grpc
 import tritonclient.http as tritonclient_http
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
+import yaml
 
 from tests.serving_helpers import REPO, metric, start_server
 from tests.stages.test_serve import MARK, digits, run  # noqa: F401 (fixtures)
@@ -315,7 +316,7 @@ def test_grpc_port_flags_fail_in_one_line(run, tmp_path):
             assert len(lines) == 1 and want in lines[0] and "Traceback" not in r.stderr, (flags, r.stderr)
 
 
-def test_perf_analyzer_drives_http_and_grpc(served, tmp_path):
+def test_perf_analyzer_drives_http_and_grpc(served, run, tmp_path):
     """Triton's own load tool (perf_analyzer 2.45.0, `make test` puts it in .venv/perf), as the bench runs it
     (`pipeline/bench/perf.py`), against this server over HTTP and gRPC: it reads the model's metadata and
     configuration, loads it, and reads the statistics extension's server-side times."""
@@ -328,7 +329,9 @@ def test_perf_analyzer_drives_http_and_grpc(served, tmp_path):
         pytest.skip(found)
     cmd, env = found
     srv, address = served
-    data = perf.inputs_file(srv.url, MODEL, tmp_path / "inputs.json", samples=3)
+    meta = httpx.get(f"{srv.url}/v2/models/{MODEL}").json()
+    spec = yaml.safe_load((run / "package/serving.yaml").read_text(encoding="utf-8"))
+    data = perf.inputs_file(meta, spec, "digits", tmp_path / "inputs.json", samples=3)
     entries = json.loads(data.read_text())["data"]
     assert len(entries) == 3 and all(np.isfinite(e[n]["content"]).all() for e in entries for n in e), entries
     for proto, url in (("http", srv.url.removeprefix("http://")), ("grpc", address)):
