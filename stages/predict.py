@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import signal
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -100,7 +101,11 @@ def run(cfg: PredictConfig, package_dir: Path, inputs: list[str], out_dir: Path)
         if cfg.draw:
             from pipeline.predict import draw
 
-            on_rows = draw.Drawer(out.dir / "draw", loaded["task"]).rows
+            if loaded["task"] in draw.DRAWN:
+                on_rows = draw.Drawer(out.dir / "draw", loaded["task"], cfg.dpi, model.max_pixels).rows
+            else:
+                print(f"pipe predict: note: --draw: a {loaded['task']} package's answers are no boxes; nothing is "
+                      "drawn", file=sys.stderr)
         t0 = time.perf_counter()
         with _Progress(inputs, text, cfg.field) as progress:
             job = run_mod.Job(model, out, workers, model.batch, cfg.dpi, loaders=max(2, workers * 2),

@@ -283,11 +283,11 @@ def _row_id(x: Any, sha256: str | None) -> dict[str, Any]:
 
 class Job:
     """One run of `model` over `items` into `out` (`pipeline/predict/output.py`). `on_rows(rows)` is called
-    with each batch's written prediction rows and their payloads (`--draw`); `progress(n)` as items end."""
+    with each batch's prediction rows once written (`--draw`); `progress(n)` as items end."""
 
     def __init__(self, model: Any, out: Any, workers: int, batch: int, dpi: float, loaders: int,
                  progress: Callable[[int], None],
-                 on_rows: Callable[[list[dict[str, Any]], list[Any]], None] | None = None):
+                 on_rows: Callable[[list[dict[str, Any]]], None] | None = None):
         self.model, self.out, self.workers, self.batch, self.dpi = model, out, workers, batch, dpi
         self.loaders = loaders
         self.on_rows = on_rows
@@ -372,7 +372,7 @@ class Job:
         if batch:
             self._put(self.work, (batch, errors))
         else:
-            self._put(self.results, ("rows", [], errors, []))
+            self._put(self.results, ("rows", [], errors))
 
     def _put(self, q: queue.Queue, x: Any) -> None:
         while not self.stop.is_set():
@@ -390,15 +390,14 @@ class Job:
                 if got is _STOP:
                     return
                 batch, errors = got
-                rows, shown = [], []
+                rows = []
                 for part in self._answered(i, batch):
                     loaded, answer = part
                     if isinstance(answer, str):
                         errors.append({**_row_id(loaded.item, loaded.sha256), "error": answer})
                     else:
                         rows.append({**_row_id(loaded.item, loaded.sha256), "answer": answer})
-                        shown.append(loaded.payload)
-                self._put(self.results, ("rows", rows, errors, shown))
+                self._put(self.results, ("rows", rows, errors))
         except BaseException as e:
             self.results.put(("fatal", e))
         finally:
@@ -434,12 +433,12 @@ class Job:
                 elif msg[0] == "fatal":
                     raise msg[1]
                 else:
-                    _, rows, errors, shown = msg
+                    _, rows, errors = msg
                     self.out.write(rows, errors)
                     self.counts.done += len(rows)
                     self.counts.failed += len(errors)
                     if self.on_rows is not None and rows:
-                        self.on_rows(rows, shown)
+                        self.on_rows(rows)
                     self.progress(len(rows) + len(errors))
         finally:
             self.stop.set()

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 
+import numpy as np
 import pytest
 
 from pipeline.errors import InputError
@@ -92,3 +93,31 @@ def test_workers_and_threads_from_the_usable_cores():
 def test_split_gives_each_sample_its_own_v1_answer():
     batch = {"labels": ["a", "b"], "scores": [0.9, 0.8], "outputs": {"emb": [[1, 2], [3, 4]]}}
     assert run.split(batch, 1) == {"labels": ["b"], "scores": [0.8], "outputs": {"emb": [[3, 4]]}}
+
+
+def test_draw_puts_polygons_and_boxes_where_the_answer_says(tmp_path):
+    """--draw's pictures from real files: an OCR page (polygon on the left half, text on the right), a detector's
+    box; each decodes as a PNG named after its source, red where the answer's outline runs and not elsewhere."""
+    from PIL import Image
+
+    from pipeline.predict import draw
+
+    page = tmp_path / "page.png"
+    Image.new("RGB", (200, 120), (250, 250, 250)).save(page)
+    lines = [{"points": [[20, 30], [150, 30], [150, 60], [20, 60]], "text": "你好 pipe", "score": 0.99}]
+    dets = [{"label": "cat", "score": 0.9, "box": [100.0, 10.0, 180.0, 100.0]}]
+    for task, answer, size in (("ocr_system", {"pages": [lines]}, (400, 120)),
+                               ("detection", {"detections": [dets]}, (200, 120))):
+        folder = tmp_path / task
+        draw.Drawer(folder, task, 144.0, 1 << 24).rows([{"source": str(page), "page": None, "answer": answer}])
+        with Image.open(folder / draw.name(str(page), None)) as im:
+            assert im.format == "PNG" and im.size == size
+            arr = np.asarray(im.convert("RGB")).astype(int)
+        red = (arr[..., 0] > 200) & (arr[..., 1] < 80) & (arr[..., 2] < 80)
+        if task == "ocr_system":
+            assert red[30, 85] and red[45, 20] and not red[45, 85] and not red[100, 100]
+            assert (arr[30:60, 220:350] < 100).all(axis=-1).any()  # the text written on the right half
+        else:
+            assert red[10, 140] and red[55, 100] and not red[55, 140] and not red[110, 20]
+    assert draw.name("/a/b/scan.pdf", 3).startswith("scan.pdf.p0003-") and \
+        draw.name("/a/x.png", None) != draw.name("/b/x.png", None)
