@@ -103,8 +103,13 @@ def make_pdf(path: Path, pages: int = 3) -> Path:
 
 
 def v1_answers(package: Path, raws: list[bytes]) -> list[dict]:
-    """What /v1/predict answers for each file sent alone as {"images": [base64]}: serve's own request path
-    (`validate.v1_request`, a predictor process on the package's engine, `validate.v1_answer`) without HTTP."""
+    """What /v1/predict answers for each file sent alone as {"images": [base64]}."""
+    return v1_bodies(package, [{"images": [base64.b64encode(raw).decode()]} for raw in raws])
+
+
+def v1_bodies(package: Path, bodies: list[dict]) -> list[dict]:
+    """What /v1/predict answers for each body: serve's own request path (`validate.v1_request`, a predictor process
+    on the package's engine, `validate.v1_answer`) without HTTP, through JSON as a client reads it."""
     from pipeline.serving import spec as spec_mod, validate
     from pipeline.serving.predictor import start_predictors
     from stages.serve import ServeConfig
@@ -114,8 +119,8 @@ def v1_answers(package: Path, raws: list[bytes]) -> list[dict]:
     (pred,) = start_predictors(spec, 1, 1, s.max_batch_size)
     try:
         out = []
-        for raw in raws:
-            feeds, sizes = asyncio.run(validate.v1_request({"images": [base64.b64encode(raw).decode()]}, spec, s))
+        for body in bodies:
+            feeds, sizes = asyncio.run(validate.v1_request(body, spec, s))
             out.append(json.loads(json.dumps(validate.v1_answer(pred.run(feeds), spec, sizes))))
         return out
     finally:
@@ -263,3 +268,18 @@ def test_refusals_are_one_line_and_write_nothing(package, tmp_path, cli):
     assert code == 2 and err == f"pipe predict: error: {tmp_path / 'nope'}: no such file or folder\n"
     assert tree_hash(out) == before
     assert not (tmp_path / "out2").exists() and not (tmp_path / "out3").exists()
+
+
+def test_engine_flag_runs_an_engine_that_reads_the_files_and_refuses_one_that_does_not(package, tmp_path, cli):
+    """--engine paddle (the package's own, named): the rows and the engine recorded; --engine openvino on this PIR
+    package (which OpenVINO does not read) is refused in one line before anything is written, as pipe serve
+    refuses it."""
+    _images(tmp_path / "in", n=4)
+    code, _, err = cli("predict", package, tmp_path / "in", "--out", tmp_path / "pd", "--engine", "paddle",
+                       "--device", "cpu", "--threads", "1")
+    assert code == 0, err
+    assert len(rows(tmp_path / "pd" / output.PREDICTIONS)) == 4
+    assert json.loads((tmp_path / "pd" / output.SUMMARY).read_text())["engine"] == "paddle_inference"
+    code, _, err = cli("predict", package, tmp_path / "in", "--out", tmp_path / "ov", "--engine", "openvino")
+    assert code == 2 and err.count("\n") == 1 and "--engine openvino:" in err and "which openvino does not run" in err
+    assert not (tmp_path / "ov").exists()
