@@ -241,6 +241,39 @@ def serve(
 
 
 @app.command()
+def predict(
+    package_dir: Path = typer.Argument(..., help="A package directory (pipe package), or an OCR system package."),
+    inputs: list[str] = typer.Argument(..., help="Files, folders (recursive), globs, @list.txt; PDFs page by page; "
+                                                 "text packages: .txt, .tsv, .jsonl."),
+    out_dir: Path = typer.Option(..., "--out", help="Where predictions.jsonl, errors.jsonl and summary.json go "
+                                                    "(a rerun resumes)."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Predictor processes (default: from the usable "
+                                                                  "cores, at most 4)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="Math threads per predictor (default: cores / "
+                                                                  "workers)."),
+    batch: Optional[int] = typer.Option(None, "--batch", help="Items per run (OCR system: pages); default: the "
+                                                              "package's max_batch_size."),
+    dpi: float = typer.Option(144.0, "--dpi", help="PDF pages are rendered at this resolution."),
+    draw: bool = typer.Option(False, "--draw", help="Draw boxes, polygons and texts on each image or page into "
+                                                    "DIR/draw/."),
+    field: str = typer.Option("text", "--field", help="Text packages: the .jsonl member or .tsv column of the text."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Run on this engine if it reads the package's files; "
+                                                                "default: the package's."),
+    device: str = typer.Option("cpu", "--device", help="cpu, or gpu / gpu:N."),
+) -> None:
+    """Run a package over files, folders, globs, lists, PDFs or text files into DIR: one row per item, resumable;
+    exit 5 when some items failed (errors.jsonl)."""
+    from stages import predict as stage
+
+    cfg = stage.PredictConfig(workers=workers, threads=threads, batch=batch, dpi=dpi, draw=draw, field=field,
+                              engine=engine or "", device=device)
+    s = stage.run(cfg, package_dir, inputs, out_dir)
+    if s["failed"] + s["previously_failed"]:
+        raise stage.FailedItems(f"{s['failed'] + s['previously_failed']} of {s['items']} items failed; see "
+                                f"{s['errors']}")
+
+
+@app.command()
 def bench(
     dirs: Optional[list[Path]] = typer.Argument(None, help="export, compress or package directories to measure; "
                                                            "none = the project's benchmark suite."),

@@ -266,6 +266,18 @@ class FinetuneConfig:
 
 
 @dataclass(frozen=True)
+class PredictSection:
+    """`pipe all` ends with `pipe predict` of the package it made over `predict.inputs` into RUN/predict (the
+    `predict:` section; docs/predict.md)."""
+
+    inputs: str = _opt("", "`pipe all`: a file, folder, glob or @list.txt to run the released package over at the end "
+                           "(RUN/predict: predictions.jsonl, errors.jsonl, summary.json); '' = no predict step")
+    dpi: float = _opt(144.0, "`pipe all`'s predict step: PDF pages are rendered at this resolution", min=1, max=1200)
+    field: str = _opt("text", "`pipe all`'s predict step, text packages: the .jsonl member or .tsv column of the text")
+    draw: bool = _opt(False, "`pipe all`'s predict step: also draw each image's boxes into RUN/predict/draw/")
+
+
+@dataclass(frozen=True)
 class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -280,6 +292,7 @@ class RunConfig:
     import_: ImportConfig = field(default_factory=ImportConfig)  # `import:` in YAML, --set and manifests
     system: SystemConfig = field(default_factory=SystemConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    predict: PredictSection = field(default_factory=PredictSection)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {_SECTION_OF.get(k, k): v for k, v in dataclasses.asdict(self).items()}

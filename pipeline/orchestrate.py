@@ -112,6 +112,7 @@ def _run_system(cfg: RunConfig, run_dir: Path, resume: str | None, force: str | 
             ocr_package.compose(package.PackageConfig(), packages, out, cfg.system.drop_score)
             results.append(StageResult(ocr_package.STAGE, out, "ran", time.perf_counter() - t0))
         on_stage(results[-1])
+        _predict_step(cfg, out, run_dir, say, results)
     return results
 
 
@@ -202,7 +203,37 @@ def _run_all(cfg: RunConfig, run_dir: Path, resume: str | None, force: str | Non
     md, html = report.write(run_dir)
     say(f"report: {md} and {html}")
     _accuracy_gate(cfg, choice, _task(export_dir))
+    _predict_step(cfg, run_dir / "package", run_dir, say, results)
     return results
+
+
+def _predict_step(cfg: RunConfig, package_dir: Path, run_dir: Path, say: Callable[[str], None],
+                  results: list[StageResult]) -> None:
+    """`predict.inputs` set: `pipe predict` of the released package over them into RUN/predict (resumed when it
+    holds this package's rows; started afresh when they are an older package's). Items that fail are said and
+    noted, not a failed run: the release itself passed its gates."""
+    import shutil
+
+    if not cfg.predict.inputs:
+        return
+    from pipeline.predict import output
+    from stages import predict
+
+    out = run_dir / "predict"
+    mine = artifacts.verify(package_dir, ("package", "ocr_system")).manifest_sha256
+    old = out / output.FINGERPRINT
+    if old.exists() and json.loads(old.read_text(encoding="utf-8")).get("package_sha256") != mine:
+        say(f"predict: {out} holds an older package's rows; starting afresh")
+        shutil.rmtree(out)
+    say(f"predict: {package_dir} over {cfg.predict.inputs} ...")
+    t0 = time.perf_counter()
+    p = cfg.predict
+    s = predict.run(predict.PredictConfig(dpi=p.dpi, field=p.field, draw=p.draw), package_dir, [p.inputs], out)
+    bad = s["failed"] + s["previously_failed"]
+    note = f"{s['done']} done, {s['skipped']} already there, {bad} failed"
+    if bad:
+        say(f"predict: warning: {bad} of {s['items']} items failed; see {s['errors']}")
+    results.append(StageResult("predict", out, "ran", time.perf_counter() - t0, note))  # said: no manifest to show
 
 
 def _task(export_dir: Path) -> Any:

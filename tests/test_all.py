@@ -244,3 +244,30 @@ def test_all_with_defaults_on_a_300_sample_user_model(tmp_path, cli):
     assert (calib["batches"], calib["batch_size"], calib["samples"]) == (6, 32, 192)
     assert "int8 was calibrated on 192 train samples (6 batches of 32)" in (run / "report.md").read_text()
     assert _manifest(run / "package")["stage"] == "package"
+
+
+@pytest.mark.slow  # starts the package's predictor processes
+def test_predict_inputs_end_the_run_with_a_predict_step(first_run, tmp_path, cli):
+    """`predict.inputs`: after the cached chain, the released package runs over the folder into RUN/predict; a
+    second run resumes it (nothing redone)."""
+    from tests.stages.test_predict import _images
+
+    run = _copy(first_run, tmp_path / "run")
+    paths = _images(tmp_path / "scans", n=5)
+    opts = ["--set", f"predict.inputs={tmp_path / 'scans'}", "--set", "predict.dpi=100", "--set",
+            "predict.field=body", "--set", "predict.draw=true"]
+    code, out, err = cli("all", *FAST, "--run", run, *opts)
+    assert code == 0, err
+    assert "--draw: a classification package's answers are no boxes; nothing is drawn" in err
+    assert not (run / "predict" / "draw").exists()
+    assert f"predict: {run / 'package'} over {tmp_path / 'scans'} ..." in out and "ran: predict" in out
+    rows = [json.loads(x) for x in (run / "predict" / "predictions.jsonl").read_text().splitlines()]
+    assert sorted(r["source"] for r in rows) == sorted(map(str, paths))
+    summary = json.loads((run / "predict" / "summary.json").read_text())
+    from pipeline import artifacts
+
+    assert summary["package_sha256"] == artifacts.verify(run / "package", ("package",)).manifest_sha256
+    assert summary["done"] == 5 and summary["failed"] == 0 and summary["dpi"] == 100
+    code, out, err = cli("all", *FAST, "--run", run, *opts)
+    assert code == 0, err
+    assert json.loads((run / "predict" / "summary.json").read_text())["skipped"] == 5
