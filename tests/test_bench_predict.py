@@ -65,6 +65,10 @@ def test_scoring_reads_each_row_by_its_source(tmp_path):
     rows = [row(2), row(0), row(1)]  # a job writes rows in the order its items finish
     got = predict.answers_by_page(rows, pages.paths)
     assert ocr_system_e2e(got, pages) == 1.0
+    wide = [{**r, "answer": [{**a, "text": a["text"].replace(",", "\uff0c")} for a in r["answer"]]} for r in rows]
+    commas = sum("," in t for page in pages.texts for t in page)  # the full-width comma a model reads for ","
+    scored = predict.score(predict.answers_by_page(wide, pages.paths), pages)
+    assert scored["e2e_nfkc"] == 1.0 and scored["e2e_acc"] == pytest.approx(1 - commas / lines) and commas > 0
     assert ocr_system_e2e(predict.answers_by_page([row(2), row(0, wrong=0), row(1)], pages.paths), pages) \
         == pytest.approx((lines - 1) / lines)
     missing = predict.answers_by_page([row(0), row(1)], pages.paths)  # page 2 never written: its lines are missed
