@@ -57,15 +57,16 @@ def test_scoring_reads_each_row_by_its_source(tmp_path):
     lines = sum(len(t) for t in pages.texts)
     assert lines >= 9 and all(len(p) == len(t) for p, t in zip(pages.polys, pages.texts))
 
-    def row(i: int, wrong: int = -1) -> dict:
-        return {"source": str(pages.paths[i]), "page": None, "sha256": "x",
-                "answer": [{"points": np.asarray(p).tolist(), "text": t + ("?" if j == wrong else ""), "score": 0.99}
-                           for j, (p, t) in enumerate(zip(pages.polys[i], pages.texts[i]))]}
+    def row(i: int, wrong: int = -1) -> dict:  # the answer: /v1/ocr's for the page alone
+        lines = [{"points": np.asarray(p).tolist(), "text": t + ("?" if j == wrong else ""), "score": 0.99}
+                 for j, (p, t) in enumerate(zip(pages.polys[i], pages.texts[i]))]
+        return {"source": str(pages.paths[i]), "page": None, "sha256": "x", "answer": {"pages": [lines]}}
 
     rows = [row(2), row(0), row(1)]  # a job writes rows in the order its items finish
     got = predict.answers_by_page(rows, pages.paths)
     assert ocr_system_e2e(got, pages) == 1.0
-    wide = [{**r, "answer": [{**a, "text": a["text"].replace(",", "\uff0c")} for a in r["answer"]]} for r in rows]
+    wide = [{**r, "answer": {"pages": [[{**a, "text": a["text"].replace(",", "\uff0c")}
+                                        for a in r["answer"]["pages"][0]]]}} for r in rows]
     commas = sum("," in t for page in pages.texts for t in page)  # the full-width comma a model reads for ","
     scored = predict.score(predict.answers_by_page(wide, pages.paths), pages)
     assert scored["e2e_nfkc"] == 1.0 and scored["e2e_acc"] == pytest.approx(1 - commas / lines) and commas > 0
