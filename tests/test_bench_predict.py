@@ -76,6 +76,19 @@ def test_scoring_reads_each_row_by_its_source(tmp_path):
     assert missing[2] == [] and ocr_system_e2e(missing, pages) == pytest.approx(1 - len(pages.texts[2]) / lines)
 
 
+def test_mixed_pages_are_exactly_the_files_asked_for_all_different(tmp_path):
+    import hashlib
+
+    from PIL import Image
+
+    paths = predict.write_mixed(tmp_path / "mixed", 6, distinct=2)
+    assert sorted(p.name for p in (tmp_path / "mixed").rglob("*")) == [f"{i:05d}.{e}" for i, e in
+                                                                       enumerate(["png", "jpg"] * 3)]
+    assert len({hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}) == 6
+    sizes = [Image.open(p).size for p in paths]
+    assert sizes[2][0] == round(sizes[0][0] * 0.6) and sizes[4][0] == round(sizes[0][0] * 1.5)  # page 0 at 3 scales
+
+
 def ocr_system_e2e(answers, pages) -> float:
     from pipeline import ocr_system
 

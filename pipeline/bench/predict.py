@@ -81,10 +81,12 @@ def write_pages(dest: Path, n: int, seed: int = 0) -> PageSet:
 
 def write_mixed(dest: Path, n: int, distinct: int = 250, seed: int = 1) -> list[Path]:
     """`n` page files of mixed sizes and formats for the memory run: `distinct` generated pages, each written at
-    scales 0.6x to 2x (about 290 to 2,048 px a side), every other one as JPEG; every file's bytes differ."""
+    scales 0.6x to 2x (about 290 to 2,048 px a side), every other one as JPEG; every file's bytes differ. The
+    generated originals go beside `dest` (`dest`-src), not in it: `dest` holds exactly the `n` files."""
     import cv2
 
-    images = write_pages(dest / "src", distinct, seed).paths
+    images = write_pages(dest.parent / f"{dest.name}-src", distinct, seed).paths
+    dest.mkdir(parents=True, exist_ok=True)
     scales = (1.0, 0.6, 1.5, 2.0, 0.8, 1.25, 1.75, 0.7)
     paths = []
     for i in range(n):
