@@ -393,9 +393,13 @@ def _classifier_rows(root: Path, quick: bool) -> list[Row]:
     goal = f">= {GOAL_CLASSIFIER}x"
     if not predict_available():
         return [(what, NOT_AVAILABLE, goal, "**not run**")]
-    from pipeline.bench import serving
+    from pipeline.bench import compress, serving
 
-    package = serving._build_digits(root / "digits", quick)["auto"]
+    (root / "digits").mkdir(parents=True, exist_ok=True)
+    try:
+        package = serving._build_digits(root / "digits", quick)["auto"]
+    except compress.StageFailed as e:
+        return [(what, f"the digits package: {e}", goal, "**failed**")]
     alone = engine_alone(package)
     images = _digit_pngs(package, root / "digit-images", n)
     got = predict(package, [images], root / "predict-digits")
