@@ -73,7 +73,15 @@ $(RAPIDOCR_STAMP): $(STAMP)
 	$(VENV)/rapidocr/bin/pip install --quiet rapidocr-onnxruntime==1.4.4 && touch $(RAPIDOCR_STAMP) \
 	  || echo "rapidocr-onnxruntime did not install: the OCR benchmark's RapidOCR rows will say so"
 
-bench: $(STAMP) $(KSERVE_STAMP) $(RAPIDOCR_STAMP) $(PERF_STAMP)
+# The predict benchmark's peer (pipeline/bench/paddleocr_peer.py): PaddleOCR 3.7's own OCR pipeline (it brings
+# paddlex 3.7.2) in its own venv, run offline on the pinned wheel's PP-OCRv4 models; without it those rows say so.
+PADDLEOCR_STAMP := $(VENV)/paddleocr/.installed
+$(PADDLEOCR_STAMP): $(STAMP)
+	$(PY) -m venv $(VENV)/paddleocr
+	$(VENV)/paddleocr/bin/pip install --quiet paddleocr==3.7.0 paddlepaddle==3.3.1 && touch $(PADDLEOCR_STAMP) \
+	  || echo "paddleocr did not install: the predict benchmark's PaddleOCR rows will say so"
+
+bench: $(STAMP) $(KSERVE_STAMP) $(RAPIDOCR_STAMP) $(PERF_STAMP) $(PADDLEOCR_STAMP)
 	$(BIN)/pipe bench --out bench/RESULTS.md
 
 clean:

@@ -17,6 +17,7 @@ machine is shared and noisy: quote the ratios, not the absolute numbers.
     ocr_system PP-OCRv4 det + cls + rec chained in-process (pipeline/ocr_system.py) against RapidOCR whole
     ocr_finetune PP-OCRv4 rec fine-tuned by pipe train on dot-matrix lines, 1 and 2 processes, with the guard
     ocr_served the same system as one package behind `pipe serve`'s /v1/ocr, concurrency 1 and 8, against RapidOCR
+    predict    `pipe predict` over generated pages against PaddleOCR 3.7's pipeline and `pipe serve`; its memory; a classifier
     finetune   model.init from related data (digits 0-4) against from scratch, side by side
     measure    `pipe bench DIR...`: every servable model in export/compress/package artifacts, measured here
     loadgen    the serving benchmark's HTTP/1.1 load generator
@@ -50,7 +51,7 @@ def run(out_file: Path, quick: bool = False) -> None:
     rows += _data_parallel(repeats=1)
     rows += _pipe_all()
     from pipeline.bench import (compress, detection, ernie, finetune, ocr, ocr_finetune, ocr_served, ocr_system,  # each in its own temp dirs
-                                 peers, perf, serving, text)
+                                 peers, perf, predict, serving, text)
 
     rows += compress.rows(quick)
     rows += serving.rows(quick)
@@ -62,6 +63,7 @@ def run(out_file: Path, quick: bool = False) -> None:
     rows += ocr.rows(quick)
     rows += ocr_system.rows(quick)
     rows += ocr_served.rows(quick)
+    rows += predict.rows(quick)
     rows += text.rows(1 if quick else 2)
     rows += finetune.rows()
     rows += ocr_finetune.rows(quick)
