@@ -81,6 +81,7 @@ def test_two_inputs_example_trains_and_records_its_io(tmp_path, cli):
     assert m["metrics"]["test_acc"] >= MIN_TEST_ACC, m["metrics"]
 
 
+@pytest.mark.slow
 def test_loader_workers_collate_named_inputs(tmp_path, cli):
     """The collate returns a dict of arrays; worker processes give the same batches, so the same losses; the
     persistent workers are stopped when the run ends."""
@@ -94,6 +95,7 @@ def test_loader_workers_collate_named_inputs(tmp_path, cli):
     assert len(a) == STEPS_PER_EPOCH and a == b
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process(tmp_path, cli):
     args = [*_args(), "--epochs", "3"]
     assert cli(*args, "--run", tmp_path / "one")[0] == 0

@@ -79,6 +79,7 @@ def uninterrupted(tmp_path_factory) -> Path:
     return run / "train" / "model.safetensors"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["sigterm", "sigkill-pipe", "sigkill-group"])
 def test_a_stopped_job_leaves_no_process_and_resumes_to_the_same_weights(how, tmp_path, uninterrupted):
     run = tmp_path / "run"
