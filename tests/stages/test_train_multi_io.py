@@ -110,6 +110,7 @@ def test_two_processes_match_one_process(tmp_path, cli):
     assert not (tmp_path / "log").exists()
 
 
+@pytest.mark.slow
 def test_resume_after_crash_matches_uninterrupted_run(tmp_path):
     """Every run in a fresh process alike (CPU kernels are bit-identical at one thread count; an earlier test
     in this process may have left another): crash after step 15, resume = the uninterrupted run, to the bit."""
