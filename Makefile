@@ -15,7 +15,7 @@ STAMP39 := $(VENV39)/.installed-serving-client
 # wheel: its files only, in .venv/pytriton, never imported (its own pins are not the venv's: --no-deps);
 # without it that test is skipped and says why.
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test quick bench venv clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -57,6 +57,12 @@ $(PERF_STAMP): $(STAMP)
 # fills (measured on 6 modules: 218 s in one process, 159 s in two; docs/verified.md has the whole suite).
 test: $(STAMP) $(STAMP39) $(PERF_STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+
+# The quick tier, a developer's loop after each change: every module's fast tests, `-m "not slow"` (the marker in
+# pyproject.toml: the real pretrained models, launchers, servers, the wheel build and long runs stay in `make test`,
+# which still runs everything). Needs only the venv; two workers as above (docs/verified.md has its time).
+quick: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow"
 
 # The serving benchmark's Python peer (pipeline/bench/kserve_peer.py): KServe's ModelServer in its own venv
 # (its pins are not pipe's); without it those rows say so.

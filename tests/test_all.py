@@ -41,6 +41,7 @@ def _copy(first_run: tuple[Path, str], dest: Path) -> Path:
     return dest
 
 
+@pytest.mark.slow
 def test_first_run_builds_every_stage_and_records_the_choice(first_run):
     run, out = first_run
     for stage in STAGES:
@@ -66,6 +67,7 @@ def test_first_run_builds_every_stage_and_records_the_choice(first_run):
     assert f"report: {run / 'report.md'} and {run / 'report.html'}" in out
 
 
+@pytest.mark.slow
 def test_second_run_is_served_from_the_cache_and_touches_nothing(first_run, tmp_path, cli):
     run = _copy(first_run, tmp_path / "run")
     before = {s: tree_hash(run / s) for s in STAGES}
@@ -77,6 +79,7 @@ def test_second_run_is_served_from_the_cache_and_touches_nothing(first_run, tmp_
     assert "ran: nothing" in out
 
 
+@pytest.mark.slow
 def test_force_reruns_from_that_stage_on(first_run, tmp_path, cli):
     run = _copy(first_run, tmp_path / "run")
     train_before = tree_hash(run / "train")
@@ -97,6 +100,7 @@ def test_force_reruns_from_that_stage_on(first_run, tmp_path, cli):
     assert code == 2 and "--force: must be one of train, export, compress, package" in err
 
 
+@pytest.mark.slow
 def test_a_config_change_reruns_only_what_it_affects(first_run, tmp_path, cli):
     run = _copy(first_run, tmp_path / "run")
     code, out, err = cli("all", *FAST, "--run", run, "--pick", "fp32")
@@ -109,6 +113,7 @@ def test_a_config_change_reruns_only_what_it_affects(first_run, tmp_path, cli):
     assert "compress: config, input or versions changed since the last run - rerunning" in out
 
 
+@pytest.mark.slow
 def test_gate_parity_exit_5(first_run, tmp_path, cli):
     run = _copy(first_run, tmp_path / "run")
     rel = _manifest(run / "export")["metrics"]["parity_rel"]
@@ -120,6 +125,7 @@ def test_gate_parity_exit_5(first_run, tmp_path, cli):
     assert tree_hash(run / "export") == before  # the failed export wrote nothing
 
 
+@pytest.mark.slow
 def test_gate_int8_drop_exit_4(first_run, tmp_path, cli):
     run = _copy(first_run, tmp_path / "run")
     m = _manifest(run / "compress")["metrics"]
@@ -130,6 +136,7 @@ def test_gate_int8_drop_exit_4(first_run, tmp_path, cli):
     assert err.startswith("pipe all: int8 gate: best int8 variant int8-onnx") and f"drop {drop:.2f} points" in err
 
 
+@pytest.mark.slow
 def test_gate_release_min_accuracy_exit_4(first_run, tmp_path, cli):
     run = _copy(first_run, tmp_path / "run")
     acc = _manifest(run / "package")["metrics"]["variant_accuracy"]
@@ -140,6 +147,7 @@ def test_gate_release_min_accuracy_exit_4(first_run, tmp_path, cli):
     assert "package: cached" in out  # the gate judges what was built; nothing was rebuilt for it
 
 
+@pytest.mark.slow
 def test_gate_unverifiable_artifact_exit_6(first_run, tmp_path, cli):
     run = _copy(first_run, tmp_path / "run")
     params = run / "export" / "model.pdiparams"
@@ -155,6 +163,7 @@ def test_gate_unverifiable_artifact_exit_6(first_run, tmp_path, cli):
     assert code == 0, err
 
 
+@pytest.mark.slow
 def test_gate_missing_package_file_exit_6(first_run, tmp_path, cli):
     """An artifact removed after the run: the cache will not vouch for it."""
     run = _copy(first_run, tmp_path / "run")
@@ -171,6 +180,7 @@ def test_gate_diverged_exit_3(tmp_path, cli, monkeypatch):
     assert not (tmp_path / "run" / "export").exists()
 
 
+@pytest.mark.slow
 def test_distillation_in_pipe_all_is_judged_against_the_teacher(first_run, tmp_path, cli):
     """compress.distill: the variants are the student's; the budget is measured from the teacher. A
     2-epoch MLP student is far below the CNN teacher, so within 1 point nothing of it qualifies and
@@ -194,6 +204,7 @@ def test_distillation_in_pipe_all_is_judged_against_the_teacher(first_run, tmp_p
     assert chain["from"] == "compress" and _manifest(run / "package")["input"]["stage"] == "compress"
 
 
+@pytest.mark.slow
 def test_release_engine_and_optimize(first_run, tmp_path, cli):
     """release.engine / release.optimize pick among that engine's measured variants; only package reruns."""
     run = _copy(first_run, tmp_path / "run")
@@ -210,6 +221,7 @@ def test_release_engine_and_optimize(first_run, tmp_path, cli):
     assert code == 2 and "release.engine" in err and "tensorrt" in err
 
 
+@pytest.mark.slow
 def test_the_demo_serves_what_pipe_all_packaged(first_run):
     """`make demo`'s last step: examples/serve_demo.py serves the package on 127.0.0.1, calls /v1 with its
     reference inputs and /v2 with tritonclient, and stops it (exit 0)."""
@@ -229,6 +241,7 @@ def test_the_demo_serves_what_pipe_all_packaged(first_run):
     assert "server stopped (exit 0)" in proc.stdout
 
 
+@pytest.mark.slow
 def test_all_with_defaults_on_a_300_sample_user_model(tmp_path, cli):
     """A user's own 300 samples through every stage with compress's defaults: int8 calibrates on the 6 whole
     batches the 210-sample train split holds (today's main refused: 320 samples asked of 210)."""

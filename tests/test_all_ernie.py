@@ -19,6 +19,7 @@ from tests.conftest import REPO, reviews
 from tests.serving_helpers import start_server
 from tests.stages.test_triton import start_triton, tritonserver  # noqa: F401 (a fixture)
 
+pytestmark = pytest.mark.slow(reason="pipe all of ERNIE tiny, served and in tritonserver")
 EXAMPLE = REPO / "examples/chinese_sentiment_ernie.yaml"
 TEXTS = ["好棒满意这个东西", "差烂失望这个东西", "这个还是很好"]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from pipeline import artifacts, pretrained
@@ -17,6 +18,7 @@ CONFIG = REPO / "examples" / "ppocr_rec.yaml"
 SMALL = ["--set", "data.ocr_lines=120"]
 
 
+@pytest.mark.slow
 def test_pipe_all_imports_packages_and_reports(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["all", "--config", str(CONFIG), "--run", str(run), *SMALL]) == 0

@@ -15,6 +15,7 @@ import yaml
 from tests.conftest import REPO, reviews
 from tests.serving_helpers import start_server
 
+pytestmark = pytest.mark.slow(reason="pipe all of a text model, served")
 EXAMPLE = REPO / "examples/chinese_sentiment.yaml"
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from pipeline.bench import detection
 
+pytestmark = pytest.mark.slow(reason="trains, compresses, packages and serves a detection model")
 NAME = "centernet_tiny shapes (`examples/detection.yaml`, quick: 2 epochs of 200 images)"
 VARIANTS = {"fp32", "bf16", "int8-paddle", "onnx-fp32", "int8-onnx", "openvino-fp32", "openvino-int8"}
 

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from pipeline.bench import finetune
+
+
+pytestmark = pytest.mark.slow(reason="runs real trainings from scratch and from an init, side by side")
 
 
 def test_finetune_rows_compare_init_and_scratch_side_by_side():

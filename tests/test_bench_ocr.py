@@ -4,10 +4,15 @@ and the texts it served are the export's own (a direct Paddle run, each line at 
 
 from __future__ import annotations
 
+import pytest
+
 from pipeline import artifacts, config as config_mod, engines, iospec
 from pipeline.bench import ocr
 from pipeline.engines import paddle as paddle_engine
 from pipeline.tasks import ocr_rec
+
+
+pytestmark = pytest.mark.slow(reason="benchmarks the real PP-OCRv4 recognizer's package")
 
 
 def test_served_loads_the_openvino_package_and_reads_what_the_export_reads(ppocr_rec_export, tmp_path):

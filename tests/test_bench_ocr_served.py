@@ -5,7 +5,12 @@ computed from the measurement."""
 
 from __future__ import annotations
 
+import pytest
+
 from pipeline.bench import ocr_served as bench
+
+
+pytestmark = pytest.mark.slow(reason="serves and benchmarks the real PP-OCRv4 system")
 
 
 def test_measure_serves_the_system_package_and_reads_every_page(ppocr_det_export, ppocr_rec_export, ppocr_cls_export,

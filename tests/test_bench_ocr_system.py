@@ -5,10 +5,13 @@ bench` makes it; `make test` does not)."""
 
 from __future__ import annotations
 
+import pytest
+
 from pipeline.bench import ocr_system as bench
 from pipeline.tasks import ocr_det
 
 
+@pytest.mark.slow
 def test_measure_runs_every_engine_and_limit_on_the_same_pages(ppocr_det_export, ppocr_rec_export, ppocr_cls_export,
                                                               tmp_path):
     for role, src in (("det", ppocr_det_export), ("rec", ppocr_rec_export), ("cls", ppocr_cls_export)):
@@ -47,6 +50,7 @@ def test_half_normalised_feeds_what_rapidocr_feeds():
     np.testing.assert_allclose(got, ((bgr / 255.0 - 0.5) / 0.5).transpose(2, 0, 1), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_ablation_scores_every_det_setting_on_the_same_pages(ppocr_det_export, ppocr_rec_export, ppocr_cls_export,
                                                             tmp_path):
     for role, src in (("det", ppocr_det_export), ("rec", ppocr_rec_export), ("cls", ppocr_cls_export)):

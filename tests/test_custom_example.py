@@ -56,6 +56,7 @@ def test_dataset_factory_is_deterministic(monkeypatch):
     assert not np.array_equal(a["train"][0][:60], a["test"][0])
 
 
+@pytest.mark.slow
 def test_custom_example_trains_end_to_end(tmp_path):
     argv = _header_command()
     run = tmp_path / "custom"

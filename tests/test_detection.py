@@ -47,6 +47,7 @@ def _generate(root: str) -> None:
     coco.generate(Path(root), counts=(60, 9, 9))
 
 
+@pytest.mark.slow
 def test_ranks_generating_the_same_shapes_at_once_both_succeed(tmp_path):
     """Every rank of a data-parallel run loads the data: two processes generating one root at the same
     time both return, and the root holds one complete dataset (os.replace of whole directories)."""
@@ -164,6 +165,7 @@ def coco_run(tmp_path_factory):
     return tmp, root, args, buf.getvalue()
 
 
+@pytest.mark.slow
 def test_coco_folder_through_pipe_all(coco_run):
     tmp = coco_run[0]
     run = tmp / "run"
@@ -195,6 +197,7 @@ def test_coco_folder_through_pipe_all(coco_run):
     assert json.loads((run / "pipeline.json").read_text())["packaged"]["variant"] is not None
 
 
+@pytest.mark.slow
 def test_int8_onnx_keeps_the_recorded_convs_in_fp32(coco_run):
     import onnx
 
@@ -208,6 +211,7 @@ def test_int8_onnx_keeps_the_recorded_convs_in_fp32(coco_run):
     assert len(convs) - len(fp32) >= 10  # every other conv is int8
 
 
+@pytest.mark.slow
 def test_coco_folder_through_pipe_train(coco_run, cli):
     tmp, _, args, _ = coco_run
     code, out, err = cli("train", *args, "--set", "train.epochs=1", "--run", str(tmp / "alone"))

@@ -80,6 +80,7 @@ def _sane(r: measure.BenchRow) -> None:
     assert r.test_samples > 0 and 0 <= r.accuracy <= 1, r
 
 
+@pytest.mark.slow
 def test_compress_rows_match_the_manifest(benched, full_run):
     m = _manifest(full_run / "compress")
     variants = m["metrics"]["variants"]
@@ -98,6 +99,7 @@ def test_compress_rows_match_the_manifest(benched, full_run):
         assert r.size_mb == pytest.approx(v["size_bytes"] / 1e6, rel=1e-12), name
 
 
+@pytest.mark.slow
 def test_export_rows_and_shared_measurements(benched, full_run):
     exp = _manifest(full_run / "export")
     rows = _by(benched, full_run / "export")
@@ -116,6 +118,7 @@ def test_export_rows_and_shared_measurements(benched, full_run):
     assert (comp.p50_ms, comp.accuracy, comp.items_per_s) == (fp32.p50_ms, fp32.accuracy, fp32.items_per_s)
 
 
+@pytest.mark.slow
 def test_package_rows(benched, full_run):
     pkg = _manifest(full_run / "package")
     # a list, not _by's dict: when the auto pick is onnx-fp32 (machine-dependent), the packaged variant and
@@ -137,6 +140,7 @@ def test_package_rows(benched, full_run):
     assert listed[1].size_mb == pytest.approx(pkg["files"][onnx_file]["bytes"] / 1e6)
 
 
+@pytest.mark.slow
 def test_fastest_table_and_json(benched):
     ok = [r for r in benched if r.ok]
     f1, f32 = measure.fastest(benched, "bs1"), measure.fastest(benched, "bs32")
@@ -159,6 +163,7 @@ def test_fastest_table_and_json(benched):
     assert doc["machine"]["cores"] >= 1 and doc["machine"]["threads"] >= 1
 
 
+@pytest.mark.slow
 def test_text_export_is_measured_with_its_vocabulary(tmp_path_factory):
     run = build_text_run(tmp_path_factory)
     exp = _manifest(run / "export")

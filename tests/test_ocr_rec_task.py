@@ -366,6 +366,7 @@ def test_a_damaged_cache_is_rebuilt_and_leaves_no_temporary_files(tmp_path, real
 # ------------------------------------------------------------------ the real recognizer
 
 
+@pytest.mark.slow
 def test_the_real_pp_ocrv4_recognizer_reads_generated_lines(real_keys):
     """PP-OCRv4 rec through the task's prepare/batches/decode/metric on 50 generated lines. Engine: OpenVINO on
     the legacy program (the same fp32 answers as Paddle Inference, bench/OCR.md; 0.3 GB here, where Paddle

@@ -79,6 +79,7 @@ def pages(ppocr_det_export):
     return ocr_det.load_data(config_mod.from_dict(art.manifest["config"]).data, info).test
 
 
+@pytest.mark.slow
 def test_the_real_system_finds_every_line_and_reads_most_exactly(system, pages):
     answers, times = ocr_system.read(system, pages.images)
     got = ocr_system.end_to_end(answers, pages.polys, pages.texts)
@@ -95,6 +96,7 @@ def test_the_real_system_finds_every_line_and_reads_most_exactly(system, pages):
         assert alone[0] == answers[k]
 
 
+@pytest.mark.slow
 def test_pages_upside_down_are_read_only_with_the_classifier(system, pages):
     flipped = [np.ascontiguousarray(im[::-1, ::-1]) for im in pages.images]
     polys = [[np.array([im.shape[1], im.shape[0]], np.float32) - p for p in ps] for im, ps in zip(pages.images, pages.polys)]

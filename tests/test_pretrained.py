@@ -10,8 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from pipeline import pretrained
 
+pytestmark = pytest.mark.slow(reason="fetches the real PP-OCRv4 models in two processes")
 REPO = Path(__file__).resolve().parent.parent
 
 

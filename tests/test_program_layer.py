@@ -15,6 +15,9 @@ from pipeline.engines import paddle as paddle_engine
 from pipeline.errors import InputError
 
 
+pytestmark = pytest.mark.slow(reason="runs the real PP-OCRv4 recognizer's program")
+
+
 @pytest.fixture(scope="module")
 def prefix(rec_src) -> Path:
     return rec_src / "inference"

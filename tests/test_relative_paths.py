@@ -3,8 +3,13 @@ PaddleSlim) run in other working directories and must get absolute paths."""
 
 from __future__ import annotations
 
+import pytest
+
 from pipeline import artifacts
 from tests.conftest import REPO
+
+
+pytestmark = pytest.mark.slow(reason="runs the README's whole chain, compress and package included")
 
 
 def test_readme_chain_with_relative_paths(tmp_path, cli, monkeypatch):

@@ -64,6 +64,7 @@ def det_reported(detection_run, tmp_path_factory) -> Path:
     return run
 
 
+@pytest.mark.slow
 def test_detection_curves_and_tables_use_the_tasks_metrics(det_reported):
     md = (det_reported / "report.md").read_text(encoding="utf-8")
     assert "Task `detection` (model.task detection): metrics mAP@[.5:.95], mAP@.5" in md
@@ -89,6 +90,7 @@ def test_detection_curves_and_tables_use_the_tasks_metrics(det_reported):
     assert "top-1 agreement" not in parity and "max|output|" in _tables(parity)[0][0]
 
 
+@pytest.mark.slow
 def test_detection_picture(det_reported, tmp_path):
     """The picture is a file the Markdown links and the HTML embeds (the same bytes); its table lists each
     drawn image's ground truth as the data holds it and the predictions decode gave (score >= the
@@ -145,6 +147,7 @@ def test_detection_picture(det_reported, tmp_path):
     assert green0 > 500 and green > 200, "ground-truth boxes are drawn in green"
 
 
+@pytest.mark.slow
 def test_detection_picture_missing_says_why(det_reported, tmp_path):
     """An export that no longer verifies: no picture (and an earlier one is removed), the reason instead."""
     run = tmp_path / "run"

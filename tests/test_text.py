@@ -89,6 +89,7 @@ def test_text_model_on_image_data_is_refused(tmp_path, cli):
     assert code == 2 and "--model text_cnn: not a model for image data" in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,legacy", [("text_cnn", True), ("bigru", False), ("text_fasttext", True),
                                           ("transformer", True)])
 def test_text_export_takes_int64_ids_of_any_length(tmp_path, cli, model, legacy):
@@ -155,6 +156,7 @@ def test_fasttext_bigram_hashing_is_exact_in_int64():
     assert (got == want).all()
 
 
+@pytest.mark.slow
 def test_fasttext_export_onnx_parity(tmp_path, cli):
     """The hashing's int64 arithmetic survives paddle2onnx (scalar constants once went through float32)."""
     src = reviews(tmp_path / "reviews.jsonl")

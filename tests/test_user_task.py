@@ -40,6 +40,7 @@ def counting_run(tmp_path_factory):
     return run, buf.getvalue()
 
 
+@pytest.mark.slow
 def test_every_stage_uses_the_users_task(counting_run):
     run, out = counting_run
     train = _manifest(run / "train")
@@ -65,6 +66,7 @@ def test_every_stage_uses_the_users_task(counting_run):
     assert (run / "package" / "serving.yaml").is_file()
 
 
+@pytest.mark.slow
 def test_served_answer_is_the_tasks_and_v2_the_raw_output(counting_run):
     run, _ = counting_run
     cfg = config_mod.from_dict(_manifest(run / "train")["config"])
@@ -136,6 +138,7 @@ def test_a_task_missing_part_of_the_contract_is_refused(monkeypatch):
         tasks.get("segmentation")
 
 
+@pytest.mark.slow
 def test_release_gate_on_a_lower_is_better_metric(counting_run, tmp_path, capsys):
     import shutil
 

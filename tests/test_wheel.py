@@ -27,6 +27,7 @@ import pytest
 
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.slow(reason="builds the wheel and installs it into a fresh venv")
 TOPS = ("pipeline", "stages")
 SOURCES = ("pyproject.toml", "README.md", *TOPS)  # what the build reads
 FAST = ["--set", "train.epochs=2", "--set", "compress.backend=onnxruntime", "--set", "compress.latency_runs=20",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from pipeline import artifacts, ocr_package
@@ -30,6 +31,7 @@ def _configs(tmp: Path, rec: bool = True) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_pipe_all_builds_caches_and_recomposes_the_system(ppocr, tmp_path, capsys):
     cfg, run = _configs(tmp_path), tmp_path / "run"
     assert main(["all", "--config", str(cfg), "--run", str(run)]) == 0

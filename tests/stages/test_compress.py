@@ -101,6 +101,7 @@ def compressed(exported, tmp_path_factory) -> tuple[Path, subprocess.CompletedPr
     return run, proc
 
 
+@pytest.mark.slow
 def test_file_set_and_manifest(compressed):
     run, _ = compressed
     out = run / "compress"
@@ -143,6 +144,7 @@ def test_file_set_and_manifest(compressed):
     assert (calib["samples"], calib["thin"]) == (320, False)  # the default takes up to 10 batches
 
 
+@pytest.mark.slow
 def test_numbers_present_and_int8_drop_within_one_point(compressed):
     """Every supported variant carries measured numbers; the best int8 variant loses <= 1.0 point.
 
@@ -181,6 +183,7 @@ def test_numbers_present_and_int8_drop_within_one_point(compressed):
     assert variants["int8-onnx"]["size_bytes"] < variants["onnx-fp32"]["size_bytes"] / 2
 
 
+@pytest.mark.slow
 def test_table_and_plain_speed_verdict(compressed):
     """The table is printed; whether int8 is faster is a measured verdict, stated in the manifest and on screen."""
     run, proc = compressed
@@ -200,6 +203,7 @@ def test_table_and_plain_speed_verdict(compressed):
     assert ("int8 is not faster than fp32 here" in proc.stdout) == (not int8_fast)
 
 
+@pytest.mark.slow
 def test_variants_load_in_their_engines(compressed):
     """A fresh predictor / session on the committed files reports the recorded io names and reproduces
     the recorded int8 accuracies exactly (CPU inference is deterministic here)."""
@@ -237,6 +241,7 @@ def test_variants_load_in_their_engines(compressed):
         assert float((got.argmax(1) == y).mean()) == pytest.approx(v["accuracy"], abs=1e-12), name
 
 
+@pytest.mark.slow
 def test_cpu_capability_agreement_over_all_splits_and_status(compressed):
     """The CPU's int8 capability is recorded and printed; agreement and max|diff| are over every sample of
     digits (1,797 of all splits, not the 269 of test); each variant's status follows the rule; the int8
@@ -268,6 +273,7 @@ def test_cpu_capability_agreement_over_all_splits_and_status(compressed):
     assert (ops == "all") == cpu.int8_exact("paddle_inference")
 
 
+@pytest.mark.slow
 def test_the_other_cpu_class_branch_forced(exported, tmp_path):
     """As on a CPU without VNNI, on any CPU: PIPE_INT8_CAPABILITY=saturating, and ONEDNN_MAX_CPU_ISA=AVX2 so
     oneDNN really runs its AVX2 kernels. Paddle int8 runs with fc/matmul left in fp32 and its status follows
@@ -308,6 +314,7 @@ def test_the_other_cpu_class_branch_forced(exported, tmp_path):
         "this CPU has no avx512_bf16/amx_bf16: oneDNN bf16 kernels cannot run here")
 
 
+@pytest.mark.slow
 def test_agreement_gate_exit_4(compressed, exported, tmp_path, cli):
     """compress.min_agreement=1.0: int8 flips some of the 1,797 samples (measured by the passing run), so
     no int8 variant is within budget; exit 4 with the numbers, nothing written."""
@@ -326,6 +333,7 @@ def test_agreement_gate_exit_4(compressed, exported, tmp_path, cli):
     assert not (run / "compress").exists() and _leftovers(run) == []
 
 
+@pytest.mark.slow
 def test_no_pickle_in_artifact(compressed):
     run, _ = compressed
     for rel in EXPECTED_FILES:
@@ -333,6 +341,7 @@ def test_no_pickle_in_artifact(compressed):
         assert (run / "compress" / rel).read_bytes()[:1] != b"\x80", f"{rel} looks like a pickle"
 
 
+@pytest.mark.slow
 def test_gate_fails_exit_4_and_writes_nothing(compressed, exported, tmp_path, cli):
     """A real failing gate: no mock, no fault hook.
 
@@ -415,6 +424,7 @@ def test_compress_help_imports_no_engine():
     assert proc.stdout.strip().endswith("False False")
 
 
+@pytest.mark.slow
 def test_distill_then_int8_quantizes_the_student(exported, tmp_path, cli):
     """`--distill --student mlp --baseline --int8`: the student is trained from the export's model through
     `pipe train`, exported (parity-gated), measured against its own baseline and quantized. The gain is

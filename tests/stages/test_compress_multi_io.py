@@ -25,6 +25,7 @@ from pipeline import artifacts, config as config_mod, data as data_mod, engines,
 from pipeline.cli import main
 from tests.conftest import REPO, tree_hash
 
+pytestmark = pytest.mark.slow(reason="each test compresses a two-input model trained here (~21 CPU-s first)")
 YAML = REPO / "examples" / "two_inputs.yaml"
 CALIB_BATCHES = 4
 FAST = ["--calib-batches", str(CALIB_BATCHES), "--set", "compress.latency_runs=20",

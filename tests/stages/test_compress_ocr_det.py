@@ -25,6 +25,7 @@ def compressed(tmp_path_factory, ppocr_det_export) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_openvino_int8_holds_hmean_within_a_point_timed_at_four_pages(compressed):
     m = artifacts.verify(compressed, ("compress",)).manifest["metrics"]
     v = m["variants"]
@@ -44,6 +45,7 @@ def test_openvino_int8_holds_hmean_within_a_point_timed_at_four_pages(compressed
     assert not any(k.startswith(("int8-onnx", "int8-paddle")) for k in v)  # --backend openvino: its route only
 
 
+@pytest.mark.slow
 def test_package_ships_a_measured_variant_and_its_reference_check_passes(compressed, tmp_path):
     v = artifacts.verify(compressed, ("compress",)).manifest["metrics"]["variants"]
     assert main(["package", str(compressed), "--out", str(tmp_path / "package")]) == 0

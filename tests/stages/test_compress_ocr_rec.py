@@ -61,6 +61,7 @@ def runs(compressed) -> Path:
     return d
 
 
+@pytest.mark.slow
 def test_the_gate_by_cpu_class(compressed):
     """Where int8 is exact (VNNI) this model passes (the tests below check how); where it saturates it may be
     refused, in one line naming the variant and its figures, nothing written."""
@@ -74,6 +75,7 @@ def test_the_gate_by_cpu_class(compressed):
         assert "nothing written" in err and not (d / "compress").exists()
 
 
+@pytest.mark.slow
 def test_openvino_int8_keeps_the_costly_layers_in_fp32_and_holds_the_budget(runs):
     exp = artifacts.verify(runs / "export", ("export",))
     art = artifacts.verify(runs / "compress", ("compress",))
@@ -111,6 +113,7 @@ def test_openvino_int8_keeps_the_costly_layers_in_fp32_and_holds_the_budget(runs
     assert files == {"manifest.json", "openvino-int8/model.xml", "openvino-int8/model.bin", "int8-onnx/model.onnx"}
 
 
+@pytest.mark.slow
 def test_package_ships_the_fastest_variant_within_budget_and_serves_it(runs, tmp_path):
     comp = artifacts.verify(runs / "compress", ("compress",))
     v = comp.manifest["metrics"]["variants"]
@@ -171,6 +174,7 @@ def test_the_int8_search_hardens_every_layer_where_int8_saturates(tmp_path):
         assert (tmp_path / f"q-{exact}" / "model.xml").is_file() and (tmp_path / f"q-{exact}" / "model.bin").is_file()
 
 
+@pytest.mark.slow
 def test_bf16_is_recorded_unsupported_where_the_cpu_has_none(compressed, monkeypatch):
     """The other CPU class's bf16 branch, forced (ONEDNN_MAX_CPU_ISA=AVX2 cannot force it here: OpenVINO 2026.4
     segfaults on this model under it): bf16 is a variant with the reason and no run, the fp32 engines still run."""

@@ -111,6 +111,7 @@ def bigru(reviews, tmp_path_factory) -> Path:
     return run
 
 
+@pytest.mark.slow
 def test_text_int8_manifest_has_both_routes_with_numbers(cnn_compressed):
     run, proc = cnn_compressed
     out, m = run / "compress", _manifest(run / "compress")
@@ -156,6 +157,7 @@ def test_text_int8_manifest_has_both_routes_with_numbers(cnn_compressed):
     assert ("int8 does not pay on this model" in proc.stdout) == (not met["int8_pays"])
 
 
+@pytest.mark.slow
 def test_calibration_is_train_text_encoded_with_the_exports_vocab(cnn_compressed):
     """The recorded calibration batches are exactly: the seeded draw from the TRAIN split's texts,
     encoded with the export's vocab.json at its max_len (recomputed here from those files)."""
@@ -180,6 +182,7 @@ def test_calibration_is_train_text_encoded_with_the_exports_vocab(cnn_compressed
     assert hashlib.sha256(other.tobytes()).hexdigest() != calib["inputs_sha256"]
 
 
+@pytest.mark.slow
 def test_text_int8_variants_load_and_reproduce_accuracy(cnn_compressed):
     """Fresh engines on the committed files take int64 ids of the test split (export's vocab) and
     reproduce the recorded accuracies."""
@@ -211,6 +214,7 @@ def test_text_int8_variants_load_and_reproduce_accuracy(cnn_compressed):
     assert float((got.argmax(1) == y).mean()) == pytest.approx(v["accuracy"], abs=1 / len(y) + 1e-12)
 
 
+@pytest.mark.slow
 def test_bigru_paddle_int8_is_recorded_unsupported_with_the_reason(bigru):
     """nn.GRU has no legacy program (export records why), so PaddleSlim cannot run: int8-paddle is in
     the manifest as unsupported with that reason; onnxruntime's int8 is measured and gated."""
@@ -234,6 +238,7 @@ def test_bigru_paddle_int8_is_recorded_unsupported_with_the_reason(bigru):
     assert met["int8_drop_points"] <= MAX_DROP_POINTS
 
 
+@pytest.mark.slow
 def test_bigru_backend_paddle_alone_exits_2_with_the_reason(bigru, tmp_path, cli):
     run = tmp_path / "run"
     shutil.copytree(bigru / "export", run / "export")
@@ -245,6 +250,7 @@ def test_bigru_backend_paddle_alone_exits_2_with_the_reason(bigru, tmp_path, cli
     assert not (run / "compress").exists() and _leftovers(run) == []
 
 
+@pytest.mark.slow
 def test_text_gate_fails_exit_4_and_writes_nothing(cnn_compressed, tmp_path, cli):
     """A real failing gate on text, no mock. The passing run (fixture) measured int8-paddle against fp32:
     on this fixture PaddleSlim's int8 flipped one test text (measured: 1 of 119, 0.84 points), while
@@ -301,6 +307,7 @@ def test_image_student_for_a_text_teacher_is_refused(cnn, tmp_path, cli):
     assert sorted(p.name for p in run.iterdir()) == ["export"]  # nothing was trained
 
 
+@pytest.mark.slow
 def test_a_model_onednn_bf16_cannot_run_is_recorded_not_fatal(reviews, tmp_path, cli):
     """A model with a 1-D average pool (tests/pooled_text_model.py): oneDNN's bf16 passes reject its
     program on Paddle 3.3.1 ("(InvalidArgument) the input of Op(pool) should be 4-D or 5-D Tensor",
@@ -321,6 +328,7 @@ def test_a_model_onednn_bf16_cannot_run_is_recorded_not_fatal(reviews, tmp_path,
     assert met["variants"]["int8-onnx"]["supported"] and met["int8_drop_points"] <= MAX_DROP_POINTS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["text_fasttext", "transformer"])
 def test_built_in_text_models_run_in_bf16_and_paddleslim_int8(trained, tmp_path, cli, model):
     """Their masked means are einsums (no 1-D pool, no Tensor.sum), so oneDNN bf16 runs them and the
@@ -340,6 +348,7 @@ def test_built_in_text_models_run_in_bf16_and_paddleslim_int8(trained, tmp_path,
         assert v["bf16"]["supported"] and v["bf16"]["top1_agreement"] >= 0.95, v["bf16"]
 
 
+@pytest.mark.slow
 def test_distill_transformer_teacher_to_text_cnn_student(trained, tmp_path, cli):
     """Transformer teacher -> text_cnn student through `pipe train`, exported (parity-gated) with the
     teacher's vocabulary and max_len, then int8 (onnxruntime) on the student."""
@@ -382,6 +391,7 @@ def cnn_int8_package(cnn_compressed, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_serving_reports_its_reference_check(cnn_int8_package):
     """`pipe serve` runs the package's 256 reference texts on its own predictor before /readyz: it prints
     agreement and max|diff|, and /v1/model and /metrics carry them."""
@@ -414,6 +424,7 @@ def test_serving_reports_its_reference_check(cnn_int8_package):
 _WRONG_CPU = {"PIPE_INT8_CAPABILITY": "exact", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
+@pytest.mark.slow
 def test_serve_refuses_a_package_whose_numbers_differ_here(cnn_int8_package):
     """The reference check is behavioural: it catches what CPU detection missed. Exit 4, one line naming
     the engine, the CPU's int8 capability, the numbers and the command that re-packages fp32; nothing
@@ -435,6 +446,7 @@ def test_serve_refuses_a_package_whose_numbers_differ_here(cnn_int8_package):
     assert "listening on" not in proc.stdout
 
 
+@pytest.mark.slow
 def test_inspect_verify_runs_the_same_check_here(cnn_int8_package, cli, monkeypatch):
     code, out, err = cli("inspect", cnn_int8_package, "--verify")
     assert code == 0, err

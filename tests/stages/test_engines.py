@@ -55,6 +55,7 @@ def packages(comp, tmp_path_factory) -> dict[str, Path]:
     return out
 
 
+@pytest.mark.slow
 def test_compress_measures_all_three_engines(comp):
     variants = _manifest(comp)["metrics"]["variants"]
     exp = _manifest(comp.parent / "export")
@@ -72,6 +73,7 @@ def test_compress_measures_all_three_engines(comp):
     assert ov32["size_bytes"] == sum(exp["files"][f]["bytes"] for f in ov32["files"])
 
 
+@pytest.mark.slow
 def test_every_engine_runs_the_contract(comp):
     """load -> run -> describe on each engine's own files reproduces compress's recorded accuracy."""
     from pipeline import config as config_mod, data as data_mod
@@ -115,6 +117,7 @@ def _expected_pick(variants: dict, optimize: str, max_drop: float) -> str:
     return max(faster, key=lambda n: score(ok[n])) if faster else "fp32"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimize", ["balanced", "latency", "throughput"])
 def test_auto_ships_what_the_rule_says(comp, tmp_path, capsys, optimize):
     m = _manifest(comp)
@@ -131,6 +134,7 @@ def test_auto_ships_what_the_rule_says(comp, tmp_path, capsys, optimize):
     assert pm["engine"] == v["engine"] and pm["chosen"]["optimize"] == optimize and pm["chosen"]["why"]
 
 
+@pytest.mark.slow
 def test_one_package_per_engine_files_and_spec(packages, comp):
     variants = _manifest(comp)["metrics"]["variants"]
     for flag, pkg in packages.items():
@@ -151,6 +155,7 @@ def test_one_package_per_engine_files_and_spec(packages, comp):
         assert check["engine"]["engine"] == engine and check["top1_agreement"] >= check["min_agreement"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", ["paddle", "onnxruntime", "openvino"])
 def test_served_per_engine_matches_its_reference_set(packages, flag):
     """A real `pipe serve` of each engine's package: /v1 logits on the reference inputs agree with the fp32
@@ -174,6 +179,7 @@ def test_served_per_engine_matches_its_reference_set(packages, flag):
     assert f"on {ENGINE_OF[flag]} " in "".join(srv.out)
 
 
+@pytest.mark.slow
 def test_serve_engine_override(packages, cli):
     """An ONNX package runs on OpenVINO as well as onnxruntime; Paddle cannot read it: one line, exit 2."""
     pkg = packages["onnxruntime"]
@@ -232,6 +238,7 @@ def test_openvino_int8_probe_sees_the_avx2_kernels(tmp_path):
     ("onnxruntime", "--device gpu:0: onnxruntime: this onnxruntime has no CUDAExecutionProvider"),
     ("openvino", "--device gpu:0: OpenVINO: not among its devices here (CPU"),
 ])
+@pytest.mark.slow
 def test_serve_device_gpu_is_the_same_path_and_refused_here(packages, cli, flag, needle):
     """No GPU here: each engine's GPU branch runs up to its device check and refuses in one line, exit 2.
     (What it would do on a GPU has not been run by us.)"""

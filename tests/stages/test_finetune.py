@@ -19,7 +19,8 @@ from pipeline import artifacts
 from tests.conftest import REPO
 
 PIPE = [sys.executable, "-m", "pipeline.cli"]
-pytestmark = pytest.mark.timeout(1800)  # the fixture's run: ~5 min alone, ~9 beside the other worker's tests
+pytestmark = [pytest.mark.slow(reason="fine-tunes the real PP-OCRv4 recognizer on 2 launched processes"),
+              pytest.mark.timeout(1800)]  # the fixture's run: ~5 min alone, ~9 beside the other worker's tests
 # The example (ocr_lines_dotmatrix, 2 epochs, mix 0.5), shortened: 240 domain lines (36 val, 36 test), 100 general
 # lines. Measured (docs/finetune.md's table): domain 0.583 -> 0.833, general 0.930 -> 0.950 on an AMD EPYC; domain
 # 0.583 -> 0.750 (test 0.722), general 0.930 -> 0.940 on an AMX Xeon.

@@ -16,6 +16,7 @@ from pipeline import artifacts, paddle_program, pretrained
 from pipeline.tasks import ocr_rec
 from tests.conftest import OCR_LINES, direct_answers, tree_hash
 
+pytestmark = pytest.mark.slow(reason="every test imports or reads the real PP-OCRv4 recognizer")
 LINES = OCR_LINES
 
 

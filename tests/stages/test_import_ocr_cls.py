@@ -16,6 +16,9 @@ from pipeline.tasks import ocr_cls
 from tests.conftest import OCR_LINES, direct_answers
 
 
+pytestmark = pytest.mark.slow(reason="every test reads the real PP-OCRv4 text-line classifier or its import")
+
+
 def _one_line_error(cli, *args) -> str:
     code, out, err = cli(*args)
     assert code == 2, (code, out, err)

@@ -15,6 +15,7 @@ from pipeline.engines import paddle as paddle_engine
 from pipeline.tasks import ocr_det
 from tests.conftest import OCR_PAGES, direct_answers
 
+pytestmark = pytest.mark.slow(reason="every test reads the real PP-OCRv4 detector or its import")
 PAGES = OCR_PAGES  # generated pages: 40 train (unused by import), 6 val, 6 test
 
 

@@ -241,6 +241,7 @@ def test_bf16_where_oneDNN_has_no_bf16_kernels(run, tmp_path, monkeypatch):
                            "--precision fp32\n")
 
 
+@pytest.mark.slow
 def test_export_onnx_is_reused(run, tmp_path):
     """`pipe export --onnx` already wrote (and parity-gated) model.onnx: the package takes it as is."""
     exp = tmp_path / "export"

@@ -110,6 +110,7 @@ def _png(img: np.ndarray, fmt: str = "PNG", meta: int = 0) -> str:
 # ------------------------------------------------------------------ outputs
 
 
+@pytest.mark.slow
 def test_served_outputs_equal_the_predictor(client, predictor, digits):
     """Tensors one at a time and in batches of 32, and the raw images as PNG, against the predictor on
     the same batches. Measured: max|diff| 0.0 (the same program, kernels and batch sizes)."""
@@ -142,6 +143,7 @@ def test_served_outputs_equal_the_predictor(client, predictor, digits):
         assert float(np.abs(np.asarray(r.json()["logits"], np.float32) - predictor(x[:16])).max()) == 0.0
 
 
+@pytest.mark.slow
 def test_paddle_serving_wire_format(client, predictor, digits):
     """/GeneralModelService/inference in protobuf (messages from pipe's own descriptor) and JSON."""
     _, x = digits
@@ -195,6 +197,7 @@ def test_batches_run_at_bucket_sizes():
         assert all(any(b >= n for b in predictor_mod.buckets(m)) for n in range(1, m + 1))
 
 
+@pytest.mark.slow
 def test_bench_load_generator_counts_answers_and_errors(server, digits):
     """The serving benchmark's load generator (`pipeline/bench/loadgen.py`) against this server: every request
     answered and counted, non-200 answers counted as errors."""
@@ -206,6 +209,7 @@ def test_bench_load_generator_counts_answers_and_errors(server, digits):
     assert (r["done"], r["errors"]) == (8, 4)
 
 
+@pytest.mark.slow
 def test_model_metrics_docs(client):
     m = client.get("/v1/model").json()
     assert m["name"] == "digits_cnn" and m["precision"] == "fp32" and m["accepts_images"] is True
@@ -422,6 +426,7 @@ def test_json_depth_scan_matches_the_parser(value, ensure_ascii, indent):
     assert validate.json_depth(text.encode()) == _nesting(value)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(body=_v1_bodies, ctype=_ctypes)
 def test_fuzz_predict_never_5xx(client, body, ctype):
@@ -456,6 +461,7 @@ _serving_bodies = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(item=_serving_bodies)
 def test_fuzz_paddle_serving_never_5xx(client, item):
@@ -498,6 +504,7 @@ def _post_held(pool: cf.ThreadPoolExecutor, url: str, xs: list[np.ndarray]) -> l
     return first + [pool.submit(_post_many, url, xs[1:])]
 
 
+@pytest.mark.slow
 def test_concurrent_requests_share_one_run(held, predictor, digits):
     srv, hold = held
     _, x = digits
@@ -520,6 +527,7 @@ def test_concurrent_requests_share_one_run(held, predictor, digits):
     assert float(np.abs(got - want).max()) <= 1e-5 * float(np.abs(want).max())
 
 
+@pytest.mark.slow
 def test_queue_full_gets_503(held, digits):
     srv, hold = held
     _, x = digits
@@ -540,6 +548,7 @@ def test_queue_full_gets_503(held, digits):
             assert r.headers["retry-after"] == "1"
 
 
+@pytest.mark.slow
 def test_timeout_gets_504_and_the_server_recovers(held, digits):
     srv, hold = held
     _, x = digits
@@ -552,6 +561,7 @@ def test_timeout_gets_504_and_the_server_recovers(held, digits):
     assert httpx.post(srv.url + "/v1/predict", json={"inputs": x[:1].tolist()}, timeout=30).status_code == 200
 
 
+@pytest.mark.slow
 def test_a_dead_predictor_process_is_replaced(held, digits):
     """SIGKILL the predictor child (as the OOM killer would): its batch gets a 500, then the server
     starts a new one and answers again; the HTTP process never went down."""
@@ -575,6 +585,7 @@ def test_a_dead_predictor_process_is_replaced(held, digits):
 # ------------------------------------------------------------------ lifecycle
 
 
+@pytest.mark.slow
 def test_readiness_and_sigterm_drain(run, tmp_path, digits):
     """--host 127.0.0.2 warns. /readyz is 503 until warm-up; then a request is held in flight, SIGTERM
     arrives: /readyz turns 503, new requests get 503, the in-flight one completes 200, exit 0."""
@@ -670,6 +681,7 @@ def _json_values_in(text: str) -> list[Any]:
     return out
 
 
+@pytest.mark.slow
 def test_package_readme_examples_work(server, run, digits, tmp_path):
     """The README's curl and Python examples, run as written (port substituted) against the server."""
     raw, _ = digits
@@ -699,6 +711,7 @@ def test_package_readme_examples_work(server, run, digits, tmp_path):
 # ------------------------------------------------------------------ the real Paddle Serving client
 
 
+@pytest.mark.slow
 def test_paddle_serving_client_roundtrip(server, run, predictor, digits, tmp_path):
     """paddle-serving-client==0.9.0's HttpClient, protobuf and JSON mode, from Python 3.9."""
     py = serving_client_python()

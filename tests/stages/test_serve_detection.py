@@ -25,6 +25,7 @@ from pipeline.tasks import detection as det
 from tests.conftest import REPO
 from tests.serving_helpers import start_server
 
+pytestmark = pytest.mark.slow(reason="pipe all of a detection model, then a real pipe serve")
 LABELS = ["rectangle", "ellipse", "triangle"]
 SETTINGS = {"score_threshold": 0.05, "nms_iou": 0.6, "max_detections": 20}
 BIG = (96, 128)  # (height, width) the test images are also sent at: the server resizes them to 64x64

@@ -101,6 +101,7 @@ def _status(call) -> tuple[grpc.StatusCode, str]:
     return getattr(grpc.StatusCode, e.value.status().removeprefix("StatusCode.")), e.value.message()
 
 
+@pytest.mark.slow
 def test_health_metadata_and_config_answer_as_http(clients):
     g, h, srv = clients
     assert g.is_server_live() and g.is_server_ready() and g.is_model_ready(MODEL) and g.is_model_ready(MODEL, "1")
@@ -124,6 +125,7 @@ def test_health_metadata_and_config_answer_as_http(clients):
         assert c.get("/v2/models/other/stats").json() == {"error": "unknown model; this server serves 'digits_cnn'"}
 
 
+@pytest.mark.slow
 def test_outputs_equal_v1_and_v2_http(clients, x):
     g, h, srv = clients
     with httpx.Client(base_url=srv.url, timeout=30) as c:
@@ -140,6 +142,7 @@ def test_outputs_equal_v1_and_v2_http(clients, x):
                 assert top.tolist() == _http(h, batch, class_count=count).tolist()
 
 
+@pytest.mark.slow
 def test_typed_contents_equal_raw_contents(served, x):
     """A request carrying InferTensorContents.fp32_contents (what tritonclient never sends) runs as raw."""
     _, address = served
@@ -168,6 +171,7 @@ def test_typed_contents_equal_raw_contents(served, x):
         assert e.value.details() == "raw_input_contents holds 2 entries for 1 inputs (one per input, in order)"
 
 
+@pytest.mark.slow
 def test_bad_requests_get_status_codes_and_the_server_serves_on(clients, x):
     g, h, _ = clients
     code, msg = _status(lambda: _grpc(g, np.zeros((2, 1, 8, 9), np.float32)))
@@ -190,6 +194,7 @@ def test_bad_requests_get_status_codes_and_the_server_serves_on(clients, x):
     np.testing.assert_array_equal(_grpc(g, x[:3]), _http(h, x[:3]))
 
 
+@pytest.mark.slow
 def test_statistics_count_every_protocol_alike(clients, x):
     g, h, srv = clients
 
@@ -226,6 +231,7 @@ def test_statistics_count_every_protocol_alike(clients, x):
     assert _ints(g.get_inference_statistics(as_json=True))["model_stats"][0]["inference_count"] == after["inference_count"]
 
 
+@pytest.mark.slow
 def test_metrics_expose_the_collectors_pauses(clients, x):
     g, _, srv = clients
     _grpc(g, x[:2])  # a batch: the predictor reports its collector with it
@@ -241,6 +247,7 @@ def test_metrics_expose_the_collectors_pauses(clients, x):
     assert metric(text, 'pipe_gc_pause_seconds_total{generation="2",process="server"}') > 0
 
 
+@pytest.mark.slow
 def test_the_benchmarks_grpc_load_counts_answers_and_errors(served, x):
     """pipeline/bench/peers.py's gRPC client (pre-serialised ModelInferRequest bytes, concurrent calls) and
     its reader of the collector's pauses, against this server: answers counted, a refused request an error."""
@@ -316,6 +323,7 @@ def test_grpc_port_flags_fail_in_one_line(run, tmp_path):
             assert len(lines) == 1 and want in lines[0] and "Traceback" not in r.stderr, (flags, r.stderr)
 
 
+@pytest.mark.slow
 def test_perf_analyzer_drives_http_and_grpc(served, run, tmp_path):
     """Triton's own load tool (perf_analyzer 2.45.0, `make test` puts it in .venv/perf), as the bench runs it
     (`pipeline/bench/perf.py`), against this server over HTTP and gRPC: it reads the model's metadata and

@@ -117,6 +117,7 @@ def _is_413(r: Any) -> None:
     assert r.headers["connection"] == "close"  # the server closes after lingering
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
 @pytest.mark.parametrize("client", sorted(CLIENTS))
 @pytest.mark.parametrize("path", PATHS)
@@ -133,6 +134,7 @@ def test_whole_body_first_clients_read_the_413(server, digits, path, client, chu
                       timeout=30).status_code == 200
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
 @pytest.mark.parametrize("path", PATHS)
 def test_at_the_cap_whole_body_first(server, digits, path, chunked):
@@ -148,6 +150,7 @@ def test_at_the_cap_whole_body_first(server, digits, path, chunked):
                 assert r.status_code == 200, (client.__name__, size, r.status_code, r.text[:200])
 
 
+@pytest.mark.slow
 def test_oversized_and_normal_requests_at_once(server, digits):
     """6 oversized bodies (urllib and a raw socket, both endpoints, with and without Content-Length) in
     parallel with 12 normal requests: every oversized one reads its 413, every normal one its 200; then
@@ -184,6 +187,7 @@ def _rss(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+@pytest.mark.slow
 def test_the_dropped_body_is_not_kept(server):
     """60 MiB sent after the 413 (Content-Length announces 100 MB): the client then reads the 413 and the
     server's RSS, sampled every 5 ms meanwhile, never grows by a quarter of that."""

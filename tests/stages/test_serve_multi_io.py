@@ -111,6 +111,7 @@ def _error(r: httpx.Response, code: int, kind: str | None = None) -> str:
 # ------------------------------------------------------------------ metadata
 
 
+@pytest.mark.slow
 def test_metadata_lists_every_tensor(triton, client):
     meta = triton.get_model_metadata(MODEL)
     assert meta["inputs"] == [{"name": "img", "datatype": "FP32", "shape": [-1, 1, 8, 8]},
@@ -145,6 +146,7 @@ def test_metadata_lists_every_tensor(triton, client):
         ["embedding", "fetch_name_0"], ["fetch_name_1", "logits"], ["fetch_name_1", "logits"]]
 
 
+@pytest.mark.slow
 def test_openapi_describes_what_the_server_takes(client, ref):
     """Bodies valid against the documented /v1 schema are accepted (each choice of sending the image input
     as a tensor or as a PNG); the Paddle Serving schema refuses a missing or repeated feed."""
@@ -186,6 +188,7 @@ def _infer(triton, img: np.ndarray, feat: np.ndarray, binary: bool, outputs: lis
     return triton.infer(MODEL, inputs, outputs=requested)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
 def test_v2_both_inputs_equal_the_models_outputs(triton, ref, binary):
     """Batches of 1, 32 and 7: every output (by program name) close to the reference, and the same numbers
@@ -201,6 +204,7 @@ def test_v2_both_inputs_equal_the_models_outputs(triton, ref, binary):
             np.testing.assert_array_equal(other.as_numpy(name), result.as_numpy(name))
 
 
+@pytest.mark.slow
 def test_v2_outputs_select_and_classification_is_on_the_logits(triton, ref):
     img, feat = ref["img"][:5], ref["feat"][:5]
     everything = _infer(triton, img, feat, True)
@@ -230,6 +234,7 @@ def _png(img: np.ndarray) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+@pytest.mark.slow
 def test_v1_named_tensors_and_an_image_input(client, triton, ref, run):
     """{"inputs": {"img": ..., "feat": ...}}: labels, scores and logits from the logits output, the embedding
     under `outputs`, equal to /v2's numbers; the image input also as PNGs (decoded and normalised by its own
@@ -264,6 +269,7 @@ def _feed(name: str, a: np.ndarray) -> dict[str, Any]:
     return {"name": name, "alias_name": name, "elem_type": 1, "shape": list(a.shape), "float_data": a.ravel().tolist()}
 
 
+@pytest.mark.slow
 def test_paddle_serving_wire_two_feeds(client, triton, ref):
     """JSON and protobuf, feeds in either order: every fetched output (by alias or program name, in the
     model's order; none named: all), the numbers /v2 answers."""
@@ -298,6 +304,7 @@ def test_paddle_serving_wire_two_feeds(client, triton, ref):
         np.testing.assert_array_equal(np.asarray(t.float_data, np.float32).reshape(list(t.shape)), want[t.alias_name])
 
 
+@pytest.mark.slow
 def test_paddle_serving_client_two_feeds(server, run, ref, tmp_path):
     """paddle-serving-client==0.9.0's HttpClient with both feeds and both fetches, protobuf and JSON mode."""
     py = serving_client_python()
@@ -332,6 +339,7 @@ def _until(cond: Any, timeout: float = 20.0) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_requests_batch_together_and_get_their_own_rows(server, hold, ref):
     """Four requests of 1..4 samples wait behind a held predictor, then run as one batch (every input
     concatenated): each gets its own rows of both outputs."""
@@ -507,6 +515,7 @@ def ernie_run(tmp_path_factory) -> Path:
     return run
 
 
+@pytest.mark.slow
 def test_text_fills_every_input_of_a_two_input_text_model(ernie_run):
     """{"text": [...]} on /v1 and BYTES on /v2 give exactly what the model answers for the training encoder's
     ids and a zero token type (data.text_inputs, the rule the package records), ragged id rows included;

@@ -19,6 +19,9 @@ from pipeline.tasks import ocr_cls
 from tests.serving_helpers import png_b64 as _png, start_server
 
 
+pytestmark = pytest.mark.slow(reason="serves the real PP-OCRv4 text-line classifier")
+
+
 @pytest.fixture(scope="module")
 def package(ppocr_cls_export, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ocr-cls-package") / "package"

@@ -22,6 +22,7 @@ from pipeline.tasks import ocr_det
 from pipeline.tasks.ocr_det import db
 from tests.serving_helpers import png_b64 as _png, metric, start_server
 
+pytestmark = pytest.mark.slow(reason="serves the real PP-OCRv4 detector")
 NAME = "ch_PP-OCRv4_det_infer"
 
 

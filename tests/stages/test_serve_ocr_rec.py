@@ -24,6 +24,9 @@ from tests.serving_helpers import png_b64 as _png, metric, start_server
 from tests.stages.test_triton import tritonserver  # noqa: F401 (a fixture)
 
 
+pytestmark = pytest.mark.slow(reason="serves the real PP-OCRv4 recognizer")
+
+
 @pytest.fixture(scope="module")
 def package(ppocr_rec_export, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ocr-package") / "package"

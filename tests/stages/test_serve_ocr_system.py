@@ -24,6 +24,9 @@ from pipeline.tasks import ocr_cls, ocr_det, ocr_rec
 from tests.serving_helpers import metric, png_b64 as _png, start_server
 
 
+pytestmark = pytest.mark.slow(reason="serves the real PP-OCRv4 det + cls + rec system")
+
+
 @pytest.fixture(scope="module")
 def package(ppocr_det_export, ppocr_cls_export, ppocr_rec_export, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ocr-system") / "ocr"

@@ -231,6 +231,7 @@ def _walk(node: Any):
             yield from _walk(v)
 
 
+@pytest.mark.slow
 def test_the_document_states_the_package(served):
     doc = served.doc
     assert doc["openapi"].startswith("3.1.")
@@ -335,6 +336,7 @@ def _fed(served: _Served, x: Any, shape: list[int] | None = None) -> np.ndarray:
     return out
 
 
+@pytest.mark.slow
 @_SETTINGS
 @given(data=st.data())
 def test_v1_requests_from_the_schema_are_accepted(served, data):
@@ -345,6 +347,7 @@ def test_v1_requests_from_the_schema_are_accepted(served, data):
                    else None)
 
 
+@pytest.mark.slow
 @_SETTINGS
 @given(data=st.data())
 def test_paddle_serving_requests_from_the_schema_are_accepted(served, data):
@@ -365,6 +368,7 @@ def test_paddle_serving_requests_from_the_schema_are_accepted(served, data):
     _expect_answer(served, SERVING, served.client.post(SERVING, json=body), _fed(served, t[field], t["shape"]))
 
 
+@pytest.mark.slow
 def test_the_largest_requests_the_schema_allows(served):
     """max_batch_size samples (from_schema rarely draws that many)."""
     v1 = served.request_schema(V1)
@@ -465,6 +469,7 @@ def _refused(served: _Served, path: str, body: Any, kind: str, content: bytes | 
     assert valid(answer, r.json()) and err["type"] in answer["properties"]["error"]["properties"]["type"]["enum"]
 
 
+@pytest.mark.slow
 def test_requests_the_schema_refuses_get_the_documented_code(served):
     for path, cases in ((V1, _invalid_v1(served)), (SERVING, _invalid_serving(served))):
         schema = served.request_schema(path)

@@ -203,6 +203,7 @@ def test_triton_config_for_text_parses(run, predictor, vocab):
 # ------------------------------------------------------------------ served outputs
 
 
+@pytest.mark.slow
 def test_text_is_encoded_as_in_training(client, predictor, vocab):
     """One text at a time and all at once, against the predictor on `encode_texts` of the same texts (the
     training encoder, padded to max_len); the unpadded ids and the padded ids give the same answer."""
@@ -219,6 +220,7 @@ def test_text_is_encoded_as_in_training(client, predictor, vocab):
     _close(_logits(client.post("/v1/predict", json={"inputs": ids.tolist()})), want[:1])
 
 
+@pytest.mark.slow
 def test_over_long_input_is_truncated(client, vocab):
     long_text = "这个东西很好" * 10  # 60 characters, max_len 24
     a = _logits(client.post("/v1/predict", json={"text": [long_text]}))
@@ -229,6 +231,7 @@ def test_over_long_input_is_truncated(client, vocab):
     np.testing.assert_array_equal(_logits(client.post("/v1/predict", json={"inputs": ids.tolist()})), a)
 
 
+@pytest.mark.slow
 def test_model_info_shows_the_text_interface(client):
     m = client.get("/v1/model").json()
     assert m["input"] == {"name": "x", "alias": "x", "dtype": "int64", "shape": [-1, -1]}
@@ -270,6 +273,7 @@ def test_images_on_a_text_model_name_what_it_takes(client):
     assert "'text'" in err["message"] and "'inputs'" in err["message"]
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(texts=st.lists(st.text(max_size=40), min_size=0, max_size=4))
 def test_fuzz_text_never_5xx(client, texts):
@@ -302,6 +306,7 @@ def _until(cond, timeout: float = 20.0) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_mixed_lengths_share_one_run(held, predictor, vocab):
     """Five texts of 1..60 characters (and ids of other lengths) wait behind a held predictor, then run as
     one batch (visible in /metrics); each gets the logits it gets alone."""
@@ -335,6 +340,7 @@ def test_mixed_lengths_share_one_run(held, predictor, vocab):
 # ------------------------------------------------------------------ Paddle Serving int64_data
 
 
+@pytest.mark.slow
 def test_paddle_serving_int64_round_trip(client, predictor, vocab):
     """/GeneralModelService/inference with int64_data (elem_type 0), protobuf from pipe's own descriptor and
     JSON; ids of length 9 are padded to max_len as for /v1/predict. A float feed is refused."""
@@ -365,6 +371,7 @@ def test_paddle_serving_int64_round_trip(client, predictor, vocab):
     _error(client.post("/GeneralModelService/inference", json=body), 422, "invalid_tensor")
 
 
+@pytest.mark.slow
 def test_paddle_serving_client_int64_roundtrip(server, run, predictor, vocab, tmp_path):
     """paddle-serving-client==0.9.0's HttpClient with an int64 feed, protobuf and JSON mode, from Python 3.9."""
     py = serving_client_python()
@@ -388,6 +395,7 @@ def test_paddle_serving_client_int64_roundtrip(server, run, predictor, vocab, tm
 # ------------------------------------------------------------------ the README, run as written
 
 
+@pytest.mark.slow
 def test_text_readme_examples_work(server, run):
     readme = (run / "package/README.md").read_text(encoding="utf-8").replace("127.0.0.1:8000",
                                                                               server.url.split("//", 1)[1])

@@ -90,6 +90,7 @@ def _strings(top: np.ndarray) -> list[list[str]]:
 # ------------------------------------------------------------------ tritonclient: health, metadata
 
 
+@pytest.mark.slow
 def test_health_readiness_and_metadata(triton, client):
     assert triton.is_server_live() and triton.is_server_ready()
     assert triton.is_model_ready(MODEL) and triton.is_model_ready(MODEL, "1")
@@ -115,6 +116,7 @@ def test_health_readiness_and_metadata(triton, client):
 # ------------------------------------------------------------------ tritonclient: inference
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("binary_in", [True, False], ids=["binary-in", "json-in"])
 @pytest.mark.parametrize("binary_out", [True, False, None], ids=["binary-out", "json-out", "default-out"])
 def test_infer_equals_v1(triton, client, x, binary_in, binary_out):
@@ -134,6 +136,7 @@ def test_infer_equals_v1(triton, client, x, binary_in, binary_out):
         assert result.get_response()["model_name"] == MODEL and result.get_response()["model_version"] == "1"
 
 
+@pytest.mark.slow
 def test_versions_alias_and_request_id(triton, client, x):
     want = _v1(client, {"inputs": x[:3].tolist()})
     np.testing.assert_array_equal(_infer(triton, x[:3], True, True, version="1").as_numpy(OUT), want)
@@ -142,6 +145,7 @@ def test_versions_alias_and_request_id(triton, client, x):
     assert triton.infer(MODEL, [inp], request_id="req-7").get_response()["id"] == "req-7"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("binary_out", [True, False], ids=["binary-out", "json-out"])
 @pytest.mark.parametrize("count", [1, 3])
 def test_classification_is_v1s_logits_and_labels(triton, client, x, count, binary_out):
@@ -167,6 +171,7 @@ def test_classification_is_v1s_logits_and_labels(triton, client, x, count, binar
             assert "parameters" not in out and out["data"] == [t for row in want for t in row]
 
 
+@pytest.mark.slow
 def test_classification_framing_counts_and_outputs(client, x):
     """Raw requests: the binary BYTES framing, a count past the classes (all of them, as Triton clamps),
     0 (the output itself, as on Triton), and the output plus its classification under the alias."""
@@ -294,6 +299,7 @@ def test_malformed_requests_get_400(client, doc, binary, length):
     _v2_error(client.post(f"/v2/models/{MODEL}/infer", content=body, headers=headers), 400)
 
 
+@pytest.mark.slow
 def test_framing_that_is_right_is_accepted(client, x):
     """The same raw framing as the table, done right: JSON data without the header, binary after it."""
     want = _v1(client, {"inputs": x[:1].tolist()})
@@ -345,6 +351,7 @@ _docs = st.fixed_dictionaries({}, optional={
 })
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(doc=_docs, binary=st.binary(max_size=300), length=_header_lengths, junk=st.binary(max_size=40),
        mode=st.sampled_from(["raw", "random", "exact"]))
@@ -367,6 +374,7 @@ def test_fuzz_v2_framing_never_5xx(client, doc, binary, length, junk, mode):
         _v2_error(r, r.status_code)
 
 
+@pytest.mark.slow
 def test_openapi_documents_v2(client):
     doc = client.get("/openapi.json").json()
     for path in ("/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/{model_name}",
@@ -395,6 +403,7 @@ def _readme_block(run: Path, url: str) -> str:
     return block.replace("127.0.0.1:8000", url.removeprefix("http://"))
 
 
+@pytest.mark.slow
 def test_package_readme_example_works(server, run):
     proc = subprocess.run([sys.executable, "-c", _readme_block(run, server.url)], capture_output=True, text=True,
                           timeout=60)
@@ -417,6 +426,7 @@ def text_server(text_run):
     assert "Traceback" not in "".join(srv.err) and "internal error" not in "".join(srv.err), "".join(srv.err)[-2000:]
 
 
+@pytest.mark.slow
 def test_text_readme_example_works(text_server, text_run):
     proc = subprocess.run([sys.executable, "-c", _readme_block(text_run, text_server.url)], capture_output=True,
                           text=True, timeout=60)
@@ -427,6 +437,7 @@ def _bytes_tensor(texts: list[str]) -> bytes:
     return b"".join(struct.pack("<I", len(t.encode())) + t.encode() for t in texts)
 
 
+@pytest.mark.slow
 def test_text_bytes_inputs_equal_v1_text(text_server):
     """BYTES strings of shape [N] and [N, 1], binary and JSON, through tritonclient: /v1's {"text": [...]}
     answer exactly; INT64 token ids too; the metadata states the int64 [-1, -1] input."""
@@ -465,6 +476,7 @@ def test_text_bytes_inputs_equal_v1_text(text_server):
     triton.close()
 
 
+@pytest.mark.slow
 def test_text_classification_of_bytes_inputs(text_server, text_run):
     """class_count on a text package's BYTES texts: its own labels (serving.yaml's, the Triton labels.txt),
     ordered by the logits /v1 answers for {"text": [...]}, binary and JSON; 5 clamps to the 2 classes."""

@@ -71,6 +71,7 @@ def test_artifact_checkpoints_and_golden_losses(tmp_path, cli, monkeypatch):
     assert not (run / "logs").exists() and not (tmp_path / "log").exists()
 
 
+@pytest.mark.slow
 def test_loader_workers_give_the_same_losses(tmp_path):
     """...and a run inside a longer-lived process (pipe all) leaves none of its persistent workers behind."""
     code, err, left = main_in_fresh_process("train", "--config", DIGITS, "--run", tmp_path, "--epochs", "1",
@@ -80,6 +81,7 @@ def test_loader_workers_give_the_same_losses(tmp_path):
     np.testing.assert_allclose(_losses(tmp_path / "train")[:5], GOLDEN, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_digits_example_reaches_97_percent(tmp_path, cli):
     code, _, err = cli("train", "--config", DIGITS, "--run", tmp_path)
     assert code == 0, err
@@ -97,6 +99,7 @@ def test_amp_on_cpu_says_so_once_and_trains_fp32(tmp_path, cli):
     np.testing.assert_allclose(_losses(tmp_path / "train")[:5], GOLDEN, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_resume_after_crash_matches_uninterrupted_run(tmp_path, cli):
     full, part = tmp_path / "full", tmp_path / "part"
     assert cli("train", "--config", DIGITS, "--run", full, "--epochs", "2")[0] == 0
@@ -172,6 +175,7 @@ def test_nan_parameter_blocks_the_checkpoint(tmp_path, cli, monkeypatch):
     assert _ckpts(tmp_path) == ["step-000005"]
 
 
+@pytest.mark.slow
 def test_sigkill_during_checkpoint_write_keeps_last_and_resumes(tmp_path, cli):
     env = dict(os.environ, PIPE_FAULT_SLOW_CHECKPOINT="1.5")
     proc = subprocess.Popen([*PIPE, "train", "--config", DIGITS, "--run", tmp_path, "--epochs", "1",
@@ -202,6 +206,7 @@ def test_sigkill_during_checkpoint_write_keeps_last_and_resumes(tmp_path, cli):
     artifacts.verify(tmp_path / "train", ("train",))
 
 
+@pytest.mark.slow
 def test_two_processes_through_the_launcher_match_one_process(tmp_path, cli, monkeypatch):
     monkeypatch.chdir(tmp_path)
     one, two = tmp_path / "one", tmp_path / "two"
@@ -256,6 +261,7 @@ def test_deterministic_mode_on_the_cpu_build(tmp_path, cli):
     assert paddle.get_flags(["FLAGS_sort_sum_gradient"]) == {"FLAGS_sort_sum_gradient": False}
 
 
+@pytest.mark.slow
 def test_deterministic_mode_with_two_processes(tmp_path, cli, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _, m, err = _deterministic_runs(tmp_path, cli, "--model", "mlp", "--nproc", "2")
@@ -270,6 +276,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_nodes_on_one_machine_train_together(tmp_path):
     master = f"127.0.0.1:{_free_port()}"
     procs = [subprocess.Popen([*PIPE, "train", "--config", DIGITS, "--model", "mlp", "--epochs", "1",

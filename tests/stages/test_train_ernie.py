@@ -36,6 +36,7 @@ def test_text_inputs_ernie_makes_both_inputs_from_the_ids(texts):
                                                                  ("token_type_ids", "int64", (-1, -1))]
 
 
+@pytest.mark.slow
 def test_ernie_tiny_trains_and_exports_with_two_named_inputs(texts, tmp_path, cli):
     run = tmp_path / "run"
     code, _, err = cli("train", "--config", YAML, "--data", texts, "--run", run, "--epochs", "2", *SMALL)

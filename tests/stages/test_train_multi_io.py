@@ -81,6 +81,7 @@ def test_two_inputs_example_trains_and_records_its_io(tmp_path, cli):
     assert m["metrics"]["test_acc"] >= MIN_TEST_ACC, m["metrics"]
 
 
+@pytest.mark.slow
 def test_loader_workers_collate_named_inputs(tmp_path, cli):
     """The collate returns a dict of arrays; worker processes give the same batches, so the same losses; the
     persistent workers are stopped when the run ends."""
@@ -94,6 +95,7 @@ def test_loader_workers_collate_named_inputs(tmp_path, cli):
     assert len(a) == STEPS_PER_EPOCH and a == b
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process(tmp_path, cli):
     args = [*_args(), "--epochs", "3"]
     assert cli(*args, "--run", tmp_path / "one")[0] == 0
@@ -108,6 +110,7 @@ def test_two_processes_match_one_process(tmp_path, cli):
     assert not (tmp_path / "log").exists()
 
 
+@pytest.mark.slow
 def test_resume_after_crash_matches_uninterrupted_run(tmp_path):
     """Every run in a fresh process alike (CPU kernels are bit-identical at one thread count; an earlier test
     in this process may have left another): crash after step 15, resume = the uninterrupted run, to the bit."""

@@ -79,6 +79,7 @@ def uninterrupted(tmp_path_factory) -> Path:
     return run / "train" / "model.safetensors"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["sigterm", "sigkill-pipe", "sigkill-group"])
 def test_a_stopped_job_leaves_no_process_and_resumes_to_the_same_weights(how, tmp_path, uninterrupted):
     run = tmp_path / "run"
@@ -168,6 +169,7 @@ def test_the_lock_dies_with_its_holder(tmp_path):
         holder.wait()
 
 
+@pytest.mark.slow
 def test_sigterm_stops_an_in_process_training_after_its_checkpoint(tmp_path):
     """World size 1 trains inside pipe: SIGTERM during a checkpoint write lets that checkpoint commit,
     then pipe exits 143 with one line; --resume auto finishes the run."""
@@ -231,6 +233,7 @@ def test_resume_auto_writes_train_from_finished_checkpoints(tmp_path, cli):
     assert code == 2 and "train.lr was 0.003, now 0.1" in err
 
 
+@pytest.mark.slow
 def test_pipe_all_resume_auto_on_a_finished_run_is_cached(tmp_path, cli):
     run = tmp_path / "run"
     args = ["all", "--config", DIGITS, "--run", run, "--set", "train.epochs=1", "--set", "compress.int8=false"]

@@ -54,6 +54,7 @@ from tests.conftest import arrays, tree_hash
 from tests.serving_helpers import REPO, packaged_run, packaged_text_run, start_server
 from tests.multi_io_helpers import examples_importable, stand_in_compress, two_inputs_run
 
+pytestmark = pytest.mark.slow(reason="runs a real tritonserver")
 PYTRITON = Path(sys.prefix) / "pytriton"  # the venv's; the Makefile's $(STAMP) recipe installs it there
 INSTALL = "pip install --no-deps --target .venv/pytriton nvidia-pytriton==0.7.0"
 SHIM = REPO / "tests/triton_backend/onnxruntime/model.py"

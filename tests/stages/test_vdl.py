@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from pipeline import vdl
 from tests.conftest import REPO
@@ -109,6 +110,7 @@ def test_crash_and_resumes_continue_the_curves_without_duplicates(tmp_path, cli,
     assert all(kept[s] >= kept[24] for s in range(26, 2 * SPE + 1, 2))
 
 
+@pytest.mark.slow
 def test_two_ranks_write_one_run(tmp_path, cli, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "run"
