@@ -19,7 +19,7 @@ from pipeline.cli import main
 from pipeline.tasks.ocr_det import data as det_data
 from pipeline.tasks.ocr_rec import data as rec_data
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow(reason="imports, compresses and trains the real PP-OCRv4 models on label files"), pytest.mark.timeout(900)]
 
 
 def _lines(folder: Path, texts: list[str], seed: int) -> Path:

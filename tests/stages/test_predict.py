@@ -26,7 +26,7 @@ from tests.conftest import main_in_fresh_process, tree_hash
 from tests.serving_helpers import packaged_run
 
 N_IMAGES = 12
-pytestmark = pytest.mark.slow  # each run starts predictor processes (~10-25 s on this shared machine)
+pytestmark = pytest.mark.slow(reason="each run starts predictor processes (~10-25 s on this shared machine)")
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from pipeline.predict import output
 from tests.serving_helpers import REPO
 from tests.stages.test_predict import _images, package  # noqa: F401 (the module's package fixture)
 
-pytestmark = pytest.mark.slow  # four runs, each starting a predictor process
+pytestmark = pytest.mark.slow(reason="four runs, each starting a predictor process")
 
 
 def _predictors_of(package: Path) -> list[int]:

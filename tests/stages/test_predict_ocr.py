@@ -20,7 +20,7 @@ from pipeline.predict import output
 from pipeline.tasks import ocr_det
 from tests.serving_helpers import png_b64, start_server
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the real PP-OCRv4 models (imported), a server, predictors
+pytestmark = [pytest.mark.slow(reason="the real PP-OCRv4 models (imported), a server, predictors"), pytest.mark.timeout(1800)]
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from pipeline.predict import output
 from tests.serving_helpers import packaged_text_run
 from tests.stages.test_predict import v1_bodies
 
-pytestmark = pytest.mark.slow  # trains, exports and packages a text model; starts predictor processes
+pytestmark = pytest.mark.slow(reason="trains, exports and packages a text model; starts predictor processes")
 
 
 @pytest.fixture(scope="module")
