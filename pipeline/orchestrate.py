@@ -226,8 +226,11 @@ def choose(cfg: RunConfig, export_dir: Path, compress_dir: Path | None) -> Choic
         why = "no compress stage configured (compress.int8/distill off)" + (
             f"; release.engine {cfg.release.engine}" if cfg.release.engine != "auto" else "")
         return Choice(export_dir, "", "fp32", why, acc, engine)
-    metrics = _read(compress_dir)["metrics"]
-    variants = metrics.get("variants") or {}
+    from pipeline import fidelity
+
+    comp = _read(compress_dir)
+    metrics = comp["metrics"]
+    variants = fidelity.verdicts(metrics, (comp.get("config") or {}).get("compress"), task.maximize)
     ref, ref_name = (variants.get("fp32") or {}).get("accuracy"), "fp32"
     if "distill" in metrics:  # the variants are the student's; the budget is against the teacher
         ref, ref_name = metrics["distill"]["teacher_test_acc"], f"teacher {metrics['distill']['teacher_model']}"

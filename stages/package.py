@@ -62,7 +62,8 @@ from typing import Any, Callable
 import numpy as np
 import yaml
 
-from pipeline import artifacts, choose, config as config_mod, cpu, engines, iospec, p2o, reference, runtime, tasks
+from pipeline import artifacts, choose, config as config_mod, cpu, engines, fidelity, iospec, p2o, reference, runtime, \
+    tasks
 from pipeline.config import CompressConfig
 from pipeline.engines import openvino as ov_engine, paddle as paddle_engine
 from pipeline.errors import GateError, InputError, ParityError, PipeError
@@ -263,23 +264,24 @@ def _from_compress(comp: artifacts.Artifact, cfg: PackageConfig, engine: str) ->
     """A compress variant: `--variant`, or the one `pipeline/choose.py` picks from what compress measured here."""
     where = comp.path / artifacts.MANIFEST
     metrics = comp.manifest.get("metrics") or {}
-    variants = metrics.get("variants")
-    if not isinstance(variants, dict) or not variants:
+    if not isinstance(metrics.get("variants"), dict) or not metrics["variants"]:
         raise InputError(f"{where}: metrics.variants is missing; not a compress artifact this pipe reads")
+    ccfg = (comp.manifest.get("config") or {}).get("compress") or {}
+    maximize = tasks.from_interface(comp.manifest["interface"], iospec.IO.from_interface(
+        comp.manifest["interface"]))[0].maximize
+    variants = fidelity.verdicts(metrics, ccfg, maximize)  # compress's verdicts, as stored (or as of an old manifest)
     exp = _lineage_export(comp)
     if cfg.variant:
         name, why = cfg.variant, f"--variant {cfg.variant}"
         if name not in variants:
             raise InputError(f"--variant {name}: {where} has {', '.join(sorted(variants))}")
     else:
-        ccfg = (comp.manifest.get("config") or {}).get("compress") or {}
         ref, ref_name = (variants.get("fp32") or {}).get("accuracy"), "fp32"
         if "distill" in metrics:
             ref, ref_name = metrics["distill"]["teacher_test_acc"], f"teacher {metrics['distill']['teacher_model']}"
         chosen = choose.pick(variants, ref_accuracy=ref, ref_name=ref_name, max_drop=float(ccfg.get("max_drop", 1.0)),
                              optimize=cfg.optimize, engine=engine, precision=cfg.precision, where=f"package: {where}",
-                             maximize=tasks.from_interface(comp.manifest["interface"], iospec.IO.from_interface(
-                                 comp.manifest["interface"]))[0].maximize)
+                             maximize=maximize)
         name, why = chosen.variant, chosen.why
     var = variants[name]
     if not isinstance(var, dict):
@@ -287,7 +289,7 @@ def _from_compress(comp: artifacts.Artifact, cfg: PackageConfig, engine: str) ->
     if var.get("supported") is False:
         raise InputError(f"{where}: the {name} variant could not run where it was made "
                          f"({var.get('reason') or 'unsupported'}); pick another")
-    if str(var.get("status", "")).startswith("below budget"):  # never shipped (compress.min_agreement)
+    if str(var.get("status", "")).startswith(("below budget", fidelity.OVER)):  # compress's verdict: never shipped
         raise GateError(f"{where}: the {name} variant is {var['status']}; pick another")
     if str(var.get("status", "")).startswith("unreliable"):
         print(f"package: note: {name} was measured {var['status']}")

@@ -343,6 +343,37 @@ def test_a_variant_below_the_agreement_budget_is_never_packaged(run, tmp_path, c
     assert not (tmp_path / "pkg").exists()
 
 
+def test_compress_verdict_is_what_package_and_the_report_say(run, tmp_path, cli):
+    """Issue 51 item 4, on the digits model: compress called int8 "ok" (its status left out compress.max_drop)
+    while package refused it for "drop 4.33 points > 1". A manifest as compress wrote it then (status "ok", no
+    `drop_points`), int8 4.33 points below fp32: its verdict is made once at read time by compress's own rule
+    (`fidelity.verdict`), and package (auto and by name) and the report all give that one reason."""
+    from pipeline import report
+
+    work = tmp_path / "run"
+    for stage in ("train", "export", "package"):
+        shutil.copytree(run / stage, work / stage)
+    comp = _stand_in_compress(work, work / "compress")
+    m = json.loads((comp / "manifest.json").read_text())
+    m["metrics"]["variants"]["int8-paddle"].update(accuracy=0.9467, status="ok", shippable=True)
+    m["metrics"]["variants"]["fp32"].update(status="ok", shippable=True)
+    (comp / "manifest.json").write_text(json.dumps(m))  # the manifest is not in its own files list
+    status = "over budget: acc drop 4.33 points > compress.max_drop 1"
+    code, _, err = cli("package", comp, "--out", tmp_path / "pkg", "--engine", "paddle", "--precision", "int8")
+    assert code == 4, err
+    assert f"no variant with engine paddle_inference precision int8 within 1 points of fp32 is shippable here " \
+           f"(int8-paddle ({status}))" in err, err
+    code, _, err = cli("package", comp, "--out", tmp_path / "pkg", "--variant", "int8-paddle")
+    assert code == 4 and err == f"pipe package: {comp / 'manifest.json'}: the int8-paddle variant is {status}; " \
+                                "pick another\n", err
+    assert not (tmp_path / "pkg").exists()
+    md, _ = report.write(work)
+    row = next(line for line in md.read_text(encoding="utf-8").splitlines() if line.startswith("| int8-paddle |"))
+    assert f"| {status} |" in row, row
+    fp32 = next(line for line in md.read_text(encoding="utf-8").splitlines() if line.startswith("| fp32 |"))
+    assert "| ok |" in fp32, fp32
+
+
 def test_compress_refuses_a_changed_export(run, tmp_path, cli):
     work = tmp_path / "run"
     shutil.copytree(run / "train", work / "train")
