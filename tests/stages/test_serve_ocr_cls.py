@@ -22,7 +22,7 @@ from tests.serving_helpers import png_b64 as _png, start_server
 @pytest.fixture(scope="module")
 def package(ppocr_cls_export, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ocr-cls-package") / "package"
-    assert main(["package", str(ppocr_cls_export), "--out", str(out)]) == 0
+    assert main(["package", str(ppocr_cls_export), "--out", str(out), "--engine", "paddle"]) == 0  # as compared
     return out
 
 
