@@ -331,17 +331,9 @@ def _measure(built: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: Pa
                      **fidelity.timing_fields(lat[name], thr[name], task.timing_batch)}
     base = out["fp32"]
     for name, v in out.items():
-        if not v["supported"]:
-            continue
-        v.update(fidelity.speed_fields(name, v, base, task.timing_batch))
-        v["status"] = "ok"
-        if name != "fp32" and v["char_agreement"] < ccfg.min_agreement:
-            v["status"] = (f"below budget: character agreement {v['char_agreement']:.4f} < compress.min_agreement "
-                           f"{ccfg.min_agreement:g}")
-        elif name != "fp32" and v["reference_agreement"] < ccfg.min_agreement:
-            v["status"] = (f"below budget: agreement {v['reference_agreement']:.4f} on the {v['reference_samples']} "
-                           f"reference {getattr(task, 'unit', 'lines')} pipe package checks < compress.min_agreement {ccfg.min_agreement:g}")
-        v["shippable"] = v["status"] == "ok"
+        if v["supported"]:
+            v.update(fidelity.speed_fields(name, v, base, task.timing_batch))
+    fidelity.judge(out, ccfg, None, task.maximize, getattr(task, "unit", "lines"))
     return out, [int(d) for d in next(iter(x32.values())).shape]
 
 
@@ -372,9 +364,8 @@ def _metrics(variants: dict[str, dict[str, Any]], ccfg: CompressConfig, task: An
              shape: list[int], unit: str) -> dict[str, Any]:
     base = variants["fp32"]
     int8 = fidelity.int8_names(variants)
-    ok = [n for n in int8 if variants[n]["shippable"]]
     sign = 1 if task.maximize else -1
-    best = max(ok, key=lambda n: (sign * variants[n]["accuracy"], -variants[n]["latency_ms_p50_bs1"])) if ok else None
+    best = fidelity.best_int8(variants, task.maximize)
     live = [n for n, v in variants.items() if v["supported"]]
     digest = hashlib.sha256()
     for b in calib:

@@ -65,28 +65,89 @@ def _num(v: Any, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
-def status(name: str, v: dict[str, Any], base: dict[str, Any], ccfg: CompressConfig, logits: str,
-           maximize: bool = True) -> str:
-    """'ok', 'below budget: ...' (agreement under compress.min_agreement, or a float output other than the
-    logits under compress.min_sqnr_db: never shipped), or 'unreliable on this CPU: ...' (Paddle int8 where
-    oneDNN has no exact int8 matmul and the int8 model, with the matmul family left in fp32, is not both
-    within budget and faster than fp32)."""
+OVER = "over budget"  # the one verdict that only the monitored metric's drop gives (compress.max_drop)
+
+
+def verdict(name: str, v: dict[str, Any], base: dict[str, Any], ccfg: CompressConfig, logits: str | None,
+            maximize: bool = True, int8_exact: bool | None = None, unit: str = "lines") -> str:
+    """A measured variant's one verdict against fp32 (`base`), made here once: compress stores it as the
+    variant's `status` (and `shippable` = it is 'ok'), its table prints it, and package, choose and the report
+    read it. 'ok', or why not:
+    - 'below budget: ...': agreement with fp32 under compress.min_agreement (top-1 `top1_agreement`; a task
+      that owns its data: `char_agreement` and the `reference_agreement` package checks), or a float output
+      other than the logits under compress.min_sqnr_db;
+    - 'unreliable on this CPU: ...': Paddle int8 where oneDNN has no exact int8 matmul (`int8_exact` False;
+      None: this CPU) that is not both within compress.max_drop and faster than fp32;
+    - 'over budget: ...': the task's monitored metric more than compress.max_drop points worse than fp32's."""
     if name == "fp32":
         return "ok"
-    agree = v["top1_agreement"]  # None: a task without logits is held to the SQNR budget on every float output
-    if agree is not None and agree < ccfg.min_agreement:
-        return f"below budget: top-1 agreement {agree:.4f} < compress.min_agreement {ccfg.min_agreement:g}"
-    for out, f in v["fidelity"].items():
+    agree, budget = v.get("top1_agreement"), ccfg.min_agreement  # None: a task without logits
+    if agree is not None and agree < budget:
+        return f"below budget: top-1 agreement {agree:.4f} < compress.min_agreement {budget:g}"
+    char, ref = v.get("char_agreement"), v.get("reference_agreement")
+    if char is not None and char < budget:
+        return f"below budget: character agreement {char:.4f} < compress.min_agreement {budget:g}"
+    if ref is not None and ref < budget:
+        return (f"below budget: agreement {ref:.4f} on the {v.get('reference_samples')} reference "
+                f"{unit} pipe package checks < compress.min_agreement {budget:g}")
+    for out, f in (v.get("fidelity") or {}).items():
         if out != logits and f.get("sqnr_db") is not None and f["sqnr_db"] < ccfg.min_sqnr_db:
             return (f"below budget: output {out!r} SQNR {f['sqnr_db']:.1f} dB < compress.min_sqnr_db "
                     f"{ccfg.min_sqnr_db:g}")
-    if v["engine"] == paddle_engine.NAME and v["precision"] == "int8" and not cpu.int8_exact(paddle_engine.NAME):
-        drop = (base["accuracy"] - v["accuracy"]) * 100 * (1 if maximize else -1)
-        if drop > ccfg.max_drop or not v["faster_than_fp32"]:
-            return (f"unreliable on this CPU: oneDNN int8 matmul saturates without VNNI, so fc/matmul ran in fp32; "
-                    f"then {'agreement ' + _num(agree, '.4f') + ', ' if agree is not None else ''}drop {drop:.2f} points, {v['speedup_bs1']:.2f}x fp32 at batch 1 "
-                    f"and {v['speedup_bs32']:.2f}x at batch 32: not both within budget and faster")
+    drop = (base["accuracy"] - v["accuracy"]) * 100 * (1 if maximize else -1)
+    over = drop > ccfg.max_drop + 1e-9
+    paddle_int8 = v.get("engine") == paddle_engine.NAME and v.get("precision") == "int8"
+    exact = cpu.int8_exact(paddle_engine.NAME) if int8_exact is None and paddle_int8 else int8_exact
+    if paddle_int8 and exact is False and (over or not v["faster_than_fp32"]):
+        return (f"unreliable on this CPU: oneDNN int8 matmul saturates without VNNI, so fc/matmul ran in fp32; "
+                f"then {'agreement ' + _num(agree, '.4f') + ', ' if agree is not None else ''}drop {drop:.2f} points, "
+                f"{v['speedup_bs1']:.2f}x fp32 at batch 1 and {v['speedup_bs32']:.2f}x at batch 32: not both within "
+                "budget and faster")
+    if over:
+        return f"{OVER}: {v.get('metric') or 'acc'} drop {drop:.2f} points > compress.max_drop {ccfg.max_drop:g}"
     return "ok"
+
+
+def judge(variants: dict[str, dict[str, Any]], ccfg: CompressConfig, logits: str | None, maximize: bool,
+          unit: str = "lines") -> None:
+    """Store each measured variant's verdict (`status`, `shippable`) and the drop it was judged on
+    (`drop_points`, vs fp32; its presence marks a manifest whose verdicts include compress.max_drop)."""
+    base = variants["fp32"]
+    for name, v in variants.items():
+        if not v["supported"]:
+            v.update(status=f"unsupported: {v['reason']}", shippable=False, drop_points=None)
+            continue
+        v["drop_points"] = (base["accuracy"] - v["accuracy"]) * 100 * (1 if maximize else -1)
+        v["status"] = verdict(name, v, base, ccfg, logits, maximize, unit=unit)
+        v["shippable"] = v["status"] == "ok"
+
+
+def verdicts(metrics: dict[str, Any], compress_config: dict[str, Any] | None, maximize: bool
+             ) -> dict[str, dict[str, Any]]:
+    """A compress manifest's `metrics.variants` with their verdicts, as package, choose and the report read
+    them: as stored; a manifest from before `drop_points` (its `status` left out compress.max_drop) gets
+    `verdict` once here, on what it recorded (a stored refusal stands: the CPU checks ran where it was made)."""
+    variants = metrics.get("variants")
+    if not isinstance(variants, dict) or not isinstance(variants.get("fp32"), dict):
+        return variants if isinstance(variants, dict) else {}
+    live = [v for v in variants.values() if isinstance(v, dict) and v.get("supported") is not False]
+    if all("drop_points" in v for v in live):
+        return variants
+    cc = compress_config if isinstance(compress_config, dict) else {}
+    budget = {k: next((float(x) for x in (metrics.get(k), cc.get(k)) if isinstance(x, (int, float))),
+                      getattr(CompressConfig, k)) for k in ("max_drop", "min_agreement", "min_sqnr_db")}
+    ccfg, base, out = CompressConfig(**budget), variants["fp32"], dict(variants)
+    numbers = ("accuracy", "top1_agreement", "char_agreement", "reference_agreement")
+    for name, v in variants.items():
+        if not (isinstance(v, dict) and v.get("supported") is not False and isinstance(v.get("accuracy"), float)
+                and isinstance(base.get("accuracy"), float) and v.get("status", "ok") == "ok"
+                and all(isinstance(v.get(k), (float, int, type(None))) for k in numbers)
+                and isinstance(v.get("fidelity") or {}, dict)):
+            continue  # a refusal stored (or junk a reader shows as it is)
+        status = verdict(name, v, base, ccfg, metrics.get("logits_output"), maximize, int8_exact=True)
+        out[name] = {**v, "status": status, "shippable": status == "ok",
+                     "drop_points": (base["accuracy"] - v["accuracy"]) * 100 * (1 if maximize else -1)}
+    return out
 
 
 def timing_fields(lat: list[float], thr: list[float], batch: int) -> dict[str, float]:
@@ -115,6 +176,14 @@ def speed_note(s1: float, s32: float, batch: int = 32) -> str:
         return f"no faster than fp32 at {where} ({s:.2f}x, within 5%)"
 
     return f"{one(s1, 'batch 1')}; {one(s32, f'batch {batch}')}"
+
+
+def best_int8(variants: dict[str, dict[str, Any]], maximize: bool) -> str | None:
+    """The int8 variant the gate judges: the best by the monitored metric (then the quickest at batch 1) of those
+    whose verdict is ok or only over the drop budget; None when every one is refused for agreement or this CPU."""
+    ok = [n for n in int8_names(variants) if variants[n]["shippable"] or variants[n]["status"].startswith(OVER)]
+    sign = 1 if maximize else -1
+    return max(ok, key=lambda n: (sign * variants[n]["accuracy"], -variants[n]["latency_ms_p50_bs1"])) if ok else None
 
 
 def int8_names(variants: dict[str, dict[str, Any]]) -> list[str]:
@@ -210,6 +279,7 @@ def _verdict(name: str, v: dict[str, Any]) -> str:
 def gate(metrics: dict[str, Any], variants: dict[str, dict[str, Any]], ccfg: CompressConfig, n: int) -> None:
     """An int8 variant within budget, at most max_drop points below fp32, or exit 4 (nothing written)."""
     drop = metrics["int8_drop_points"]
+    best = metrics["best_int8"]
     if not int8_names(variants):
         raise PipeError("int8: no int8 variant could be built (" + "; ".join(
             f"{k}: {why}" for k, why in metrics["int8_unsupported"].items()) + ")")
@@ -217,8 +287,7 @@ def gate(metrics: dict[str, Any], variants: dict[str, dict[str, Any]], ccfg: Com
         raise GateError("int8 gate: no int8 variant within budget on this CPU (" + "; ".join(
             f"{k}: {why}" for k, why in metrics["int8_not_shippable"].items()) + f"); CPU: {cpu.summary()}; "
             "nothing written")
-    if drop > ccfg.max_drop:
-        best = metrics["best_int8"]
+    if not variants[best]["shippable"]:  # its verdict: over budget (compress.max_drop)
         others = ", ".join(f"{k} {variants[k]['accuracy']:.2%}" for k in int8_names(variants) if k != best)
         what = "" if metrics["metric"] == "acc" else f"{metrics['metric']} "  # classification: the accuracy
         raise GateError(f"int8 gate: best int8 variant {best} {what}{variants[best]['accuracy']:.2%} vs fp32 "

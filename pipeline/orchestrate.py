@@ -193,6 +193,9 @@ def _run_all(cfg: RunConfig, run_dir: Path, resume: str | None, force: str | Non
     step("package", {"config": dataclasses.asdict(pcfg), "variant": choice.variant,
                      "input": _manifest_sha(choice.model_dir)},
          lambda: package.run(pcfg, choice.model_dir, run_dir / "package"))
+    if choice.engine == "auto":  # an export: pipe package measured its engines and says what it shipped
+        shipped = _read(run_dir / "package")
+        choice = dataclasses.replace(choice, engine=shipped["engine"], why=f"{choice.why}; {shipped['chosen']['why']}")
     cache.record["packaged"] = {"variant": choice.variant, "engine": choice.engine, "precision": choice.precision,
                                 "why": choice.why,
                                 "from": os.path.relpath(choice.model_dir, run_dir)}
@@ -250,15 +253,18 @@ def choose(cfg: RunConfig, export_dir: Path, compress_dir: Path | None) -> Choic
     from pipeline import choose as choose_mod, engines
 
     task = _task(export_dir)
-    if compress_dir is None:  # an export measures no engine: release.engine names one, else Paddle Inference
+    if compress_dir is None:  # release.engine names an engine, else pipe package measures the export's fp32 ones
         acc = _read(export_dir).get("metrics", {}).get(f"test_{task.monitor}")
-        engine = "paddle_inference" if cfg.release.engine == "auto" else engines.resolve(cfg.release.engine,
-                                                                                          "release.engine")
+        engine = "auto" if cfg.release.engine == "auto" else engines.resolve(cfg.release.engine, "release.engine")
         why = "no compress stage configured (compress.int8/distill off)" + (
-            f"; release.engine {cfg.release.engine}" if cfg.release.engine != "auto" else "")
+            f"; release.engine {cfg.release.engine}" if cfg.release.engine != "auto" else
+            "; pipe package measures the export's fp32 engines")
         return Choice(export_dir, "", "fp32", why, acc, engine)
-    metrics = _read(compress_dir)["metrics"]
-    variants = metrics.get("variants") or {}
+    from pipeline import fidelity
+
+    comp = _read(compress_dir)
+    metrics = comp["metrics"]
+    variants = fidelity.verdicts(metrics, (comp.get("config") or {}).get("compress"), task.maximize)
     ref, ref_name = (variants.get("fp32") or {}).get("accuracy"), "fp32"
     if "distill" in metrics:  # the variants are the student's; the budget is against the teacher
         ref, ref_name = metrics["distill"]["teacher_test_acc"], f"teacher {metrics['distill']['teacher_model']}"
@@ -272,7 +278,7 @@ def choose(cfg: RunConfig, export_dir: Path, compress_dir: Path | None) -> Choic
             raise
         acc = _read(export_dir).get("metrics", {}).get(f"test_{task.monitor}")
         return Choice(export_dir, "", "fp32", f"no student variant within {cfg.compress.max_drop:.2f} points of the "
-                      f"{ref_name} ({str(e).split(' (', 1)[-1].rstrip(')')}): the teacher's fp32 export", acc)
+                      f"{ref_name} ({str(e).split(' (', 1)[-1].rstrip(')')}): the teacher's fp32 export", acc, "auto")
     why = got.why
     if "distill" in metrics:
         why = f"distilled student {metrics['distill']['student']}: " + why

@@ -337,6 +337,11 @@ def _variant_rows(stages: dict[str, Stage], task: Task) -> tuple[list[tuple[str,
     if not isinstance(variants, dict) or not variants:
         notes.append("The compress manifest records no variants.")
         return rows, notes
+    from pipeline import fidelity
+
+    # compress's one verdict per variant, as stored (a manifest from before it covered compress.max_drop: once, here)
+    variants = fidelity.verdicts(_get(comp.manifest, "metrics", default={}),
+                                 _get(comp.manifest, "config", "compress"), task.maximize is not False)
     prefix = f"student {distill.get('student') or '?'} " if isinstance(distill, dict) else ""
     if prefix:
         notes.append(f"Distilled: compress trained student `{distill.get('student')}` from teacher "

@@ -14,13 +14,13 @@ _ROUNDS, _SEGMENTS, _BLOCK_WARMUP = 10, 2, 3  # see interleaved()
 _SWITCH_PAUSE_S = 0.3  # > KMP_BLOCKTIME (200 ms): the other engine's threads have stopped spinning
 
 
-def interleaved(groups: list[dict[str, Callable[[Feeds], Feeds]]], x: Feeds, n: int, warmup: int = WARMUP
-                ) -> dict[str, list[float]]:
+def interleaved(groups: list[dict[str, Callable[[Feeds], Feeds]]], x: Feeds, n: int, warmup: int = WARMUP,
+                block_warmup: int = _BLOCK_WARMUP) -> dict[str, list[float]]:
     """Seconds per call of each variant's `run` (`runner`) on `x`, one batch of every input by name; `n` per
     variant. Each group (one engine) is timed in `_SEGMENTS` turns, groups alternating; within a turn every
     variant runs a block of calls per round, the order rotating each round, so a noisy neighbour or a clock
-    change hits fp32 and int8 alike. The first `_BLOCK_WARMUP` calls of a block (threads waking up) are not
-    timed.
+    change hits fp32 and int8 alike. The first `block_warmup` calls of a block (threads waking up; 3 unless
+    a caller with few, long calls says fewer) are not timed.
 
     Engines are not mixed call by call: Paddle's OpenMP threads spin ~200 ms after a call (KMP_BLOCKTIME)
     and onnxruntime's spin too, so alternating engines measured their fight for the 2 cores (fp32 p50
@@ -40,9 +40,9 @@ def interleaved(groups: list[dict[str, Callable[[Feeds], Feeds]]], x: Feeds, n: 
                 k = r % len(names)
                 for name in names[k:] + names[:k]:
                     todo = min(block, n - len(times[name]))
-                    for i in range(_BLOCK_WARMUP + todo if todo > 0 else 0):
+                    for i in range(block_warmup + todo if todo > 0 else 0):
                         t0 = time.perf_counter()
                         runs[name](x)
-                        if i >= _BLOCK_WARMUP:
+                        if i >= block_warmup:
                             times[name].append(time.perf_counter() - t0)
     return times

@@ -26,10 +26,12 @@ and the data it was trained on. Every input and output goes by name (the export'
   against fp32 over up to 4,096 samples of all splits, `fidelity` (every output by public name: float
   outputs `sqnr_db` = 10 log10(sum ref^2 / sum (ref - got)^2), null when identical, and `max_abs_diff`;
   other outputs `equal`, the fraction of equal elements), size, p50/p99 latency at batch 1, items/s at
-  batch 32, the engine as it describes itself, and a status: `ok`, `below budget` (agreement <
+  batch 32, the engine as it describes itself, and its one verdict, `status` (`pipeline/fidelity.py`
+  `verdict`; `shippable` is status `ok`, `drop_points` the drop it judged): `ok`, `below budget` (agreement <
   `compress.min_agreement`, or a float output other than the logits below `compress.min_sqnr_db`, named),
-  `unreliable on this CPU` (Paddle int8 without VNNI that is not both within budget and faster) or
-  `unsupported`. `metrics.cpu` is this CPU's int8 capability (`pipeline/cpu.py`), which decides the int8
+  `unreliable on this CPU` (Paddle int8 without VNNI that is not both within budget and faster), `over
+  budget` (test accuracy more than `compress.max_drop` points below fp32's) or `unsupported`. The table,
+  `pipe package` and the report read this status; none judges a variant again. `metrics.cpu` is this CPU's int8 capability (`pipeline/cpu.py`), which decides the int8
   settings.
 
 Both int8 routes calibrate on the same `calib_batches` x `calib_batch_size` samples drawn (seeded)
@@ -542,12 +544,10 @@ def _measure(engines: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: 
     base = out["fp32"]
     for name, v in out.items():
         if not v["supported"]:
-            v.update(speedup_bs1=None, speedup_bs32=None, faster_than_fp32=None, note=v["reason"],
-                     status=f"unsupported: {v['reason']}", shippable=False)
+            v.update(speedup_bs1=None, speedup_bs32=None, faster_than_fp32=None, note=v["reason"])
             continue
         v.update(fidelity.speed_fields(name, v, base))
-        v["status"] = fidelity.status(name, v, base, ccfg, logits, io["task"].maximize)
-        v["shippable"] = v["status"] == "ok"
+    fidelity.judge(out, ccfg, logits or None, io["task"].maximize)
     if "int8-onnx" in out and "onnx-fp32" in out and out["int8-onnx"]["supported"]:  # int8 on its own engine
         own, v = out["onnx-fp32"], out["int8-onnx"]
         s1 = own["latency_ms_p50_bs1"] / v["latency_ms_p50_bs1"]
@@ -599,9 +599,7 @@ def _metrics(variants: dict[str, dict[str, Any]], parity: dict[str, Any], ccfg: 
              calib: Feeds, n_test: int, threads: int, io: dict[str, Any], cap: dict[str, Any]) -> dict[str, Any]:
     base = variants["fp32"]
     int8 = fidelity.int8_names(variants)
-    ok = [n for n in int8 if variants[n]["shippable"]]  # best_int8 is None when none is within budget
-    sign = 1 if io["task"].maximize else -1
-    best = max(ok, key=lambda n: (sign * variants[n]["accuracy"], -variants[n]["latency_ms_p50_bs1"])) if ok else None
+    best = fidelity.best_int8(variants, io["task"].maximize)  # None when none is within budget
     drop = drop_points(base, variants[best], io["task"].maximize) if best else None
     live = [n for n, v in variants.items() if v["supported"]]
     method, extra = quantize.ORT_CALIB[ccfg.algo]

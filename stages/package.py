@@ -3,14 +3,17 @@
     pipe package runs/exp1/compress                       # the fastest measured variant+engine within budget
     pipe package runs/exp1/compress --engine openvino --optimize latency
     pipe package runs/exp1/compress --variant int8-paddle --max-batch-size 64
-    pipe package runs/exp1/export                          # Paddle Inference fp32 (or --precision bf16)
+    pipe package runs/exp1/export                          # its fastest fp32 engine, measured here (once)
 
 Reads a verified `export/` (fp32, or bf16: the same PIR program run with oneDNN bf16) or `compress/`
-artifact. From a compress artifact the variant is `--variant`, or the one `pipeline/choose.py` picks from
-the manifest's `metrics.variants` (measured on this machine, every engine) for `--engine auto|paddle|
-onnxruntime|openvino`, `--precision` and `--optimize`; variants with `source: export` point back to the
-export through the manifest's input lineage. Writes `package/`, copied from an allowlist (inference-format
-files only, never a pickle):
+artifact. From an export with `--engine auto` at fp32, the fp32 engines it has files for are measured here
+on the reference set and `pipeline/choose.py` picks among them as after compress (`pipeline/export_engines.py`:
+the measurement is recorded in `metrics.engine_measurement` and cached by the export's manifest sha256, so a
+second package of the same export measures nothing). From a compress artifact the variant is `--variant`, or
+the one `pipeline/choose.py` picks from the manifest's `metrics.variants` (measured on this machine, every
+engine) for `--engine auto|paddle|onnxruntime|openvino`, `--precision` and `--optimize`; variants with
+`source: export` point back to the export through the manifest's input lineage. Writes `package/`, copied
+from an allowlist (inference-format files only, never a pickle):
 
     model.json | model.pdmodel, model.pdiparams   the model the chosen engine runs (Paddle Inference: the
     | model.onnx                                  PIR or legacy program; onnxruntime: the ONNX; OpenVINO:
@@ -62,7 +65,8 @@ from typing import Any, Callable
 import numpy as np
 import yaml
 
-from pipeline import artifacts, choose, config as config_mod, cpu, engines, iospec, p2o, reference, runtime, tasks
+from pipeline import artifacts, choose, config as config_mod, cpu, engines, fidelity, iospec, p2o, reference, runtime, \
+    tasks
 from pipeline.config import CompressConfig
 from pipeline.engines import openvino as ov_engine, paddle as paddle_engine
 from pipeline.errors import GateError, InputError, ParityError, PipeError
@@ -125,6 +129,9 @@ class _Source:
     onnx_precision: str = ""
     variant_metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
     vocab: Path | None = None  # text models: the export's vocabulary file
+    measure: bool = False  # an export with --engine auto: its fp32 engines are measured (`_measured`)
+    measurement: dict[str, Any] | None = None  # what `_measured` found (pipeline/export_engines.py)
+    reference_set: tuple[dict[str, np.ndarray], Any] | None = None  # the set `_measured` ran, drawn once
 
 
 def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
@@ -133,7 +140,6 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
     _check_config(cfg)
     src = artifacts.verify(in_dir, ("export", "compress"))
     source = _select(src, cfg)
-    print(f"package: {source.variant} on {source.engine} ({source.why})")
     iface = source.interface
     desc, task, info = _io(src, iface)  # by the export's (PIR) program names
     if not cfg.max_batch_size:
@@ -145,6 +151,9 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
     runtime.import_paddle(threads)
     fp32 = _load(paddle_engine.NAME, [source.fp32_program, source.fp32_params], threads, "fp32")
     fp32_run = _runner(fp32, desc, source.fp32_program)
+    if source.measure:
+        source = _measured(src, source, cfg, text, desc, task, info, threads)
+    print(f"package: {source.variant} on {source.engine} ({source.why})")
     y_refs = [fp32_run(feeds) for feeds in checks]
     packaged = _packaged_engine(source, fp32, threads)
     names = packaged or _load(source.engine, source.files, threads, "fp32")  # bf16 this CPU cannot run: io names
@@ -164,6 +173,8 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
                                    "reference": ref_check, "cpu": cpu.capability()}
         metrics.update({f"variant_{k}": v for k, v in source.variant_metrics.items()
                         if isinstance(v, (int, float, str)) and not isinstance(v, bool)})
+        if source.measurement is not None:
+            metrics["engine_measurement"] = source.measurement
         triton = None
         if cfg.triton:
             triton = _triton(w.dir / "triton" / name, name, source, desc, served, iface["labels"], cfg,
@@ -228,8 +239,9 @@ def _select(src: artifacts.Artifact, cfg: PackageConfig) -> _Source:
 
 
 def _from_export(exp: artifacts.Artifact, precision: str, engine: str) -> _Source:
-    """An export measures no engine: `auto` runs Paddle Inference; another engine runs what it can read
-    (OpenVINO the legacy program, onnxruntime the `pipe export --onnx` file)."""
+    """`auto` at fp32: the fp32 engines the export has files for are measured once the model loads (`_measured`);
+    bf16 runs on Paddle Inference; another engine runs what it can read (OpenVINO the legacy program, onnxruntime
+    the `pipe export --onnx` or `pipe import` file)."""
     if exp.manifest.get("format") != "pir":
         raise InputError(f"{exp.path / artifacts.MANIFEST}: format {exp.manifest.get('format')!r}, "
                          "expected a PIR export (model.json)")
@@ -239,9 +251,9 @@ def _from_export(exp: artifacts.Artifact, precision: str, engine: str) -> _Sourc
     if engine and engine != paddle_engine.NAME and precision != "fp32":
         raise InputError(f"--engine {engine} --precision {precision}: only Paddle Inference runs bf16")
     if engine in ("", paddle_engine.NAME):
-        why = ("an export has no engine measurements: Paddle Inference (pipe compress measures the others)"
-               if not engine else "--engine paddle")
-        source = _Source([program, params], "pir", paddle_engine.NAME, precision, f"export-{precision}", why=why, **base)
+        why = "--engine paddle" if engine else "only Paddle Inference runs bf16"
+        source = _Source([program, params], "pir", paddle_engine.NAME, precision, f"export-{precision}", why=why,
+                         measure=not engine and precision == "fp32", **base)
     elif engine == ov_engine.NAME and (exp.manifest.get("legacy") or {}).get("available", True) \
             and "legacy" in exp.manifest:
         leg = exp.manifest["legacy"]
@@ -259,27 +271,59 @@ def _from_export(exp: artifacts.Artifact, precision: str, engine: str) -> _Sourc
     return source
 
 
+def _measured(exp: artifacts.Artifact, source: _Source, cfg: PackageConfig, text: dict[str, Any] | None,
+              desc: iospec.IO, task: Any, info: tasks.Info, threads: int) -> _Source:
+    """An export's fp32 engines measured on the reference set (`pipeline/export_engines.py`: this machine's
+    measurement, cached by the export's manifest sha256) and the one `pipeline/choose.py` picks, as after
+    compress."""
+    from pipeline import export_engines
+
+    x, targets = _reference_set(exp, source, text, desc, task, info)
+    ccfg = (exp.manifest.get("config") or {}).get("compress") or {}
+    budget = CompressConfig(**{k: float(ccfg.get(k, getattr(CompressConfig, k)))
+                               for k in ("max_drop", "min_agreement", "min_sqnr_db")})
+    found = export_engines.measured(exp, desc, task, info, x, targets, budget, threads, cfg.max_batch_size)
+    variants = found["variants"]
+    chosen = choose.pick(variants, ref_accuracy=variants["fp32"]["accuracy"], ref_name="fp32",
+                         max_drop=budget.max_drop, optimize=cfg.optimize, where=f"package: {exp.path}",
+                         maximize=task.maximize)
+    v = variants[chosen.variant]
+    files = [exp.file(f) for f in v["files"]] or source.files
+    said = "measured here" if found["measured_here"] else \
+        f"this machine's measurement of the export, from {found['cache']}"
+    picked = dataclasses.replace(source, files=files, format=v["format"], engine=v["engine"],
+                                 variant=f"export-{'fp32' if v['format'] == 'pir' else v['format']}",
+                                 why=f"{said}: {chosen.why}", measure=False, reference_set=(x, targets),
+                                 variant_metrics={k: v[k] for k in ("latency_ms_p50_bs1", "latency_ms_p99_bs1",
+                                                                    "items_per_s_bs32", "speedup_bs1", "speedup_bs32",
+                                                                    "throughput_batch")},
+                                 measurement={k: found[k] for k in ("measured_here", "cache", "variants")}
+                                 | {"chosen": chosen.variant})
+    return picked
+
+
 def _from_compress(comp: artifacts.Artifact, cfg: PackageConfig, engine: str) -> _Source:
     """A compress variant: `--variant`, or the one `pipeline/choose.py` picks from what compress measured here."""
     where = comp.path / artifacts.MANIFEST
     metrics = comp.manifest.get("metrics") or {}
-    variants = metrics.get("variants")
-    if not isinstance(variants, dict) or not variants:
+    if not isinstance(metrics.get("variants"), dict) or not metrics["variants"]:
         raise InputError(f"{where}: metrics.variants is missing; not a compress artifact this pipe reads")
+    ccfg = (comp.manifest.get("config") or {}).get("compress") or {}
+    maximize = tasks.from_interface(comp.manifest["interface"], iospec.IO.from_interface(
+        comp.manifest["interface"]))[0].maximize
+    variants = fidelity.verdicts(metrics, ccfg, maximize)  # compress's verdicts, as stored (or as of an old manifest)
     exp = _lineage_export(comp)
     if cfg.variant:
         name, why = cfg.variant, f"--variant {cfg.variant}"
         if name not in variants:
             raise InputError(f"--variant {name}: {where} has {', '.join(sorted(variants))}")
     else:
-        ccfg = (comp.manifest.get("config") or {}).get("compress") or {}
         ref, ref_name = (variants.get("fp32") or {}).get("accuracy"), "fp32"
         if "distill" in metrics:
             ref, ref_name = metrics["distill"]["teacher_test_acc"], f"teacher {metrics['distill']['teacher_model']}"
         chosen = choose.pick(variants, ref_accuracy=ref, ref_name=ref_name, max_drop=float(ccfg.get("max_drop", 1.0)),
                              optimize=cfg.optimize, engine=engine, precision=cfg.precision, where=f"package: {where}",
-                             maximize=tasks.from_interface(comp.manifest["interface"], iospec.IO.from_interface(
-                                 comp.manifest["interface"]))[0].maximize)
+                             maximize=maximize)
         name, why = chosen.variant, chosen.why
     var = variants[name]
     if not isinstance(var, dict):
@@ -287,7 +331,7 @@ def _from_compress(comp: artifacts.Artifact, cfg: PackageConfig, engine: str) ->
     if var.get("supported") is False:
         raise InputError(f"{where}: the {name} variant could not run where it was made "
                          f"({var.get('reason') or 'unsupported'}); pick another")
-    if str(var.get("status", "")).startswith("below budget"):  # never shipped (compress.min_agreement)
+    if str(var.get("status", "")).startswith(("below budget", fidelity.OVER)):  # compress's verdict: never shipped
         raise GateError(f"{where}: the {name} variant is {var['status']}; pick another")
     if str(var.get("status", "")).startswith("unreliable"):
         print(f"package: note: {name} was measured {var['status']}")
@@ -461,12 +505,7 @@ def _reference(src: artifacts.Artifact, source: _Source, cfg: PackageConfig, tex
     output of a task without logits) nothing is written (exit 4): a package never ships what fails its own
     check. The task's metrics on the set's targets (fp32 and packaged) are recorded, not gated."""
     exp = src if src.stage == "export" else _lineage_export(src)
-    vocab = serving_spec.check_vocab(source.vocab, text) if text is not None else None
-    if tasks.dynamic(task):  # the task's own lines, prepared as served, one tensor
-        arr, targets = task.reference_set(config_mod.from_dict(exp.manifest["config"]).data, info, reference.SAMPLES)
-        x = {desc.inputs[0].name: arr}
-    else:
-        x, targets = reference.draw_set(exp.manifest["config"], exp.manifest["interface"], vocab)
+    x, targets = source.reference_set or _reference_set(exp, source, text, desc, task, info)
     ccfg = (src.manifest.get("config") or {}).get("compress") or {}
     # configs recorded before compress.min_sqnr_db existed get its default
     budget = float(ccfg.get("min_agreement", 0.99))
@@ -497,6 +536,16 @@ def _reference(src: artifacts.Artifact, source: _Source, cfg: PackageConfig, tex
         raise GateError(f"package: {source.variant} fails its own {reference.describe(result, budget)} on this CPU "
                         f"({cpu.summary()}); nothing written. Package fp32: pipe package {src.path} --precision fp32")
     return x, y, out, digest
+
+
+def _reference_set(exp: artifacts.Artifact, source: _Source, text: dict[str, Any] | None, desc: iospec.IO, task: Any,
+                   info: tasks.Info) -> tuple[dict[str, np.ndarray], Any]:
+    """The reference set's inputs (by the interface's input names) and targets, drawn from the export's data."""
+    vocab = serving_spec.check_vocab(source.vocab, text) if text is not None else None
+    if tasks.dynamic(task):  # the task's own lines, prepared as served, one tensor
+        arr, targets = task.reference_set(config_mod.from_dict(exp.manifest["config"]).data, info, reference.SAMPLES)
+        return {desc.inputs[0].name: arr}, targets
+    return reference.draw_set(exp.manifest["config"], exp.manifest["interface"], vocab)
 
 
 def _copy_model(src: Path, dest: Path) -> None:

@@ -44,7 +44,7 @@ def two_inputs_run(tmp_root: Path) -> Path:
         with examples_importable():
             assert main(["train", "--config", str(YAML), "--run", str(run), "--epochs", str(EPOCHS)]) == 0
             assert main(["export", str(run / "train"), "--onnx"]) == 0
-            assert main(["package", str(run / "export")]) == 0
+            assert main(["package", str(run / "export"), "--engine", "paddle"]) == 0
         _BUILT["run"] = run
     return _BUILT["run"]
 

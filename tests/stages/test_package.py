@@ -113,11 +113,11 @@ def test_manifest_and_lineage(run):
     assert m["stage"] == "package" and m["format"] == "pir" and m["precision"] == "fp32" and m["name"] == "digits_cnn"
     assert m["input"]["stage"] == "export" and m["input"]["path"] == "../export"
     assert m["input"]["manifest_sha256"] == artifacts.verify(run / "export", ("export",)).manifest_sha256
-    assert m["config"]["package"] == {"precision": "", "engine": "auto", "optimize": "balanced", "variant": "",
+    assert m["config"]["package"] == {"precision": "", "engine": "paddle", "optimize": "balanced", "variant": "",
                                       "name": "", "max_batch_size": 32, "max_wait_ms": 2.0,
                                       "triton": True, "onnx_parity_tol": 1e-4}
-    assert m["engine"] == "paddle_inference" and m["chosen"]["engine"] == "auto"
-    assert m["chosen"]["why"].startswith("an export has no engine measurements: Paddle Inference")
+    assert m["engine"] == "paddle_inference" and m["chosen"]["engine"] == "paddle"  # the fixture asks for Paddle
+    assert m["chosen"]["why"] == "--engine paddle" and "engine_measurement" not in m["metrics"]  # nothing measured
     assert {k: v for k, v in m["config"].items() if k != "package"} == exp["config"]
     assert m["interface"]["inputs"] == exp["interface"]["inputs"]
     assert m["interface"]["outputs"] == exp["interface"]["outputs"]
@@ -131,7 +131,7 @@ def test_serving_yaml(run):
     assert doc["schema"] == 1 and doc["name"] == "digits_cnn" and doc["precision"] == "fp32"
     assert doc["model"] == {"format": "pir", "program": "model.json", "params": "model.pdiparams",
                             "variant": "export-fp32", "engine": "paddle_inference"}
-    assert doc["engine"]["name"] == "paddle_inference" and doc["engine"]["chosen"] == "auto"
+    assert doc["engine"]["name"] == "paddle_inference" and doc["engine"]["chosen"] == "paddle"
     assert doc["inputs"] == [{"name": "x", "alias": "x", "dtype": "float32", "shape": [-1, 1, 8, 8]}]
     assert doc["outputs"] == [{"name": iface["outputs"][0]["name"], "alias": "logits", "dtype": "float32",
                                "shape": [-1, 10], "role": "logits"}]
@@ -247,7 +247,7 @@ def test_export_onnx_is_reused(run, tmp_path):
     exp = tmp_path / "export"
     assert main(["export", str(run / "train"), "--out", str(exp), "--onnx"]) == 0
     out = tmp_path / "package"
-    assert main(["package", str(exp), "--out", str(out)]) == 0
+    assert main(["package", str(exp), "--out", str(out), "--engine", "paddle"]) == 0
     assert (out / "triton/digits_cnn/1/model.onnx").read_bytes() == (exp / "model.onnx").read_bytes()
     assert yaml.safe_load((out / "serving.yaml").read_text())["triton"]["onnx_source"] == "export"
     assert _files(out) == ALLOWLIST_PIR  # the export's model.onnx is not copied beside the program
@@ -342,6 +342,84 @@ def test_a_variant_below_the_agreement_budget_is_never_packaged(run, tmp_path, c
     assert code == 4, err
     assert err == f"pipe package: {comp / 'manifest.json'}: the int8-paddle variant is {status}; pick another\n"
     assert not (tmp_path / "pkg").exists()
+
+
+def test_compress_verdict_is_what_package_and_the_report_say(run, tmp_path, cli):
+    """Issue 51 item 4, on the digits model: compress called int8 "ok" (its status left out compress.max_drop)
+    while package refused it for "drop 4.33 points > 1". A manifest as compress wrote it then (status "ok", no
+    `drop_points`), int8 4.33 points below fp32: its verdict is made once at read time by compress's own rule
+    (`fidelity.verdict`), and package (auto and by name) and the report all give that one reason."""
+    from pipeline import report
+
+    work = tmp_path / "run"
+    for stage in ("train", "export", "package"):
+        shutil.copytree(run / stage, work / stage)
+    comp = _stand_in_compress(work, work / "compress")
+    m = json.loads((comp / "manifest.json").read_text())
+    m["metrics"]["variants"]["int8-paddle"].update(accuracy=0.9467, status="ok", shippable=True)
+    m["metrics"]["variants"]["fp32"].update(status="ok", shippable=True)
+    (comp / "manifest.json").write_text(json.dumps(m))  # the manifest is not in its own files list
+    status = "over budget: acc drop 4.33 points > compress.max_drop 1"
+    code, _, err = cli("package", comp, "--out", tmp_path / "pkg", "--engine", "paddle", "--precision", "int8")
+    assert code == 4, err
+    assert f"no variant with engine paddle_inference precision int8 within 1 points of fp32 is shippable here " \
+           f"(int8-paddle ({status}))" in err, err
+    code, _, err = cli("package", comp, "--out", tmp_path / "pkg", "--variant", "int8-paddle")
+    assert code == 4 and err == f"pipe package: {comp / 'manifest.json'}: the int8-paddle variant is {status}; " \
+                                "pick another\n", err
+    assert not (tmp_path / "pkg").exists()
+    md, _ = report.write(work)
+    row = next(line for line in md.read_text(encoding="utf-8").splitlines() if line.startswith("| int8-paddle |"))
+    assert f"| {status} |" in row, row
+    fp32 = next(line for line in md.read_text(encoding="utf-8").splitlines() if line.startswith("| fp32 |"))
+    assert "| ok |" in fp32, fp32
+
+
+@pytest.mark.slow
+def test_an_export_package_measures_its_engines_once_and_ships_the_fastest(run, tmp_path, monkeypatch):
+    """Issue 51 item 7: `pipe package EXPORT` (--engine auto) measures the fp32 engines the export has files for
+    (Paddle on the PIR program, OpenVINO on the legacy one; onnxruntime when it has model.onnx) on the reference
+    set, records the measurement, and ships what choose.py's rule picks from it: the best score within budget
+    if it beats Paddle fp32 by 5%, else Paddle. A second package of the same export reuses the measurement
+    (nothing timed again: the same numbers, `measured_here` false); --engine still forces one, measuring
+    nothing."""
+    from pipeline import choose
+
+    monkeypatch.setenv("PIPE_CACHE_DIR", str(tmp_path / "cache"))  # this test's own measurement cache
+    exp = run / "export"
+    assert main(["package", str(exp), "--out", str(tmp_path / "p1"), "--no-triton"]) == 0
+    m = _manifest(tmp_path / "p1")
+    rec = m["metrics"]["engine_measurement"]
+    v = rec["variants"]
+    assert rec["measured_here"] is True and (tmp_path / "cache" / "engines").is_dir()
+    assert {"fp32", "openvino-fp32"} <= set(v) and v["fp32"]["engine"] == "paddle_inference"
+    for name, x in v.items():
+        if x["supported"]:
+            assert x["latency_ms_p50_bs1"] > 0 and x["items_per_s_bs32"] > 0 and x["reference_samples"] == 256, name
+            assert x["status"] == "ok" and x["reference_agreement"] >= 0.99, (name, x["status"])
+    ok = {n: x for n, x in v.items() if x["shippable"]}
+    best = max(ok, key=lambda n: choose.score(ok[n], "balanced"))
+    want = best if choose.score(ok[best], "balanced") >= choose.FASTER and best != "fp32" and \
+        min(ok[best]["speedup_bs1"], ok[best]["speedup_bs32"]) >= 1 / choose.FASTER else "fp32"
+    assert rec["chosen"] == want and m["engine"] == v[want]["engine"] and m["format"] == v[want]["format"], rec
+    assert m["chosen"]["why"].startswith("measured here: ") and m["metrics"]["reference"]["top1_agreement"] >= 0.99
+    doc = yaml.safe_load((tmp_path / "p1" / "serving.yaml").read_text())
+    assert doc["engine"]["measured"]["speedup_bs1"] == v[want]["speedup_bs1"]
+
+    assert main(["package", str(exp), "--out", str(tmp_path / "p2"), "--no-triton"]) == 0
+    again = _manifest(tmp_path / "p2")
+    assert again["metrics"]["engine_measurement"]["measured_here"] is False
+    assert again["metrics"]["engine_measurement"]["variants"] == v  # every timing as recorded: none was taken again
+    assert again["engine"] == m["engine"] and "from " + rec["cache"] in again["chosen"]["why"]
+    Path(rec["cache"]).write_text('{"key": {"schema": 1}, "varia')  # a cache that does not parse: measured again
+    assert main(["package", str(exp), "--out", str(tmp_path / "p4"), "--no-triton"]) == 0
+    assert _manifest(tmp_path / "p4")["metrics"]["engine_measurement"]["measured_here"] is True
+    assert json.loads(Path(rec["cache"]).read_text())["variants"].keys() == v.keys()
+
+    assert main(["package", str(exp), "--out", str(tmp_path / "p3"), "--no-triton", "--engine", "onnxruntime"]) == 2
+    assert main(["package", str(exp), "--out", str(tmp_path / "p3"), "--no-triton", "--engine", "paddle"]) == 0
+    forced = _manifest(tmp_path / "p3")
+    assert forced["engine"] == "paddle_inference" and "engine_measurement" not in forced["metrics"]
 
 
 def test_compress_refuses_a_changed_export(run, tmp_path, cli):

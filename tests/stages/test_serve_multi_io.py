@@ -511,7 +511,7 @@ def ernie_run(tmp_path_factory) -> Path:
     assert main(["train", "--config", str(ERNIE), "--data", str(data), "--run", str(run), "--epochs", "1",
                  "--set", "data.max_len=32", "--set", "train.batch_size=16", "--set", "train.warmup_epochs=0"]) == 0
     assert main(["export", str(run / "train")]) == 0
-    assert main(["package", str(run / "export")]) == 0
+    assert main(["package", str(run / "export"), "--engine", "paddle"]) == 0
     return run
 
 

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow(reason="serves the real PP-OCRv4 text-line classif
 @pytest.fixture(scope="module")
 def package(ppocr_cls_export, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ocr-cls-package") / "package"
-    assert main(["package", str(ppocr_cls_export), "--out", str(out)]) == 0
+    assert main(["package", str(ppocr_cls_export), "--out", str(out), "--engine", "paddle"]) == 0  # as compared
     return out
 
 

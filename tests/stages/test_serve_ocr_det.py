@@ -29,7 +29,7 @@ NAME = "ch_PP-OCRv4_det_infer"
 @pytest.fixture(scope="module")
 def package(ppocr_det_export, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ocr-det-package") / "package"
-    assert main(["package", str(ppocr_det_export), "--out", str(out)]) == 0
+    assert main(["package", str(ppocr_det_export), "--out", str(out), "--engine", "paddle"]) == 0  # as compared
     return out
 
 

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow(reason="serves the real PP-OCRv4 recognizer")
 @pytest.fixture(scope="module")
 def package(ppocr_rec_export, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ocr-package") / "package"
-    assert main(["package", str(ppocr_rec_export), "--out", str(out)]) == 0
+    assert main(["package", str(ppocr_rec_export), "--out", str(out), "--engine", "paddle"]) == 0  # as compared
     return out
 
 

@@ -32,7 +32,7 @@ def package(ppocr_det_export, ppocr_cls_export, ppocr_rec_export, tmp_path_facto
     out = tmp_path_factory.mktemp("ocr-system") / "ocr"
     # any order: each part's role is its task
     assert main(["package", str(ppocr_rec_export), str(ppocr_det_export), str(ppocr_cls_export), "--out", str(out),
-                 "--no-triton"]) == 0
+                 "--no-triton", "--engine", "paddle"]) == 0  # what `system` (Paddle in-process) is compared with
     return out
 
 
@@ -188,6 +188,29 @@ def test_each_part_answers_on_its_own_endpoints(server, system):
     r = httpx.get(server.url + "/v2/models/nothing-here")
     assert r.status_code == 404 and "nothing-here" in r.json()["error"]
     assert httpx.get(server.url + "/readyz").json() == {"status": "ready"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # three imports when run alone (~4 min here), then each part's three engines measured
+def test_the_documented_build_ships_each_part_on_its_measured_engine(ppocr_det_export, ppocr_cls_export,
+                                                                     ppocr_rec_export, tmp_path, monkeypatch):
+    """Issue 51 item 7: `pipe package DET CLS REC` of imports, as docs/ocr.md builds it (no --engine), measures each
+    part's fp32 engines (Paddle, onnxruntime on the import's model.onnx, OpenVINO) and ships each on the engine
+    choose.py picks from that measurement; the system's manifest says which."""
+    from pipeline import choose
+
+    monkeypatch.setenv("PIPE_CACHE_DIR", str(tmp_path / "cache"))  # measured here, not reused from another test
+    out = tmp_path / "ocr"
+    assert main(["package", str(ppocr_det_export), str(ppocr_cls_export), str(ppocr_rec_export), "--out", str(out),
+                 "--no-triton"]) == 0
+    system = json.loads((out / "manifest.json").read_text())
+    for role in ("det", "cls", "rec"):
+        m = json.loads((out / role / "manifest.json").read_text())
+        rec = m["metrics"]["engine_measurement"]
+        v = rec["variants"]
+        assert rec["measured_here"] is True and {"fp32", "onnx-fp32", "openvino-fp32"} <= set(v), (role, rec)
+        want = choose.pick(v, ref_accuracy=v["fp32"]["accuracy"], ref_name="fp32", max_drop=1.0).variant
+        assert rec["chosen"] == want and m["engine"] == v[want]["engine"] == system["metrics"][f"{role}_engine"], role
 
 
 def test_compositions_that_are_no_system_are_refused_in_one_line(ppocr_det_export, ppocr_cls_export, tmp_path,

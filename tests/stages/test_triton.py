@@ -626,7 +626,7 @@ def detection_triton(tritonserver, tmp_path_factory):
                  # a 1-epoch model scores below the example's 0.3: keep low-scoring boxes so there are some
                  "--set", "postprocess.score_threshold=0.01", "--set", "postprocess.max_detections=10"]) == 0
     assert main(["export", str(run / "train")]) == 0
-    assert main(["package", str(run / "export")]) == 0
+    assert main(["package", str(run / "export"), "--engine", "paddle"]) == 0
     package = run / "package"
     name = yaml.safe_load((package / "serving.yaml").read_text(encoding="utf-8"))["triton"]["model"]
     before = tree_hash(package / "triton")
