@@ -343,7 +343,9 @@ def test_perf_analyzer_drives_http_and_grpc(served, run, tmp_path):
     entries = json.loads(data.read_text())["data"]
     assert len(entries) == 3 and all(np.isfinite(e[n]["content"]).all() for e in entries for n in e), entries
     for proto, url in (("http", srv.url.removeprefix("http://")), ("grpc", address)):
-        point = perf.measure(cmd, env, MODEL, url, proto, 2, perf.Flags(1000, 50, 5), data, tmp_path / f"{proto}.csv")
+        # what is tested is that perf_analyzer drives the server, not a figure: any stability will do, since the
+        # other xdist worker loads the 2 cores unevenly (CI failed once on 50% with "Failed to obtain stable measurement")
+        point = perf.measure(cmd, env, MODEL, url, proto, 2, perf.Flags(1000, 100, 10), data, tmp_path / f"{proto}.csv")
         assert not point.error, (proto, point.error)
         assert point.rate > 100 and 0 < point.p50 <= point.p99, (proto, point)
         with (tmp_path / f"{proto}.csv").open(newline="") as f:
