@@ -27,6 +27,12 @@ from pipeline.engines import feeds as feeds_mod, ort as ort_engine
 from pipeline.errors import InputError, PipeError
 
 NAME = "openvino"
+# The CPU plugin keeps the kernels it builds for each input shape in a cache of 5,000 entries by default. A
+# model whose shapes come from the data (PP-OCRv4 det on pages of any size) fills it shape by shape: each det
+# predictor grew from 0.4 to 1.0 GB over 600 pages of mixed sizes (pipe predict, 2 workers). Measured on that det
+# program, one shape takes some 25-40 entries (a cap of 300 stopped the growth after ~10 new shapes, 1,000 after
+# ~30); with no cache at all a page took within the noise of a cached one. So the cache is capped per shape.
+RUNTIME_CACHE_PER_SHAPE = 200
 FORMATS = ("onnx", "legacy", "ir")  # what it reads: model.onnx, model.pdmodel + model.pdiparams, or its own
 # model.xml + model.bin (what `pipe compress` writes for a model NNCF quantized)
 
@@ -74,9 +80,11 @@ def available() -> str:
     return ""
 
 
-def load(files: list[Path], *, threads: int, precision: str = "fp32", device: str = "cpu") -> Engine:
+def load(files: list[Path], *, threads: int, precision: str = "fp32", device: str = "cpu",
+         cache_capacity: int = 0) -> Engine:
     """`files` = [model.onnx], [model.pdmodel, model.pdiparams] or [model.xml, model.bin]. device: cpu, or gpu[:N] (OpenVINO's GPU
-    plugin: the same code path, never run here)."""
+    plugin: the same code path, never run here). `cache_capacity` > 0 caps the CPU plugin's kernel cache at about
+    that many input shapes (`RUNTIME_CACHE_PER_SHAPE`), as Paddle's oneDNN cache is capped per shape."""
     gpu = runtime.device_index(device, "--device")
     if precision not in ("fp32", "int8"):
         raise PipeError(f"OpenVINO precision {precision!r}: expected fp32 or int8")
@@ -98,6 +106,9 @@ def load(files: list[Path], *, threads: int, precision: str = "fp32", device: st
     core = ov.Core()
     target, config = "CPU", {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
                              "INFERENCE_PRECISION_HINT": "f32", "ENABLE_CPU_PINNING": False}
+    if cache_capacity > 0:
+        config["CPU_RUNTIME_CACHE_CAPACITY"] = cache_capacity * RUNTIME_CACHE_PER_SHAPE
+        info["runtime_cache"] = config["CPU_RUNTIME_CACHE_CAPACITY"]
     if gpu is not None:
         target, config = f"GPU.{gpu}", {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
         if target not in core.available_devices and not (gpu == 0 and "GPU" in core.available_devices):

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import engines, runtime
+from pipeline import engines, runtime, tasks
 from pipeline.errors import InputError, PipeError
 from pipeline.serving import gcpause
 from pipeline.serving.spec import Spec
@@ -215,7 +215,11 @@ def load_engine(spec: Spec, engine: str, threads: int, cache_capacity: int = 0, 
     if spec.precision == "bf16" and runtime.bf16_unsupported():
         raise InputError(f"{spec.dir}: a bf16 package, but {runtime.bf16_unsupported()}; package the "
                          "model with --precision fp32")
-    extra = {"cache_capacity": cache_capacity} if engine == "paddle_inference" else {}
+    extra = {}
+    if engine == "paddle_inference" or (engine == "openvino" and tasks.dynamic(spec.task)):
+        # oneDNN's (and OpenVINO's) kernels per input shape, capped: a task whose shapes come from the data (a
+        # page's size) otherwise grows the cache with every new shape (pipeline/engines/openvino.py)
+        extra = {"cache_capacity": cache_capacity}
     try:
         eng = engines.ENGINES[engine].load(list(spec.files), threads=threads, precision=spec.precision,
                                            device=device, **extra)
