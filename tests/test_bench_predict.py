@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from PIL import Image
 
 from pipeline.bench import paddleocr_peer, predict
 
@@ -167,3 +168,23 @@ def test_peer_guard_refuses_and_records_network_calls():
     assert r.returncode == 0, r.stderr
     assert "NOT REFUSED" not in r.stdout and r.stdout.count("network access refused") == 2, r.stdout
     assert r.stdout.strip().splitlines()[-1] == "[\"connect ('127.0.0.1', 9)\", \"getaddrinfo 'pypi.org'\"]"
+
+
+@pytest.mark.slow
+def test_a_real_classifier_against_its_engine_alone(ppocr_cls_export, tmp_path):
+    """The classifier row on the real textline classifier (ocr_cls, a dynamic-shape task fed at its example shape):
+    its engine alone at each batch, then `pipe predict` over PNGs of the input's size; the row names both rates."""
+    from pipeline.cli import main
+
+    package = tmp_path / "cls"
+    assert main(["package", str(ppocr_cls_export), "--no-triton", "--out", str(package)]) == 0
+    alone = predict.engine_alone(package, batches=(1, 8))
+    assert alone["batch"] in (1, 8) and alone["items_s"] > 0
+    what, result, goal, status = predict._versus_alone(package, tmp_path, 24, "cls", ">= 0.8x")
+    assert status in ("met", "**missed**"), result
+    ratio, rate = result.split("x (")[0], result.split("(")[1].split(" vs ")[0]
+    assert float(ratio) > 0 and float(rate) > 0
+    rows = (tmp_path / "predict-cls" / "predictions.jsonl").read_text().splitlines()
+    assert len(rows) == 24  # every image answered
+    with Image.open(tmp_path / "images-cls" / "00000.png") as im:
+        assert im.size == (192, 48)  # ocr_cls's 48 x 192 input, written as W x H
