@@ -1,0 +1,270 @@
+"""`pipe predict --ray` on a real 2-node Ray cluster started here (127.0.0.2 head, 127.0.0.3 worker, one CPU, its
+own temp dir, memory and object store each; facts §18) with the session's digits package: rows from actors on both
+nodes equal local predict's; an actor SIGKILLed mid-job and a driver SIGKILLed then rerun still give every item
+exactly once; an unreachable address, a missing extra and an input no node can read are refused in one line with
+nothing written; `--ray local`. The cluster is stopped by killing its own processes (never `ray stop`, which kills
+every Ray process on the host); teardown checks that no process of it and nothing new in /dev/shm is left."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.predict import output
+from tests.conftest import main_in_fresh_process
+from tests.serving_helpers import REPO
+from tests.stages.test_predict import _images, make_pdf, package, rows  # noqa: F401 (the module's package fixture)
+
+pytest.importorskip("ray.data", reason="the ray extra is not installed (pip install 'paddle-pipe[ray]')")
+pytestmark = pytest.mark.slow(reason="a real 2-node Ray cluster (~10 s to start) and Paddle actors on it")
+
+RAY = Path(sys.executable).parent / "ray"
+HEAD, WORKER = "127.0.0.2", "127.0.0.3"
+ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(REPO), "KMP_BLOCKTIME": "0"}
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _procs() -> dict[int, tuple[int, bytes]]:
+    """pid -> (ppid, cmdline) of every running process (not zombies: this container's init reaps none)."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
+            if state != "Z":
+                found[int(stat.parent.name)] = (int(ppid), (stat.parent / "cmdline").read_bytes())
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def _cluster_pids(marks: list[str]) -> set[int]:
+    """The processes of our cluster: those naming one of its temp dirs or its GCS address, and all their
+    descendants (workers rename themselves `ray::...`; actors' predictor processes). Never this process."""
+    procs = _procs()
+    mine = {pid for pid, (_, cmd) in procs.items() if any(m.encode() in cmd for m in marks)} - {os.getpid()}
+    grew = True
+    while grew:
+        more = {pid for pid, (ppid, _) in procs.items() if ppid in mine} - mine
+        mine |= more
+        grew = bool(more)
+    return mine
+
+
+def _actors(marks: list[str]) -> list[int]:
+    procs = _procs()
+    return [pid for pid in _cluster_pids(marks) if b"_Predict" in procs.get(pid, (0, b""))[1]]
+
+
+class Cluster:
+    def __init__(self) -> None:
+        self.dirs = [tempfile.mkdtemp(prefix="pipe-ray-test-") for _ in range(2)]  # short: socket paths
+        self.port = _free_port(HEAD)
+        self.address = f"{HEAD}:{self.port}"
+        self.marks = [*self.dirs, self.address]  # what our processes' command lines name
+        self.env = dict(os.environ, **ENV)
+
+    def start(self) -> None:
+        common = ["--num-cpus", "1", "--memory", str(1500 << 20), "--object-store-memory", str(200 << 20),
+                  "--disable-usage-stats"]
+        subprocess.run([str(RAY), "start", "--head", "--node-ip-address", HEAD, "--port", str(self.port),
+                        "--temp-dir", self.dirs[0], "--include-dashboard", "false", *common,
+                        "--ray-client-server-port", str(_free_port(HEAD)),
+                        "--min-worker-port", "20000", "--max-worker-port", "20999"],
+                       env=self.env, check=True, capture_output=True, timeout=120)
+        subprocess.run([str(RAY), "start", "--address", self.address, "--node-ip-address", WORKER,
+                        "--temp-dir", self.dirs[1], *common, "--min-worker-port", "21000", "--max-worker-port", "21999"],
+                       env=self.env, check=True, capture_output=True, timeout=120)
+
+    def stop(self) -> list[int]:
+        """Kill every process of ours (never `ray stop`); the pids still alive after 20 s. The whole tree is
+        listed before any kill (a killed raylet's workers are re-parented to init)."""
+        for _ in range(3):  # a raylet may start a worker while we kill: look again
+            for pid in _cluster_pids(self.marks):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(1)
+        deadline = time.monotonic() + 20
+        while _cluster_pids(self.marks) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = sorted(_cluster_pids(self.marks))
+        for d in self.dirs:
+            shutil.rmtree(d, ignore_errors=True)
+        return left
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    shm = set(os.listdir("/dev/shm"))
+    c = Cluster()
+    try:
+        c.start()
+        yield c
+    finally:
+        left = c.stop()
+        new_shm = set(os.listdir("/dev/shm")) - shm
+    assert left == [], f"processes of the test's Ray cluster left: {left}"
+    assert new_shm == set(), f"left in /dev/shm: {sorted(new_shm)}"
+
+
+def _by_key(path: Path) -> dict:
+    return {(r["source"], r["page"], r["sha256"]): r for r in rows(path)} if path.exists() else {}
+
+
+def _lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def _cmd(package: Path, inputs: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "pipeline.cli", "predict", str(package), str(inputs), "--out", str(out), *extra]
+
+
+def test_two_nodes_give_local_predicts_rows(package, cluster, tmp_path, cli):  # noqa: F811
+    """Images, a PDF's pages and a corrupt file: the same rows and error rows as local predict (any order), from
+    actors on both nodes; the summary says which node answered how many."""
+    _images(tmp_path / "in", n=60)
+    make_pdf(tmp_path / "in" / "doc.pdf", pages=3)
+    (tmp_path / "in" / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really a png")
+    code, _, err = cli("predict", package, tmp_path / "in", "--out", tmp_path / "local", "--workers", "1")
+    assert code == 5, err
+    code, stdout, err = cli("predict", package, tmp_path / "in", "--out", tmp_path / "ray", "--ray", cluster.address,
+                            "--batch", "2")
+    assert code == 5, err
+    assert err.strip().splitlines()[-1] == f"pipe predict: 1 of 64 items failed; see {tmp_path / 'ray' / output.ERRORS}"
+    local, ray = _by_key(tmp_path / "local" / output.PREDICTIONS), _by_key(tmp_path / "ray" / output.PREDICTIONS)
+    assert len(ray) == 63 and ray == local
+    assert _by_key(tmp_path / "ray" / output.ERRORS) == _by_key(tmp_path / "local" / output.ERRORS)
+    s = json.loads((tmp_path / "ray" / output.SUMMARY).read_text())
+    assert (s["items"], s["done"], s["failed"], s["workers"], s["threads"]) == (64, 63, 1, 2, 1)
+    assert set(s["ray"]["items_by_node"]) == {HEAD, WORKER}, s["ray"]  # actors on both nodes answered
+    assert s["ray"]["cpus_by_node"] == {HEAD: 1.0, WORKER: 1.0}
+    assert json.loads((tmp_path / "ray" / output.FINGERPRINT).read_text()) == \
+        json.loads((tmp_path / "local" / output.FINGERPRINT).read_text())
+    # a rerun into the same DIR: nothing to do (the images are hashed by the actors, the pages by the driver)
+    code, _, err = cli("predict", package, tmp_path / "in", "--out", tmp_path / "ray", "--ray", cluster.address)
+    assert code == 5, err
+    s = json.loads((tmp_path / "ray" / output.SUMMARY).read_text())
+    assert (s["items"], s["done"], s["skipped"], s["previously_failed"]) == (64, 0, 64, 1)
+    assert len(rows(tmp_path / "ray" / output.PREDICTIONS)) == 63
+
+
+def test_actor_killed_mid_job_every_item_once(package, cluster, tmp_path):  # noqa: F811
+    paths = _images(tmp_path / "in", n=400)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(_cmd(package, tmp_path / "in", out, "--ray", cluster.address, "--batch", "1"),
+                            cwd=REPO, env=cluster.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while _lines(out / output.PREDICTIONS) < 20 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        actors = _actors(cluster.marks)
+        assert proc.poll() is None and len(actors) == 2, (actors, proc.poll())
+        os.kill(actors[0], signal.SIGKILL)
+        killed_at = _lines(out / output.PREDICTIONS)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert killed_at < len(paths)  # the kill was mid-job
+    got = rows(out / output.PREDICTIONS)
+    assert sorted(r["source"] for r in got) == sorted(map(str, paths))  # every item exactly once
+    s = json.loads((out / output.SUMMARY).read_text())
+    assert (s["items"], s["done"], s["failed"]) == (400, 400, 0)
+
+
+def test_driver_killed_then_rerun_resumes(package, cluster, tmp_path):  # noqa: F811
+    paths = _images(tmp_path / "in", n=300)
+    out = tmp_path / "out"
+    cmd = _cmd(package, tmp_path / "in", out, "--ray", cluster.address, "--batch", "1")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=cluster.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while _lines(out / output.PREDICTIONS) < 10 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait(30)
+    first = _lines(out / output.PREDICTIONS)
+    assert 0 < first < len(paths)
+    gone = time.monotonic() + 30  # the dead driver's job: Ray ends its actors (and they their predictors)
+    while _actors(cluster.marks) and time.monotonic() < gone:
+        time.sleep(0.5)
+    assert _actors(cluster.marks) == []
+    r = subprocess.run(cmd, cwd=REPO, env=cluster.env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    raw = (out / output.PREDICTIONS).read_bytes()
+    got = [json.loads(line) for line in raw.splitlines()]  # every line whole JSON
+    assert sorted(g["source"] for g in got) == sorted(map(str, paths))  # each item exactly once
+    s = json.loads((out / output.SUMMARY).read_text())
+    assert s["skipped"] >= first and s["done"] + s["skipped"] == len(paths) and s["failed"] == 0
+
+
+def test_refusals_are_one_line_and_write_nothing(package, cluster, tmp_path, cli):  # noqa: F811
+    """An address nobody listens on (both forms), an input no node can read: one line, nothing in DIR."""
+    _images(tmp_path / "in", n=2)
+    out = tmp_path / "out"
+    closed = f"{HEAD}:{_free_port(HEAD)}"
+    for address in (closed, f"ray://{closed}"):
+        code, _, err = cli("predict", package, tmp_path / "in", "--out", out, "--ray", address)
+        assert code == 1 and err.count("\n") == 1 and err.startswith(f"pipe predict: --ray {address}: cannot reach"), err
+    code, _, err = cli("predict", package, tmp_path / "in", "--out", out, "--ray", "nonsense")
+    assert code == 2 and err == ("pipe predict: error: --ray nonsense: expected local, auto, ray://HOST:PORT or "
+                                 "HOST:PORT\n")
+    code, _, err = cli("predict", package, tmp_path / "in", "--out", out, "--ray", cluster.address, "--workers", "3")
+    assert code == 2 and "--workers 3 x --threads 1: the cluster holds 2 such actors" in err and err.count("\n") == 1
+    # a file the driver lists but the nodes cannot read (ours are on this host: a FIFO stands for a missing mount)
+    os.mkfifo(tmp_path / "in" / "elsewhere.png")
+    code, _, err = cli("predict", package, tmp_path / "in", "--out", out, "--ray", cluster.address)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"pipe predict: error: {tmp_path / 'in' / 'elsewhere.png'}: not readable on the Ray node ")
+    assert not out.exists()
+
+
+_NO_RAY = """import sys
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "ray" or name.startswith("ray."):
+            raise ImportError(f"No module named {name!r}")
+sys.meta_path.insert(0, _Block())
+from pipeline.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_without_the_extra_one_line_says_how_to_install(package, tmp_path):  # noqa: F811
+    _images(tmp_path / "in", n=2)
+    r = subprocess.run([sys.executable, "-c", _NO_RAY, "predict", str(package), str(tmp_path / "in"), "--out",
+                        str(tmp_path / "out"), "--ray", "auto"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("pipe predict: error: --ray: Ray Data does not import here (")
+    assert r.stderr.endswith("; pip install 'paddle-pipe[ray]'\n")
+    assert not (tmp_path / "out").exists()
+
+
+def test_ray_local_gives_local_predicts_rows(package, tmp_path):  # noqa: F811
+    """`--ray local`: a Ray instance in the pipe process itself, ended with it (no process left, its temp dir
+    removed)."""
+    _images(tmp_path / "in", n=12)
+    code, err, left = main_in_fresh_process("predict", package, tmp_path / "in", "--out", tmp_path / "ray",
+                                            "--ray", "local", "--batch", "4")
+    assert code == 0 and left == [], err[-3000:]
+    code, err, _ = main_in_fresh_process("predict", package, tmp_path / "in", "--out", tmp_path / "local")
+    assert code == 0, err[-3000:]
+    assert _by_key(tmp_path / "ray" / output.PREDICTIONS) == _by_key(tmp_path / "local" / output.PREDICTIONS)
+    assert len(rows(tmp_path / "ray" / output.PREDICTIONS)) == 12
+    assert not list(Path(tempfile.gettempdir()).glob("pipe-ray-[!t]*"))
