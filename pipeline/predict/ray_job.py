@@ -164,24 +164,25 @@ def todo(items: Iterable[Item | Problem], out: output.Output) -> tuple[list[dict
 
 
 def check_reachable(sources: list[str]) -> None:
-    """Every source file readable on every alive node (one task pinned to each), or InputError naming the first
-    that is not and the node."""
+    """Every source file readable on every alive node (one task pinned to each; a relative path from this
+    process's working directory, as the actors read it), or InputError naming the first that is not and the
+    node."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    ref = ray.put(sources)
+    ref = ray.put([os.path.join(os.getcwd(), s) for s in sources])
     nodes = [n for n in ray.nodes() if n["Alive"]]
     check = ray.remote(num_cpus=0, max_retries=2)(_unreadable)
     got = ray.get([check.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
                    .remote(ref) for n in nodes])
     for n, bad in zip(nodes, got, strict=True):
         if bad:
-            raise InputError(f"{bad[0]}: not readable on the Ray node {n['NodeManagerAddress']} (with --ray every "
+            raise InputError(f"{sources[bad[0]]}: not readable on the Ray node {n['NodeManagerAddress']} (with --ray every "
                              f"input must be readable on every node: a shared filesystem or the same paths)")
 
 
-def _unreadable(sources: list[str]) -> list[str]:
-    return [s for s in sources if not (os.path.isfile(s) and os.access(s, os.R_OK))]
+def _unreadable(paths: list[str]) -> list[int]:
+    return [i for i, p in enumerate(paths) if not (os.path.isfile(p) and os.access(p, os.R_OK))]
 
 
 def package_files(package_dir: Path) -> dict[str, bytes]:
@@ -222,9 +223,11 @@ class _Predict:
     start) become one `fatal` row the driver raises, rather than a Ray traceback."""
 
     def __init__(self, package: list[Any], manifest_sha256: str, make_model: Callable[[Path, int], Any],
-                 threads: int, dpi: float, version: str):
+                 threads: int, dpi: float, version: str, cwd: str):
         import ray
 
+        if os.path.isdir(cwd):
+            os.chdir(cwd)  # relative INPUT paths read as the driver reads them (this actor serves one job)
         self.node = ray.util.get_node_ip_address()
         self.model = None
         self.fatal: dict[str, Any] | None = None
@@ -302,7 +305,8 @@ def run(docs: list[dict[str, Any]], out: output.Output, counts: run_mod.Counts, 
         _Predict, batch_size=batch, batch_format="numpy", num_cpus=threads,
         compute=ray.data.ActorPoolStrategy(size=workers),
         fn_constructor_kwargs={"package": [ref], "manifest_sha256": manifest_sha256, "make_model": make_model,
-                               "threads": threads, "dpi": dpi, "version": __version__})
+                               "threads": threads, "dpi": dpi, "version": __version__,
+                               "cwd": os.getcwd()})
     try:
         for b in ds.iter_batches(batch_size=None, batch_format="numpy"):
             rows, errors, keys = [], [], set()

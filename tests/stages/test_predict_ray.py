@@ -227,12 +227,25 @@ def test_refusals_are_one_line_and_write_nothing(package, cluster, tmp_path, cli
                                  "HOST:PORT\n")
     code, _, err = cli("predict", package, tmp_path / "in", "--out", out, "--ray", cluster.address, "--workers", "3")
     assert code == 2 and "--workers 3 x --threads 1: the cluster holds 2 such actors" in err and err.count("\n") == 1
-    # a file the driver lists but the nodes cannot read (ours are on this host: a FIFO stands for a missing mount)
-    os.mkfifo(tmp_path / "in" / "elsewhere.png")
-    code, _, err = cli("predict", package, tmp_path / "in", "--out", out, "--ray", cluster.address)
-    assert code == 2 and err.count("\n") == 1, err
-    assert err.startswith(f"pipe predict: error: {tmp_path / 'in' / 'elsewhere.png'}: not readable on the Ray node ")
     assert not out.exists()
+
+
+def test_an_input_no_node_can_read_is_refused_naming_it(package, cluster, tmp_path):  # noqa: F811
+    """The driver alone sees the inputs (a tmpfs mounted in its own mount namespace, as a disk only the driver's
+    machine has): refused before anything is written, naming the file and the node."""
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("unshare -m (a mount namespace) is not permitted here")
+    _images(tmp_path / "src", n=2)
+    private, out = tmp_path / "private", tmp_path / "out"
+    private.mkdir()
+    cmd = " ".join(_cmd(package, private, out, "--ray", cluster.address))
+    r = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs none {private} && cp -r {tmp_path / 'src'}/. "
+                        f"{private} && exec {cmd}"], cwd=REPO, env=cluster.env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr[-3000:]
+    assert r.stderr.startswith(f"pipe predict: error: {private / 'img0_00.png'}: not readable on the Ray node ")
+    assert "every input must be readable on every node" in r.stderr
+    assert not out.exists() and not any(private.iterdir())
 
 
 _NO_RAY = """import sys
@@ -267,4 +280,7 @@ def test_ray_local_gives_local_predicts_rows(package, tmp_path):  # noqa: F811
     assert code == 0, err[-3000:]
     assert _by_key(tmp_path / "ray" / output.PREDICTIONS) == _by_key(tmp_path / "local" / output.PREDICTIONS)
     assert len(rows(tmp_path / "ray" / output.PREDICTIONS)) == 12
-    assert not list(Path(tempfile.gettempdir()).glob("pipe-ray-[!t]*"))
+    tmp = Path(tempfile.gettempdir())
+    assert [p.name for p in tmp.glob("pipe-ray-*") if not p.name.startswith("pipe-ray-test-")] in (
+        [], ["pipe-ray-packages"])  # the local instance's temp dir removed
+    assert not list((tmp / "pipe-ray-packages").glob("*"))  # each actor's copy of the package removed
