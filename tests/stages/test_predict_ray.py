@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.bench.ray_cluster import HEAD, WORKER, LoopbackCluster, free_port
 from pipeline.predict import output
 from tests.conftest import main_in_fresh_process
 from tests.serving_helpers import REPO
@@ -28,91 +27,13 @@ from tests.stages.test_predict import _images, make_pdf, package, rows  # noqa: 
 pytest.importorskip("ray.data", reason="the ray extra is not installed (pip install 'paddle-pipe[ray]')")
 pytestmark = pytest.mark.slow(reason="a real 2-node Ray cluster (~10 s to start) and Paddle actors on it")
 
-RAY = Path(sys.executable).parent / "ray"
-HEAD, WORKER = "127.0.0.2", "127.0.0.3"
-ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(REPO), "KMP_BLOCKTIME": "0"}
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _procs() -> dict[int, tuple[int, bytes]]:
-    """pid -> (ppid, cmdline) of every running process (not zombies: this container's init reaps none)."""
-    found = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
-            if state != "Z":
-                found[int(stat.parent.name)] = (int(ppid), (stat.parent / "cmdline").read_bytes())
-        except (OSError, IndexError, ValueError):
-            continue
-    return found
-
-
-def _cluster_pids(marks: list[str]) -> set[int]:
-    """The processes of our cluster: those naming one of its temp dirs or its GCS address, and all their
-    descendants (workers rename themselves `ray::...`; actors' predictor processes). Never this process."""
-    procs = _procs()
-    mine = {pid for pid, (_, cmd) in procs.items() if any(m.encode() in cmd for m in marks)} - {os.getpid()}
-    grew = True
-    while grew:
-        more = {pid for pid, (ppid, _) in procs.items() if ppid in mine} - mine
-        mine |= more
-        grew = bool(more)
-    return mine
-
-
-def _actors(marks: list[str]) -> list[int]:
-    procs = _procs()
-    return [pid for pid in _cluster_pids(marks) if b"_Predict" in procs.get(pid, (0, b""))[1]]
-
-
-class Cluster:
-    def __init__(self) -> None:
-        self.dirs = [tempfile.mkdtemp(prefix="pipe-ray-test-") for _ in range(2)]  # short: socket paths
-        self.port = _free_port(HEAD)
-        self.address = f"{HEAD}:{self.port}"
-        self.marks = [*self.dirs, self.address]  # what our processes' command lines name
-        self.env = dict(os.environ, **ENV)
-
-    def start(self) -> None:
-        common = ["--num-cpus", "1", "--memory", str(1500 << 20), "--object-store-memory", str(200 << 20),
-                  "--disable-usage-stats"]
-        subprocess.run([str(RAY), "start", "--head", "--node-ip-address", HEAD, "--port", str(self.port),
-                        "--temp-dir", self.dirs[0], "--include-dashboard", "false", *common,
-                        "--ray-client-server-port", str(_free_port(HEAD)),
-                        "--min-worker-port", "20000", "--max-worker-port", "20999"],
-                       env=self.env, check=True, capture_output=True, timeout=120)
-        subprocess.run([str(RAY), "start", "--address", self.address, "--node-ip-address", WORKER,
-                        "--temp-dir", self.dirs[1], *common, "--min-worker-port", "21000", "--max-worker-port", "21999"],
-                       env=self.env, check=True, capture_output=True, timeout=120)
-
-    def stop(self) -> list[int]:
-        """Kill every process of ours (never `ray stop`); the pids still alive after 20 s. The whole tree is
-        listed before any kill (a killed raylet's workers are re-parented to init)."""
-        for _ in range(3):  # a raylet may start a worker while we kill: look again
-            for pid in _cluster_pids(self.marks):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(1)
-        deadline = time.monotonic() + 20
-        while _cluster_pids(self.marks) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        left = sorted(_cluster_pids(self.marks))
-        for d in self.dirs:
-            shutil.rmtree(d, ignore_errors=True)
-        return left
+ENV = {"PYTHONPATH": str(REPO), "KMP_BLOCKTIME": "0"}
 
 
 @pytest.fixture(scope="module")
 def cluster():
     shm = set(os.listdir("/dev/shm"))
-    c = Cluster()
+    c = LoopbackCluster(env=ENV)
     try:
         c.start()
         yield c
@@ -129,6 +50,16 @@ def _by_key(path: Path) -> dict:
 
 def _lines(path: Path) -> int:
     return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def _job_processes_gone(cluster: LoopbackCluster, seconds: float = 30) -> bool:
+    """No actor of ours and no predictor process (an actor's child) left on the cluster within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not cluster.pids(b"_Predict") and not cluster.pids(b"pipeline.serving.predictor"):
+            return True
+        time.sleep(0.5)
+    return False
 
 
 def _cmd(package: Path, inputs: Path, out: Path, *extra: str) -> list[str]:
@@ -173,7 +104,7 @@ def test_actor_killed_mid_job_every_item_once(package, cluster, tmp_path):  # no
         deadline = time.monotonic() + 120
         while _lines(out / output.PREDICTIONS) < 20 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        actors = _actors(cluster.marks)
+        actors = cluster.pids(b"_Predict")
         assert proc.poll() is None and len(actors) == 2, (actors, proc.poll())
         os.kill(actors[0], signal.SIGKILL)
         killed_at = _lines(out / output.PREDICTIONS)
@@ -187,6 +118,7 @@ def test_actor_killed_mid_job_every_item_once(package, cluster, tmp_path):  # no
     assert sorted(r["source"] for r in got) == sorted(map(str, paths))  # every item exactly once
     s = json.loads((out / output.SUMMARY).read_text())
     assert (s["items"], s["done"], s["failed"]) == (400, 400, 0)
+    assert _job_processes_gone(cluster)  # the killed actor's predictor too
 
 
 def test_driver_killed_then_rerun_resumes(package, cluster, tmp_path):  # noqa: F811
@@ -201,10 +133,7 @@ def test_driver_killed_then_rerun_resumes(package, cluster, tmp_path):  # noqa: 
     proc.wait(30)
     first = _lines(out / output.PREDICTIONS)
     assert 0 < first < len(paths)
-    gone = time.monotonic() + 30  # the dead driver's job: Ray ends its actors (and they their predictors)
-    while _actors(cluster.marks) and time.monotonic() < gone:
-        time.sleep(0.5)
-    assert _actors(cluster.marks) == []
+    assert _job_processes_gone(cluster)  # the dead driver's job: Ray ends its actors, and they their predictors
     r = subprocess.run(cmd, cwd=REPO, env=cluster.env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     raw = (out / output.PREDICTIONS).read_bytes()
@@ -212,13 +141,14 @@ def test_driver_killed_then_rerun_resumes(package, cluster, tmp_path):  # noqa: 
     assert sorted(g["source"] for g in got) == sorted(map(str, paths))  # each item exactly once
     s = json.loads((out / output.SUMMARY).read_text())
     assert s["skipped"] >= first and s["done"] + s["skipped"] == len(paths) and s["failed"] == 0
+    assert _job_processes_gone(cluster)
 
 
 def test_refusals_are_one_line_and_write_nothing(package, cluster, tmp_path, cli):  # noqa: F811
     """An address nobody listens on (both forms), an input no node can read: one line, nothing in DIR."""
     _images(tmp_path / "in", n=2)
     out = tmp_path / "out"
-    closed = f"{HEAD}:{_free_port(HEAD)}"
+    closed = f"{HEAD}:{free_port(HEAD)}"
     for address in (closed, f"ray://{closed}"):
         code, _, err = cli("predict", package, tmp_path / "in", "--out", out, "--ray", address)
         assert code == 1 and err.count("\n") == 1 and err.startswith(f"pipe predict: --ray {address}: cannot reach"), err
