@@ -214,3 +214,25 @@ def test_ray_local_gives_local_predicts_rows(package, tmp_path):  # noqa: F811
     assert [p.name for p in tmp.glob("pipe-ray-*") if not p.name.startswith("pipe-ray-test-")] in (
         [], ["pipe-ray-packages"])  # the local instance's temp dir removed
     assert not list((tmp / "pipe-ray-packages").glob("*"))  # each actor's copy of the package removed
+
+
+def test_bench_rows_run_on_a_tiny_set(package, tmp_path):  # noqa: F811
+    """pipeline/bench/predict.py's `--ray` rows (`make bench` runs them on the OCR pages) on 40 digits images: a row
+    for `--ray local` and one for a 2-node cluster of its own, each with its ratio to local predict, its rows
+    equal local predict's; the bench's cluster is gone afterwards."""
+    from pipeline.bench import predict as bench
+
+    _images(tmp_path / "in", n=40)
+    clusters = set(Path(tempfile.gettempdir()).glob("pipe-ray-test-*"))
+    local = bench.predict(package, [tmp_path / "in"], tmp_path / "local")
+    assert "error" not in local, local
+    got = bench.ray_rows(package, tmp_path / "in", tmp_path, float(local["summary"]["items_per_s"]), local["rows"],
+                         "40 images")
+    assert [r[0] for r in got] == [
+        "`pipe predict --ray` local over 40 images vs local predict, items/s",
+        "`pipe predict --ray` a 2-node cluster on this host (1 CPU each) over 40 images vs local predict, items/s"]
+    for what, result, goal, verdict in got:
+        assert goal == ">= 0.85x local predict" and verdict in ("met", "**missed**"), result
+        assert result.endswith("rows equal local predict's)") and "x (" in result, result
+    assert "127.0.0.2" in got[1][1]
+    assert set(Path(tempfile.gettempdir()).glob("pipe-ray-test-*")) <= clusters  # its cluster stopped, dirs removed
