@@ -260,9 +260,9 @@ def predict(
     engine: Optional[str] = typer.Option(None, "--engine", help="Run on this engine if it reads the package's files; "
                                                                 "default: the package's."),
     device: str = typer.Option("cpu", "--device", help="cpu, or gpu / gpu:N."),
-    ray: Optional[str] = typer.Option(None, "--ray", help="Run on a Ray cluster: local, auto, ray://HOST:PORT or "
-                                                          "HOST:PORT (pip install 'paddle-pipe[ray]'); inputs must "
-                                                          "be readable on every node."),
+    ray: Optional[str] = typer.Option(None, "--ray", help="Run on a Ray cluster: local, auto or HOST:PORT (pip "
+                                                          "install 'paddle-pipe[ray]'); inputs must be readable on "
+                                                          "every node."),
 ) -> None:
     """Run a package over files, folders, globs, lists, PDFs or text files into DIR: one row per item, resumable;
     exit 5 when some items failed (errors.jsonl)."""

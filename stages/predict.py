@@ -64,7 +64,7 @@ class PredictConfig:
     device: str = "cpu"
     """cpu, or gpu / gpu:N (the same code path as pipe serve's; not run on a GPU by us)."""
     ray: str = ""
-    """Run the job on a Ray cluster: local, auto, ray://HOST:PORT or HOST:PORT (`pipeline/predict/ray_job.py`)."""
+    """Run the job on a Ray cluster: local, auto or HOST:PORT (`pipeline/predict/ray_job.py`)."""
 
 
 def run(cfg: PredictConfig, package_dir: Path, inputs: list[str], out_dir: Path) -> dict[str, Any]:
@@ -146,11 +146,10 @@ def _run_ray(cfg: PredictConfig, loaded: dict[str, Any], package_dir: Path, inpu
             counts.items += len(problems)
             counts.failed += len(problems)
         with _Progress(inputs, loaded["text"], cfg.field) as progress:
-            by_node, first_at, first_n = ray_job.run(docs, out, counts, package_dir=package_dir, manifest_sha256=loaded["sha256"],
+            by_node, began = ray_job.run(docs, out, counts, package_dir=package_dir, manifest_sha256=loaded["sha256"],
                                   make_model=functools.partial(_model_at, cfg), workers=workers, threads=threads,
                                   batch=batch, dpi=cfg.dpi, progress=progress.advance, on_rows=on_rows)
-        summary = _summary(counts, t_start, first_at or t0, cfg, loaded, package_dir, out, workers, threads, batch,
-                           uncounted=first_n)
+        summary = _summary(counts, t_start, began or t0, cfg, loaded, package_dir, out, workers, threads, batch)
         summary["ray"] = {"address": cfg.ray, "cpus_by_node": nodes, "items_by_node": by_node}
         out.summary(summary)
     finally:
@@ -176,13 +175,13 @@ def _drawer(cfg: PredictConfig, loaded: dict[str, Any], out: Any, max_pixels: in
 
 
 def _summary(counts: Any, t_start: float, t0: float, cfg: PredictConfig, loaded: dict[str, Any], package_dir: Path,
-             out: Any, workers: int, threads: int, batch: int, uncounted: int = 0) -> dict[str, Any]:
-    """summary.json; the speed over the items done after `t0` (`uncounted` of them were done at `t0`)."""
+             out: Any, workers: int, threads: int, batch: int) -> dict[str, Any]:
+    """summary.json; the speed over the items done since `t0`."""
     from pipeline.predict import output
 
     seconds = time.perf_counter() - t0
     return {**asdict(counts), "seconds": round(seconds, 3),
-            "items_per_s": round((counts.done - uncounted) / seconds, 3) if seconds > 0 else 0.0,
+            "items_per_s": round(counts.done / seconds, 3) if seconds > 0 else 0.0,
             "startup_seconds": round(t0 - t_start, 3),
             "engine": loaded["engine"], "precision": loaded["precision"], "task": loaded["task"],
             "package": str(package_dir), "package_sha256": loaded["sha256"], "pipe_version": __version__,

@@ -66,6 +66,7 @@ class LoopbackCluster:
         self.dirs = [tempfile.mkdtemp(prefix="pipe-ray-test-") for _ in range(2)]
         self.port = free_port(HEAD)
         self.address = f"{HEAD}:{self.port}"
+        self.client = f"ray://{HEAD}:{free_port(HEAD)}"  # Ray Client's address (its server runs on the head)
         self.marks = [*self.dirs, self.address]  # what our processes' command lines name
         self.env = dict(os.environ, **ENV, **(env or {}))
         self.common = ["--num-cpus", str(cpus), "--memory", str(memory_mb << 20), "--object-store-memory",
@@ -75,7 +76,7 @@ class LoopbackCluster:
         ray = str(Path(sys.executable).parent / "ray")
         subprocess.run([ray, "start", "--head", "--node-ip-address", HEAD, "--port", str(self.port),
                         "--temp-dir", self.dirs[0], "--include-dashboard", "false", *self.common,
-                        "--ray-client-server-port", str(free_port(HEAD)),
+                        "--ray-client-server-port", self.client.rsplit(":", 1)[1],
                         "--min-worker-port", "20000", "--max-worker-port", "20999"],
                        env=self.env, check=True, capture_output=True, timeout=120)
         subprocess.run([ray, "start", "--address", self.address, "--node-ip-address", WORKER,

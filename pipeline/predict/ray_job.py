@@ -3,6 +3,9 @@
     pipe predict runs/ocr_system /shared/scans --out /shared/preds --ray auto
     pipe predict runs/exp1/package scans/ --out preds/ --ray 10.0.0.5:6379 --workers 8 --threads 2
 
+The driver must run on a node of the cluster (`auto`, or HOST:PORT from a node) or be submitted to it (`ray job
+submit -- pipe predict ... --ray auto`): Ray Data does not run over Ray Client (`ray://`), which is refused.
+
 The driver (this process) expands the inputs into the same `Item`s as local predict, drops those DIR already
 holds, and makes the rest a Ray Dataset (`ray.data.from_items`). `map_batches` runs `_Predict` in a pool of actors
 (`--workers`, default: the cluster's CPUs / `--threads`, default 1), each of `num_cpus` = its threads: an actor
@@ -50,8 +53,10 @@ _local: dict[str, str] = {}  # `--ray local`: the temp dir of the instance this 
 
 
 def connect(address: str, cores: int) -> None:
-    """Join the cluster at ADDRESS (`local`: a Ray instance in this process on `cores` CPUs). InputError for a
-    missing extra or a malformed ADDRESS, PipeError for one that does not answer; nothing is written anywhere."""
+    """Join the cluster at ADDRESS (`local`: a Ray instance in this process on `cores` CPUs; `auto`; HOST:PORT, the
+    head's GCS address). InputError for a missing extra, a malformed ADDRESS or Ray Client's `ray://` (Ray Data
+    2.60 fails over it: 'Worker' object has no attribute 'core_worker'), PipeError for an address that does not
+    answer; nothing is written anywhere."""
     try:
         import ray
         import ray.data  # noqa: F401 (the extra's pyarrow pin is checked here: pyarrow 26 fails beside numpy 1.26)
@@ -72,7 +77,11 @@ def connect(address: str, cores: int) -> None:
     else:
         m = _ADDRESS.match(address)
         if not m or not 0 < int(m["port"]) < 65536:
-            raise InputError(f"--ray {address}: expected local, auto, ray://HOST:PORT or HOST:PORT")
+            raise InputError(f"--ray {address}: expected local, auto or HOST:PORT (the head's GCS address)")
+        if address.startswith("ray://"):  # its executor needs a core worker in the driver (ray-project/ray#48682)
+            raise InputError(f"--ray {address}: Ray Data does not run over Ray Client (ray://); run pipe on a node of "
+                             "the cluster with --ray auto, or submit it there: ray job submit -- pipe predict ... "
+                             "--ray auto")
         _probe(address, m["host"].strip("[]"), int(m["port"]))
         kw.update(address=address)
     try:
@@ -244,9 +253,12 @@ class _Predict:
         self.dpi = dpi
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        import time
+
         if self.fatal is not None:
             return {"kind": np.array(["fatal"]), "row": np.array([json.dumps(self.fatal)]),
-                    "node": np.array([self.node])}
+                    "node": np.array([self.node]), "seconds": np.array([0.0])}
+        t0 = time.perf_counter()
         kinds, out, loaded = [], [], []
         for raw in batch["item"]:
             doc = json.loads(raw)
@@ -266,8 +278,9 @@ class _Predict:
             for kind, docs in (("row", rows), ("error", errors)):
                 kinds += [kind] * len(docs)
                 out += [json.dumps(d, ensure_ascii=False) for d in docs]
+        n = len(kinds)
         return {"kind": np.array(kinds, dtype=object), "row": np.array(out, dtype=object),
-                "node": np.array([self.node] * len(kinds), dtype=object)}
+                "node": np.array([self.node] * n, dtype=object), "seconds": np.full(n, time.perf_counter() - t0)}
 
     def __del__(self) -> None:
         if self.model is not None:
@@ -290,22 +303,26 @@ def _own_dir() -> Path:
 def run(docs: list[dict[str, Any]], out: output.Output, counts: run_mod.Counts, *, package_dir: Path,
         manifest_sha256: str, make_model: Callable[[Path, int], Any], workers: int, threads: int, batch: int,
         dpi: float, progress: Callable[[int], None], on_rows: Callable[[list[dict[str, Any]]], None] | None
-        ) -> tuple[dict[str, int], float | None, int]:
+        ) -> tuple[dict[str, int], float | None]:
     """The job: `docs` (from `todo`) through a pool of `workers` actors; rows written into `out` as they stream
-    back, each item once. Returns the items answered (rows and error rows) by node, when the first rows came
-    (`time.perf_counter()`: the actors are loaded by then) and how many items they were: the job's speed is
-    counted from there, as local predict's is counted from its predictors loaded."""
+    back, each item once. Returns the items answered (rows and error rows) by node, and when the first batch
+    began on its actor (`time.perf_counter()`; every actor is loaded by then): the job's speed is counted from
+    there, as local predict's is counted from its predictors loaded."""
     import time
+    import warnings
 
     import ray
     import ray.data
 
     by_node: dict[str, int] = {}
-    first_at, first_n = None, 0
+    began = None
     if not docs:
-        return by_node, first_at, first_n
+        return by_node, began
+    # fewer blocks than actors (a small job) only leaves actors idle: Ray Data's warning about it says nothing here
+    warnings.filterwarnings("ignore", message="The minimum number of concurrent actors", category=UserWarning)
     ref = ray.put(package_files(package_dir))
-    blocks = max(1, min(math.ceil(len(docs) / batch), 4096))  # a block per batch: a lost actor costs one batch
+    # a block per batch (a lost actor costs one batch), and at least one per actor
+    blocks = max(1, min(max(math.ceil(len(docs) / batch), workers), len(docs), 4096))
     ds = ray.data.from_items(docs, override_num_blocks=blocks).map_batches(
         _Predict, batch_size=batch, batch_format="numpy", num_cpus=threads,
         compute=ray.data.ActorPoolStrategy(size=workers),
@@ -333,8 +350,8 @@ def run(docs: list[dict[str, Any]], out: output.Output, counts: run_mod.Counts, 
                 keys.add(key)
                 (rows if kind == "row" else errors).append(row)
                 by_node[node] = by_node.get(node, 0) + 1
-            if first_at is None:
-                first_at, first_n = time.perf_counter(), len(rows)
+            if began is None and len(b["seconds"]):
+                began = time.perf_counter() - float(b["seconds"].max())
             if rows or errors:
                 out.write(rows, errors)
                 counts.items += len(rows) + len(errors)
@@ -347,4 +364,4 @@ def run(docs: list[dict[str, Any]], out: output.Output, counts: run_mod.Counts, 
         raise PipeError(f"the Ray job failed ({_first_line(e)}); the Ray logs on the nodes say more") from None
     print(f"pipe predict: ray: {workers} actor(s) x {threads} thread(s); items by node: "
           + ", ".join(f"{n} {c}" for n, c in sorted(by_node.items())), file=sys.stderr, flush=True)
-    return by_node, first_at, first_n
+    return by_node, began
