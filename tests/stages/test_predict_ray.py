@@ -145,7 +145,8 @@ def test_driver_killed_then_rerun_resumes(package, cluster, tmp_path):  # noqa: 
 
 
 def test_refusals_are_one_line_and_write_nothing(package, cluster, tmp_path, cli):  # noqa: F811
-    """An address nobody listens on (both forms), an input no node can read: one line, nothing in DIR."""
+    """An address nobody listens on, a malformed address, Ray Client's, more actors than the cluster holds: one line
+    each, nothing in DIR. (`auto` is not tried: it joins any Ray cluster running on the host, this test's too.)"""
     _images(tmp_path / "in", n=2)
     out = tmp_path / "out"
     closed = f"{HEAD}:{free_port(HEAD)}"
