@@ -49,7 +49,7 @@ from pipeline.predict.inputs import Item, Problem
 INSTALL = "pip install 'paddle-pipe[ray]'"
 _ADDRESS = re.compile(r"^(ray://)?(?P<host>[A-Za-z0-9.\-]+|\[[0-9a-fA-F:]+\]):(?P<port>[0-9]{1,5})$")
 _PACKAGES = "pipe-ray-packages"  # beside each node's temp files: one dir per actor process
-_local: dict[str, str] = {}  # what `disconnect` undoes: a `local` instance's temp dir, RAY_ADDRESS as it was
+_local: dict[str, str] = {}  # `--ray local`: the temp dir of the instance this process started
 
 
 def connect(address: str, cores: int) -> None:
@@ -68,7 +68,6 @@ def connect(address: str, cores: int) -> None:
     # cluster uses tokens sets RAY_AUTH_MODE=token.
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    _local["RAY_ADDRESS"] = os.environ.get("RAY_ADDRESS", "")  # ray.init sets it for this process: put back after
     kw: dict[str, Any] = {"logging_level": "ERROR", "log_to_driver": False, "configure_logging": True}
     if address == "local":  # its own temp dir, removed at the end (Ray never deletes old sessions)
         _local["temp_dir"] = tempfile.mkdtemp(prefix="pipe-ray-")
@@ -114,12 +113,6 @@ def disconnect() -> None:
         ray.shutdown()  # ends a `local` instance; from a cluster it only detaches this driver
     if "temp_dir" in _local:
         shutil.rmtree(_local.pop("temp_dir"), ignore_errors=True)
-    if "RAY_ADDRESS" in _local:  # else a later `--ray auto` in this process would join the cluster joined here
-        before = _local.pop("RAY_ADDRESS")
-        if before:
-            os.environ["RAY_ADDRESS"] = before
-        else:
-            os.environ.pop("RAY_ADDRESS", None)
 
 
 def _first_line(e: BaseException) -> str:
