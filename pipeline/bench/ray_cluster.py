@@ -64,6 +64,9 @@ class LoopbackCluster:
     def __init__(self, cpus: int = 1, memory_mb: int = 1500, object_store_mb: int = 200,
                  env: dict[str, str] | None = None):
         self.dirs = [tempfile.mkdtemp(prefix="pipe-ray-test-") for _ in range(2)]
+        # each node's object store maps its memory from files in a /dev/shm dir of its own: what is left is ours
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        self.shm = [tempfile.mkdtemp(prefix="pipe-ray-test-", dir=shm) for _ in range(2)]
         self.port = free_port(HEAD)
         self.address = f"{HEAD}:{self.port}"
         self.client = f"ray://{HEAD}:{free_port(HEAD)}"  # Ray Client's address (its server runs on the head)
@@ -75,12 +78,14 @@ class LoopbackCluster:
     def start(self) -> None:
         ray = str(Path(sys.executable).parent / "ray")
         subprocess.run([ray, "start", "--head", "--node-ip-address", HEAD, "--port", str(self.port),
-                        "--temp-dir", self.dirs[0], "--include-dashboard", "false", *self.common,
+                        "--temp-dir", self.dirs[0], "--plasma-directory", self.shm[0], "--include-dashboard", "false",
+                        *self.common,
                         "--ray-client-server-port", self.client.rsplit(":", 1)[1],
                         "--min-worker-port", "20000", "--max-worker-port", "20999"],
                        env=self.env, check=True, capture_output=True, timeout=120)
         subprocess.run([ray, "start", "--address", self.address, "--node-ip-address", WORKER,
-                        "--temp-dir", self.dirs[1], *self.common, "--min-worker-port", "21000",
+                        "--temp-dir", self.dirs[1], "--plasma-directory", self.shm[1], *self.common,
+                        "--min-worker-port", "21000",
                         "--max-worker-port", "21999"], env=self.env, check=True, capture_output=True, timeout=120)
 
     def pids(self, named: bytes = b"") -> list[int]:
@@ -89,7 +94,8 @@ class LoopbackCluster:
         return sorted(pid for pid in tree(self.marks) if named in ps.get(pid, (0, b""))[1])
 
     def stop(self) -> list[int]:
-        """Kill every process of ours; returns the pids still alive after 20 s (none, normally)."""
+        """Kill every process of ours; returns the pids still alive after 20 s (none, normally). The files its
+        object stores left in /dev/shm are then in `self.shm_left` (none, normally), and its dirs are removed."""
         for _ in range(3):  # a raylet may start a worker while we kill: look again
             for pid in tree(self.marks):
                 try:
@@ -101,7 +107,8 @@ class LoopbackCluster:
         while tree(self.marks) and time.monotonic() < deadline:
             time.sleep(0.5)
         left = sorted(tree(self.marks))
-        for d in self.dirs:
+        self.shm_left = sorted(str(p) for d in self.shm for p in Path(d).rglob("*"))
+        for d in (*self.dirs, *self.shm):
             shutil.rmtree(d, ignore_errors=True)
         return left
 

@@ -3,7 +3,8 @@ own temp dir, memory and object store each; facts §18) with the session's digit
 nodes equal local predict's; an actor SIGKILLed mid-job and a driver SIGKILLed then rerun still give every item
 exactly once; an unreachable address, a missing extra and an input no node can read are refused in one line with
 nothing written; `--ray local`. The cluster is stopped by killing its own processes (never `ray stop`, which kills
-every Ray process on the host); teardown checks that no process of it and nothing new in /dev/shm is left."""
+every Ray process on the host); teardown checks that no process of it and nothing of its object stores in /dev/shm
+(each node's own dir there, `--plasma-directory`) is left."""
 
 from __future__ import annotations
 
@@ -32,16 +33,15 @@ ENV = {"PYTHONPATH": str(REPO), "KMP_BLOCKTIME": "0"}
 
 @pytest.fixture(scope="module")
 def cluster():
-    shm = set(os.listdir("/dev/shm"))
     c = LoopbackCluster(env=ENV)
     try:
         c.start()
         yield c
     finally:
         left = c.stop()
-        new_shm = set(os.listdir("/dev/shm")) - shm
     assert left == [], f"processes of the test's Ray cluster left: {left}"
-    assert new_shm == set(), f"left in /dev/shm: {sorted(new_shm)}"
+    assert c.shm_left == [], f"left in /dev/shm by its object stores: {c.shm_left}"
+    assert not any(os.path.exists(d) for d in (*c.dirs, *c.shm))
 
 
 def _by_key(path: Path) -> dict:
