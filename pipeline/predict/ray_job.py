@@ -204,8 +204,9 @@ def package_files(package_dir: Path) -> dict[str, bytes]:
 
 
 def unpack_verified(files: dict[str, bytes], manifest_sha256: str, dest: Path) -> None:
-    """Write the travelled package into `dest`, refusing it (InputError naming the file) unless its manifest is the
-    driver's (sha256) and every file's sha256 and size are the manifest's, before anything loads it."""
+    """Write the travelled package into `dest`, refusing it (InputError naming the file, nothing written) unless its
+    manifest is the driver's (sha256), it holds exactly the manifest's files, and every file's sha256 and size are
+    the manifest's."""
     import hashlib
 
     raw = files.get(artifacts.MANIFEST, b"")
@@ -216,12 +217,13 @@ def unpack_verified(files: dict[str, bytes], manifest_sha256: str, dest: Path) -
         odd = sorted(set(files) ^ {artifacts.MANIFEST, *listed})[0]
         raise InputError(f"{odd}: the travelled package and its manifest disagree on this file")
     for rel, data in files.items():
+        if ".." in Path(rel).parts or Path(rel).is_absolute():
+            raise InputError(f"{rel}: a manifest path outside the package")
         if rel != artifacts.MANIFEST and (hashlib.sha256(data).hexdigest() != listed[rel]["sha256"]
                                           or len(data) != listed[rel]["bytes"]):
             raise InputError(f"{rel}: sha256 mismatch in the travelled package")
+    for rel, data in files.items():
         path = dest / rel
-        if ".." in Path(rel).parts or Path(rel).is_absolute():
-            raise InputError(f"{rel}: a manifest path outside the package")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
 
