@@ -3,12 +3,14 @@
     pipe predict runs/exp1/package scans/ --out preds/
     pipe predict runs/ocr_system scans/ archive/*.pdf @more.txt --out preds/ --dpi 144 --draw
     pipe predict runs/reviews/package reviews.jsonl --field text --out preds/
+    pipe predict runs/exp1/package /shared/scans --out /shared/preds --ray auto
 
 Reads a `package/` artifact (or an OCR system package) and refuses it as `pipe serve` does (exit 2) unless every
 file's sha256 matches its manifest. Runs it on its own engine, precision and batching (`--engine` another that
 reads its files) in `--workers` predictor processes of `--threads` threads each, by default from the cores this
 process may use (affinity and the cgroup quota; `pipeline/predict/run.py`). Each item's row holds /v1's answer to
-a request of that item alone. Writes into `--out DIR` (`pipeline/predict/output.py`):
+a request of that item alone. `--ray ADDRESS`: the same job on Ray Data actors of a cluster, the same rows, DIR and
+exit codes (`pipeline/predict/ray_job.py`). Writes into `--out DIR` (`pipeline/predict/output.py`):
 
     predictions.jsonl   {"source", "page", ["line",] "sha256", "answer"} per item, appended a batch at a time
     errors.jsonl        {"source", "page", ["line",] ["sha256",] "error"} per item that could not be read or run
