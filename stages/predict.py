@@ -3,12 +3,14 @@
     pipe predict runs/exp1/package scans/ --out preds/
     pipe predict runs/ocr_system scans/ archive/*.pdf @more.txt --out preds/ --dpi 144 --draw
     pipe predict runs/reviews/package reviews.jsonl --field text --out preds/
+    pipe predict runs/exp1/package /shared/scans --out /shared/preds --ray auto
 
 Reads a `package/` artifact (or an OCR system package) and refuses it as `pipe serve` does (exit 2) unless every
 file's sha256 matches its manifest. Runs it on its own engine, precision and batching (`--engine` another that
 reads its files) in `--workers` predictor processes of `--threads` threads each, by default from the cores this
 process may use (affinity and the cgroup quota; `pipeline/predict/run.py`). Each item's row holds /v1's answer to
-a request of that item alone. Writes into `--out DIR` (`pipeline/predict/output.py`):
+a request of that item alone. `--ray ADDRESS`: the same job on Ray Data actors of a cluster, the same rows, DIR and
+exit codes (`pipeline/predict/ray_job.py`). Writes into `--out DIR` (`pipeline/predict/output.py`):
 
     predictions.jsonl   {"source", "page", ["line",] "sha256", "answer"} per item, appended a batch at a time
     errors.jsonl        {"source", "page", ["line",] ["sha256",] "error"} per item that could not be read or run
@@ -63,6 +65,8 @@ class PredictConfig:
     """Run on this engine (paddle, onnxruntime, openvino) if it reads the package's files; '' = the package's."""
     device: str = "cpu"
     """cpu, or gpu / gpu:N (the same code path as pipe serve's; not run on a GPU by us)."""
+    ray: str = ""
+    """Run the job on a Ray cluster: local, auto or HOST:PORT (`pipeline/predict/ray_job.py`)."""
 
 
 def run(cfg: PredictConfig, package_dir: Path, inputs: list[str], out_dir: Path) -> dict[str, Any]:
@@ -90,6 +94,8 @@ def run(cfg: PredictConfig, package_dir: Path, inputs: list[str], out_dir: Path)
     fingerprint = {"package_sha256": loaded["sha256"], "task": loaded["task"], "engine": loaded["engine"],
                    "precision": loaded["precision"], "dpi": cfg.dpi if not text else None,
                    "field": cfg.field if text else None}
+    if cfg.ray:
+        return _run_ray(cfg, loaded, package_dir, inputs, items, out_dir, fingerprint, t_start)
     out = output.Output(out_dir, fingerprint)
     model = None
     previous = signal.signal(signal.SIGTERM, _interrupt)
@@ -97,41 +103,110 @@ def run(cfg: PredictConfig, package_dir: Path, inputs: list[str], out_dir: Path)
         workers, threads = run_mod.plan(run_mod.available_cores(), cfg.workers, cfg.threads)
         model = _start(cfg, loaded, workers, threads)
         model.check()
-        on_rows = None
-        if cfg.draw:
-            from pipeline.predict import draw
-
-            if loaded["task"] in draw.DRAWN:
-                on_rows = draw.Drawer(out.dir / "draw", loaded["task"], cfg.dpi, model.max_pixels).rows
-            else:
-                print(f"pipe predict: note: --draw: a {loaded['task']} package's answers are no boxes; nothing is "
-                      "drawn", file=sys.stderr)
+        on_rows = _drawer(cfg, loaded, out, model.max_pixels)
         t0 = time.perf_counter()
         with _Progress(inputs, text, cfg.field) as progress:
             job = run_mod.Job(model, out, workers, model.batch, cfg.dpi, loaders=max(2, workers * 2),
                               progress=progress.advance, on_rows=on_rows)
             counts = job.run(items)
-        seconds = time.perf_counter() - t0
-        summary = {**asdict(counts), "seconds": round(seconds, 3),
-                   "items_per_s": round(counts.done / seconds, 3) if seconds > 0 else 0.0,
-                   "startup_seconds": round(t0 - t_start, 3),
-                   "engine": loaded["engine"], "precision": loaded["precision"], "task": loaded["task"],
-                   "package": str(package_dir), "package_sha256": loaded["sha256"], "pipe_version": __version__,
-                   "workers": workers, "threads": threads, "batch": model.batch, "dpi": cfg.dpi,
-                   "predictions": str(out.dir / output.PREDICTIONS), "errors": str(out.dir / output.ERRORS)}
+        summary = _summary(counts, t_start, t0, cfg, loaded, package_dir, out, workers, threads, model.batch)
         out.summary(summary)
     finally:
         signal.signal(signal.SIGTERM, previous)
         if model is not None:
             model.close()
         out.close()
+    _say(counts, summary, out, f"{workers} worker(s) x {threads} thread(s)")
+    return summary
+
+
+def _run_ray(cfg: PredictConfig, loaded: dict[str, Any], package_dir: Path, inputs: list[str], items: Any,
+             out_dir: Path, fingerprint: dict[str, Any], t_start: float) -> dict[str, Any]:
+    """`--ray ADDRESS`: the same job, its items run by Ray actors (`pipeline/predict/ray_job.py`); the same DIR,
+    rows, summary and exit codes. The cluster is joined, and every input checked on every node, before DIR is
+    touched."""
+    import functools
+
+    from pipeline.predict import inputs as inputs_mod, output, ray_job, run as run_mod
+
+    settings = loaded["settings"]["det"] if "system" in loaded else loaded["settings"]
+    batch = cfg.batch or settings.max_batch_size
+    ray_job.connect(cfg.ray, run_mod.available_cores())
+    out = None
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        workers, threads, nodes = ray_job.plan(cfg.workers, cfg.threads)
+        listed = list(items)
+        ray_job.check_reachable(sorted({x.source for x in listed if isinstance(x, inputs_mod.Item)}))
+        out = output.Output(out_dir, fingerprint)
+        docs, problems, counts = ray_job.todo(listed, out)
+        del listed
+        on_rows = _drawer(cfg, loaded, out, settings.max_image_pixels)
+        t0 = time.perf_counter()
+        if problems:
+            out.write([], problems)
+            counts.items += len(problems)
+            counts.failed += len(problems)
+        with _Progress(inputs, loaded["text"], cfg.field) as progress:
+            by_node, began = ray_job.run(docs, out, counts, package_dir=package_dir, manifest_sha256=loaded["sha256"],
+                                  make_model=functools.partial(_model_at, cfg), workers=workers, threads=threads,
+                                  batch=batch, dpi=cfg.dpi, progress=progress.advance, on_rows=on_rows)
+        summary = _summary(counts, t_start, began or t0, cfg, loaded, package_dir, out, workers, threads, batch)
+        summary["ray"] = {"address": cfg.ray, "cpus_by_node": nodes, "items_by_node": by_node}
+        out.summary(summary)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if out is not None:
+            out.close()
+        ray_job.disconnect()
+    _say(counts, summary, out, f"on Ray {cfg.ray}: {workers} actor(s) x {threads} thread(s)")
+    return summary
+
+
+def _drawer(cfg: PredictConfig, loaded: dict[str, Any], out: Any, max_pixels: int) -> Any:
+    """--draw's `on_rows` (None without it, or for a task whose answers are no boxes)."""
+    if not cfg.draw:
+        return None
+    from pipeline.predict import draw
+
+    if loaded["task"] in draw.DRAWN:
+        return draw.Drawer(out.dir / "draw", loaded["task"], cfg.dpi, max_pixels).rows
+    print(f"pipe predict: note: --draw: a {loaded['task']} package's answers are no boxes; nothing is drawn",
+          file=sys.stderr)
+    return None
+
+
+def _summary(counts: Any, t_start: float, t0: float, cfg: PredictConfig, loaded: dict[str, Any], package_dir: Path,
+             out: Any, workers: int, threads: int, batch: int) -> dict[str, Any]:
+    """summary.json; the speed over the items done since `t0`."""
+    from pipeline.predict import output
+
+    seconds = time.perf_counter() - t0
+    return {**asdict(counts), "seconds": round(seconds, 3),
+            "items_per_s": round(counts.done / seconds, 3) if seconds > 0 else 0.0,
+            "startup_seconds": round(t0 - t_start, 3),
+            "engine": loaded["engine"], "precision": loaded["precision"], "task": loaded["task"],
+            "package": str(package_dir), "package_sha256": loaded["sha256"], "pipe_version": __version__,
+            "workers": workers, "threads": threads, "batch": batch, "dpi": cfg.dpi,
+            "predictions": str(out.dir / output.PREDICTIONS), "errors": str(out.dir / output.ERRORS)}
+
+
+def _say(counts: Any, summary: dict[str, Any], out: Any, how: str) -> None:
+    """The job's one line on stdout."""
+    from pipeline.predict import output
+
     bad = counts.failed + counts.previously_failed
     print(f"pipe predict: {counts.done} done, {counts.skipped} already in {out.dir}, {counts.failed} failed"
           + (f" ({counts.previously_failed} in an earlier run)" if counts.previously_failed else "")
-          + f"; {summary['items_per_s']:g} items/s over {seconds:.1f} s ({workers} worker(s) x {threads} thread(s), "
-          f"{loaded['engine']} {loaded['precision']})" + (f"; see {out.dir / output.ERRORS}" if bad else ""),
+          + f"; {summary['items_per_s']:g} items/s over {summary['seconds']:.1f} s ({how}, "
+          f"{summary['engine']} {summary['precision']})" + (f"; see {out.dir / output.ERRORS}" if bad else ""),
           flush=True)
-    return summary
+
+
+def _model_at(cfg: PredictConfig, package_dir: Path, threads: int) -> Any:
+    """In a Ray actor: the travelled, verified package at `package_dir` loaded as local predict loads it, one
+    worker of `threads` math threads."""
+    return _start(cfg, _load_package(cfg, package_dir), 1, threads)
 
 
 def _interrupt(sig: int, frame: Any) -> None:

@@ -11,6 +11,8 @@ builds it):
 - memory: the RSS of the whole predict job (the command and every process under it, from /proc every 0.5 s)
   over 2,000 pages of mixed sizes (generated pages written at 0.6x to 2x, PNG and JPEG): growth after the
   first 200 pages, goal < 10%, plotted into bench/PREDICT_MEMORY.png;
+- `pipe predict --ray local` and `--ray` on a 2-node cluster on this host (issue 48; one CPU a node) on the same
+  pages, against the local predict row: goal >= 0.85x its pages/s (Ray's overhead: 2 cores have nothing to gain);
 - a classifier (the system's textline classifier, PP-LCNet ocr_cls): predict over 10,000 images against its
   engine alone in-process at its best batch; goal >= 0.8x; and `make demo`'s digits (an 8 x 8 MLP), which
   shows pipe predict's cost per file where the model costs nearly nothing (no goal).
@@ -46,7 +48,7 @@ GROWTH_AFTER = 200  # pages: the memory goal counts growth after these
 SAMPLE_S = 0.5
 MEMORY_PLOT = _REPO / "bench" / "PREDICT_MEMORY.png"
 NOT_AVAILABLE = "pipe predict not available"
-GOAL_PEER, GOAL_SERVE, GOAL_GROWTH, GOAL_CLASSIFIER = 2.0, 1.2, 0.10, 0.8
+GOAL_PEER, GOAL_SERVE, GOAL_GROWTH, GOAL_CLASSIFIER, GOAL_RAY = 2.0, 1.2, 0.10, 0.8, 0.85
 
 
 def rows(quick: bool) -> list[Row]:
@@ -326,6 +328,7 @@ def _ocr_rows(root: Path, pages: PageSet) -> list[Row]:
                 f"{mine['pages_s']:.2f} pages/s by its summary ({mine['wall_pages_s']:.2f} over the command's wall "
                 f"time); end-to-end {mine['e2e_acc']:.1%} of {mine['lines']} lines exact ({mine['e2e_nfkc']:.1%} "
                 "after NFKC)", "", ""))
+    out += ray_rows(package, root / "pages", root, mine["pages_s"], got["rows"], f"{n} pages")
     best = peers.get("best")
     if best is not None:
         p = peers[best]
@@ -346,6 +349,47 @@ def _ocr_rows(root: Path, pages: PageSet) -> list[Row]:
                 f"{ratio:.2f}x ({mine['pages_s']:.2f} vs {served[c]['pages_s']:.2f}; served end-to-end "
                 f"{acc['e2e_acc']:.1%})",
                 f">= {GOAL_SERVE}x", "met" if ratio >= GOAL_SERVE else "**missed**"))
+    return out
+
+
+def ray_rows(package: Path, inputs: Path, root: Path, local_s: float, local_rows: list[dict[str, Any]],
+             what: str) -> list[Row]:
+    """`pipe predict --ray local` and `--ray` on a 2-node cluster on this host (pipeline/bench/ray_cluster.py: one CPU
+    each) against local predict's items/s (`local_s`, its defaults: 2 workers x 1 thread on 2 cores), on the same
+    inputs; each run's rows compared with local predict's. Goal: >= GOAL_RAY x local (Ray's whole overhead: on one
+    2-core machine there is nothing to gain)."""
+    import importlib.util
+
+    from pipeline.bench.ray_cluster import LoopbackCluster
+
+    goal = f">= {GOAL_RAY}x local predict"
+    if importlib.util.find_spec("ray") is None:
+        return [(f"`pipe predict --ray` over {what}", "ray not installed (pip install 'paddle-pipe[ray]')", goal,
+                 "**not run**")]
+    want = {(r["source"], r["page"]): r["answer"] for r in local_rows}
+    out: list[Row] = []
+    for name in ("local", "a 2-node cluster on this host (1 CPU each)"):
+        try:
+            if name == "local":
+                got = predict(package, [inputs], root / "predict-ray-local", "--ray", "local")
+            else:
+                with LoopbackCluster(env={"PYTHONPATH": str(_REPO)}) as cluster:
+                    got = predict(package, [inputs], root / "predict-ray-cluster", "--ray", cluster.address)
+        except (OSError, subprocess.SubprocessError) as e:
+            got = {"error": f"the cluster did not start ({str(e)[:200]})"}
+        label = f"`pipe predict --ray` {name} over {what} vs local predict, items/s"
+        if "error" in got:
+            out.append((label, got["error"], goal, "**failed**"))
+            continue
+        s = got["summary"]
+        differ = sum(want.get((r["source"], r["page"])) != r["answer"] for r in got["rows"]) + abs(
+            len(got["rows"]) - len(want))
+        ratio = float(s["items_per_s"]) / local_s if local_s else 0.0
+        nodes = ", ".join(f"{k} {v}" for k, v in sorted(s["ray"]["items_by_node"].items()))
+        out.append((label, f"{ratio:.2f}x ({s['items_per_s']:.2f} vs {local_s:.2f}; {s['workers']} actor(s) x "
+                    f"{s['threads']} thread(s), started in {s['startup_seconds']:.0f} s; items by node: {nodes}; "
+                    + ("rows equal local predict's" if not differ else f"**{differ} rows differ from local's**") + ")",
+                    goal, "met" if ratio >= GOAL_RAY and not differ else "**missed**"))
     return out
 
 

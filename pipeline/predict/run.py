@@ -281,6 +281,53 @@ def _row_id(x: Any, sha256: str | None) -> dict[str, Any]:
     return out
 
 
+def load_item(model: Any, item: Item, dpi: float, held: Callable[[tuple], bool]) -> Any:
+    """An item -> _Loaded, a Problem (an error row), or (_SKIP, its key) (`held(key)`: DIR holds it already).
+    Local predict's loader threads and `--ray`'s actors (`pipeline/predict/ray_job.py`) both load items here."""
+    if item.sha256 is not None and held(item.key()):
+        return (_SKIP, item.key())
+    sha = item.sha256
+    try:
+        if item.kind == "text":
+            return _Loaded(item, sha, model.text_item(item.text))
+        if item.kind == "page":
+            return _Loaded(item, sha, model.page(inputs_mod.render_page(item, dpi, model.max_pixels)))
+        raw = inputs_mod.read_bytes(item.source)
+        sha = hashlib.sha256(raw).hexdigest()
+        if held(item.key(sha)):
+            return (_SKIP, item.key(sha))
+        inputs_mod.declared_pixels(raw, model.max_pixels)
+        return _Loaded(item, sha, model.decode(raw))
+    except Unreadable as e:
+        return Problem(item.source, str(e), item.page, item.line, sha)
+
+
+def answer_batch(model: Any, worker: int, batch: list[_Loaded]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A batch of loaded items through `model`'s worker -> (prediction rows, error rows)."""
+    rows, errors = [], []
+    for loaded, answer in _answered(model, worker, batch):
+        if isinstance(answer, str):
+            errors.append({**_row_id(loaded.item, loaded.sha256), "error": answer})
+        else:
+            rows.append({**_row_id(loaded.item, loaded.sha256), "answer": answer})
+    return rows, errors
+
+
+def _answered(model: Any, i: int, batch: list[_Loaded]) -> Iterator[tuple[_Loaded, Any]]:
+    """(item, answer or its error line) for each item: the batch at once, or item by item if it fails."""
+    try:
+        yield from zip(batch, model.answer(i, [b.payload for b in batch]), strict=True)
+        return
+    except (EOFError, BrokenPipeError, OSError) as e:
+        raise PipeError(f"a predictor process ended ({e.__class__.__name__}); its stderr is above") from None
+    except Exception as e:
+        if len(batch) == 1:
+            yield batch[0], f"the model failed on it ({str(e).splitlines()[0][:300] if str(e) else type(e).__name__})"
+            return
+    for b in batch:
+        yield from _answered(model, i, [b])
+
+
 class Job:
     """One run of `model` over `items` into `out` (`pipeline/predict/output.py`). `on_rows(rows)` is called
     with each batch's prediction rows once written (`--draw`); `progress(n)` as items end."""
@@ -303,23 +350,7 @@ class Job:
 
     # -- loader threads
     def _load(self, item: Item) -> Any:
-        """An item -> _Loaded, a Problem (an error row), or (_SKIP, its key) (DIR holds it already)."""
-        if item.sha256 is not None and self._held(item.key()):
-            return (_SKIP, item.key())
-        sha = item.sha256
-        try:
-            if item.kind == "text":
-                return _Loaded(item, sha, self.model.text_item(item.text))
-            if item.kind == "page":
-                return _Loaded(item, sha, self.model.page(inputs_mod.render_page(item, self.dpi, self.model.max_pixels)))
-            raw = inputs_mod.read_bytes(item.source)
-            sha = hashlib.sha256(raw).hexdigest()
-            if self._held(item.key(sha)):
-                return (_SKIP, item.key(sha))
-            inputs_mod.declared_pixels(raw, self.model.max_pixels)
-            return _Loaded(item, sha, self.model.decode(raw))
-        except Unreadable as e:
-            return Problem(item.source, str(e), item.page, item.line, sha)
+        return load_item(self.model, item, self.dpi, self._held)
 
     # -- feeder thread
     def _feed(self, items: Iterable[Item | Problem]) -> None:
@@ -390,32 +421,13 @@ class Job:
                 if got is _STOP:
                     return
                 batch, errors = got
-                rows = []
-                for part in self._answered(i, batch):
-                    loaded, answer = part
-                    if isinstance(answer, str):
-                        errors.append({**_row_id(loaded.item, loaded.sha256), "error": answer})
-                    else:
-                        rows.append({**_row_id(loaded.item, loaded.sha256), "answer": answer})
+                rows, failed = answer_batch(self.model, i, batch)
+                errors += failed
                 self._put(self.results, ("rows", rows, errors))
         except BaseException as e:
             self.results.put(("fatal", e))
         finally:
             self.results.put(("worker_done", i))
-
-    def _answered(self, i: int, batch: list[_Loaded]) -> Iterator[tuple[_Loaded, Any]]:
-        """(item, answer or its error line) for each item: the batch at once, or item by item if it fails."""
-        try:
-            yield from zip(batch, self.model.answer(i, [b.payload for b in batch]), strict=True)
-            return
-        except (EOFError, BrokenPipeError, OSError) as e:
-            raise PipeError(f"a predictor process ended ({e.__class__.__name__}); its stderr is above") from None
-        except Exception as e:
-            if len(batch) == 1:
-                yield batch[0], f"the model failed on it ({str(e).splitlines()[0][:300] if str(e) else type(e).__name__})"
-                return
-        for b in batch:
-            yield from self._answered(i, [b])
 
     # -- main thread
     def run(self, items: Iterable[Item | Problem]) -> Counts:

@@ -1,12 +1,14 @@
 """`pipe predict`'s parts without a model (quick tier): what inputs expand to (folders, globs, @lists, PDF pages, text
 files), the output directory's resume rules (a torn last line cut, a foreign fingerprint and a second writer refused),
-and the worker plan from the cores this process may use."""
+the worker plan from the cores this process may use, and `--ray`'s parts that need no cluster (the travelled
+package's check, the items sent to the actors)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -121,3 +123,64 @@ def test_draw_puts_polygons_and_boxes_where_the_answer_says(tmp_path):
             assert red[10, 140] and red[55, 100] and not red[55, 140] and not red[110, 20]
     assert draw.name("/a/b/scan.pdf", 3).startswith("scan.pdf.p0003-") and \
         draw.name("/a/x.png", None) != draw.name("/b/x.png", None)
+
+
+def test_the_travelled_package_is_checked_whole_before_a_byte_is_written(tmp_path):
+    """`--ray`'s actors get the package as bytes (`ray_job.package_files`) and write it only if the manifest is the
+    driver's and every file is the manifest's; otherwise one line naming the file, and nothing written."""
+    from pipeline.predict import ray_job
+
+    pkg = tmp_path / "pkg"
+    (pkg / "det").mkdir(parents=True)
+    blobs = {"model.pdiparams": b"\x00weights" * 100, "det/serving.yaml": b"model: {}\n"}
+    for rel, data in blobs.items():
+        (pkg / rel).write_bytes(data)
+    manifest = json.dumps({"files": {rel: {"sha256": hashlib.sha256(d).hexdigest(), "bytes": len(d)}
+                                     for rel, d in blobs.items()}}).encode()
+    (pkg / "manifest.json").write_bytes(manifest)
+    files = ray_job.package_files(pkg)
+    assert files == {"manifest.json": manifest, **blobs}
+    sha = hashlib.sha256(manifest).hexdigest()
+    ray_job.unpack_verified(files, sha, tmp_path / "ok")
+    assert {p.relative_to(tmp_path / "ok").as_posix(): p.read_bytes() for p in (tmp_path / "ok").rglob("*")
+            if p.is_file()} == files
+    bad = [({**files, "model.pdiparams": b"\x01" + files["model.pdiparams"][1:]}, sha,
+            "model.pdiparams: sha256 mismatch in the travelled package"),
+           ({**files, "det/serving.yaml": files["det/serving.yaml"] + b"#"}, sha,
+            "det/serving.yaml: sha256 mismatch in the travelled package"),
+           (files, "0" * 64, "manifest.json: not the package the driver verified (sha256 differs)"),
+           ({**files, "extra.pkl": b"x"}, sha, "extra.pkl: the travelled package and its manifest disagree"),
+           ({k: v for k, v in files.items() if k != "det/serving.yaml"}, sha, "det/serving.yaml: the travelled")]
+    for i, (got, want_sha, message) in enumerate(bad):
+        with pytest.raises(InputError, match=re.escape(message)):
+            ray_job.unpack_verified(got, want_sha, tmp_path / f"bad{i}")
+        assert not (tmp_path / f"bad{i}").exists()
+    evil = json.dumps({"files": {"../evil": {"sha256": hashlib.sha256(b"x").hexdigest(), "bytes": 1}}}).encode()
+    with pytest.raises(InputError, match="a manifest path outside the package"):
+        ray_job.unpack_verified({"manifest.json": evil, "../evil": b"x"}, hashlib.sha256(evil).hexdigest(),
+                                tmp_path / "evil")
+    assert not (tmp_path / "evil").exists() and not (tmp_path / "evil.x").exists()
+
+
+def test_ray_items_skip_what_dir_holds_and_carry_an_image_paths_held_hashes(tmp_path):
+    """`ray_job.todo`: a page or text DIR holds is counted skipped on the driver; an image file (its hash known only
+    once read) goes to the actors with the hashes DIR holds for its path; a problem becomes an error row; an item
+    listed twice goes once."""
+    from pipeline.predict import ray_job
+
+    out = output.Output(tmp_path / "out", {"package_sha256": "x"})
+    try:
+        out.write([{"source": "a.png", "page": None, "sha256": "aa", "answer": {}},
+                   {"source": "d.pdf", "page": 1, "sha256": "dd", "answer": {}}],
+                  [{"source": "d.pdf", "page": 2, "sha256": "dd", "error": "bad page"}])
+        items = [inputs.Item("a.png", "image"), inputs.Item("b.png", "image"), inputs.Item("a.png", "image"),
+                 inputs.Item("d.pdf", "page", page=1, sha256="dd"), inputs.Item("d.pdf", "page", page=2, sha256="dd"),
+                 inputs.Item("d.pdf", "page", page=3, sha256="dd"), inputs.Problem("gone.png", "no such file")]
+        docs, problems, counts = ray_job.todo(items, out)
+    finally:
+        out.close()
+    got = [json.loads(d["item"]) for d in docs]
+    assert [(g["source"], g["page"], g["held"]) for g in got] == [("a.png", None, ["aa"]), ("b.png", None, []),
+                                                                  ("d.pdf", 3, [])]
+    assert problems == [{"source": "gone.png", "page": None, "error": "no such file"}]
+    assert (counts.items, counts.skipped, counts.previously_failed) == (2, 2, 1)
