@@ -87,7 +87,9 @@ def test_mixed_pages_are_exactly_the_files_asked_for_all_different(tmp_path):
                                                                        enumerate(["png", "jpg"] * 3)]
     assert len({hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}) == 6
     sizes = [Image.open(p).size for p in paths]
-    assert sizes[2][0] == round(sizes[0][0] * 0.6) and sizes[4][0] == round(sizes[0][0] * 1.5)  # page 0 at 3 scales
+    # page 0 at 3 scales, page 1 at 3 others: the sizes interleaved, not in blocks
+    assert sizes[2][0] == round(sizes[0][0] * 1.25) and sizes[4][0] == round(sizes[0][0] * 1.5)
+    assert [round(sizes[i][0] / sizes[1][0] * 0.6, 2) for i in (1, 3, 5)] == [0.6, 1.75, 2.0]
 
 
 def ocr_system_e2e(answers, pages) -> float:

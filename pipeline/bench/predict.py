@@ -84,8 +84,12 @@ def write_pages(dest: Path, n: int, seed: int = 0) -> PageSet:
 
 def write_mixed(dest: Path, n: int, distinct: int = 250, seed: int = 1) -> list[Path]:
     """`n` page files of mixed sizes and formats for the memory run: `distinct` generated pages, each written at
-    scales 0.6x to 2x (about 290 to 2,048 px a side), every other one as JPEG; every file's bytes differ. The
-    generated originals go beside `dest` (`dest`-src), not in it: `dest` holds exactly the `n` files."""
+    scales 0.6x to 2x (about 290 to 2,048 px a side), the sizes interleaved as in a real backlog (every 8
+    consecutive files hold the 8 scales), every other one as JPEG; every file's bytes differ (file i is page
+    i % distinct at scale (i + 3 * (i // distinct)) % 8: within a page the scales all differ for i < 8 * distinct).
+    The generated originals go beside `dest` (`dest`-src), not in it: `dest` holds exactly the `n` files.
+    (Until 2026-12-06 the scales came in blocks of `distinct` files, the largest first at file 750: the job's RSS
+    then rose at the blocks where a larger size first came and stayed flat over the last 1,250 files.)"""
     import cv2
 
     images = write_pages(dest.parent / f"{dest.name}-src", distinct, seed).paths
@@ -94,7 +98,7 @@ def write_mixed(dest: Path, n: int, distinct: int = 250, seed: int = 1) -> list[
     paths = []
     for i in range(n):
         im = cv2.imread(str(images[i % distinct]))
-        s = scales[(i // distinct) % len(scales)]
+        s = scales[(i + 3 * (i // distinct)) % len(scales)]
         im = cv2.resize(im, None, fx=s, fy=s, interpolation=cv2.INTER_AREA if s < 1 else cv2.INTER_CUBIC)
         p = dest / f"{i:05d}.{'jpg' if i % 2 else 'png'}"
         cv2.imwrite(str(p), im)
