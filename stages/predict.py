@@ -101,6 +101,7 @@ def run(cfg: PredictConfig, package_dir: Path, inputs: list[str], out_dir: Path)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         workers, threads = run_mod.plan(run_mod.available_cores(), cfg.workers, cfg.threads)
+        run_mod.few_malloc_arenas()
         model = _start(cfg, loaded, workers, threads)
         model.check()
         on_rows = _drawer(cfg, loaded, out, model.max_pixels)

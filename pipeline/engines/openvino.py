@@ -31,8 +31,10 @@ NAME = "openvino"
 # model whose shapes come from the data (PP-OCRv4 det on pages of any size) fills it shape by shape: each det
 # predictor grew from 0.4 to 1.0 GB over 600 pages of mixed sizes (pipe predict, 2 workers). Measured on that det
 # program, one shape takes some 25-40 entries (a cap of 300 stopped the growth after ~10 new shapes, 1,000 after
-# ~30); with no cache at all a page took within the noise of a cached one. So the cache is capped per shape.
-RUNTIME_CACHE_PER_SHAPE = 200
+# ~30); with no cache at all a page took within the noise of a cached one. So the cache is capped per shape: 50
+# entries (300 for det's 6 shapes) against 200 left det and rec predictors still growing by 40-80 MB over 800 pages
+# of interleaved sizes, and gave the same pages/s within the noise (with `few_malloc_arenas`, predict/run.py).
+RUNTIME_CACHE_PER_SHAPE = 50
 FORMATS = ("onnx", "legacy", "ir")  # what it reads: model.onnx, model.pdmodel + model.pdiparams, or its own
 # model.xml + model.bin (what `pipe compress` writes for a model NNCF quantized)
 

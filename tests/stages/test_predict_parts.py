@@ -9,6 +9,8 @@ import hashlib
 import json
 import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -184,3 +186,24 @@ def test_ray_items_skip_what_dir_holds_and_carry_an_image_paths_held_hashes(tmp_
                                                                   ("d.pdf", 3, [])]
     assert problems == [{"source": "gone.png", "page": None, "error": "no such file"}]
     assert (counts.items, counts.skipped, counts.previously_failed) == (2, 2, 1)
+
+
+_ARENAS = """
+import os, subprocess, sys
+from pipeline.predict import run
+print(run.few_malloc_arenas())
+print(subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('MALLOC_ARENA_MAX'))"],
+                     capture_output=True, text=True).stdout.strip())
+"""
+
+
+@pytest.mark.parametrize("preset, applied, child", [(None, "True", "2"), ("4", "False", "4")])
+def test_malloc_arenas_are_capped_for_the_job_and_its_predictors_unless_the_user_chose(preset, applied, child):
+    """glibc's mallopt(M_ARENA_MAX) in the job's own process, and MALLOC_ARENA_MAX for the processes it starts (its
+    predictors); a value the user set is left as it is."""
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    if preset is not None:
+        env["MALLOC_ARENA_MAX"] = preset
+    r = subprocess.run([sys.executable, "-c", _ARENAS], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [applied, child]
