@@ -54,6 +54,20 @@ def test_normalisation_is_bgr_with_imagenet_constants_in_paddleocr_order():
     assert x[2, 0, 0] == pytest.approx((1 - 0.406) / 0.225, abs=1e-6)
 
 
+@pytest.mark.parametrize("hw", [(64, 64), (700, 1100), (37, 301)])
+def test_prepare_is_paddleocrs_resize_and_normalise_of_the_bgr_page_exactly(hw):
+    """cv2's channel swap in prepare gives, bit for bit, what numpy's reversed-channel copy of the page did, on
+    pages scaled down, up and not at all, from a contiguous array and from a view."""
+    import cv2
+
+    page = np.random.default_rng(0).integers(0, 256, (*hw, 3), dtype=np.uint8)
+    for img in (page, page[:, 1:]):
+        x, shape = pages.prepare(img, 960, "max")
+        bgr = cv2.resize(np.ascontiguousarray(img[:, :, ::-1]), (x.shape[2], x.shape[1]))
+        want = ((bgr.astype(np.float32) * pages.SCALE - pages.MEAN) / pages.STD).transpose(2, 0, 1)
+        assert x.dtype == want.dtype and np.array_equal(x, want)
+
+
 def test_batches_are_one_page_each_in_order():
     split = data.Pages([np.zeros((100 + 40 * i, 300, 3), np.uint8) for i in range(3)], [[], [], []], [[], [], []])
     got = list(ocr_det.batches(split, INFO, 8))

@@ -32,7 +32,7 @@ def prepare(image: np.ndarray, max_width: int) -> np.ndarray:
     import cv2
 
     h, w = image.shape[:2]
-    resized = cv2.resize(np.ascontiguousarray(image[:, :, ::-1]), (width(h, w, max_width), HEIGHT))
+    resized = cv2.resize(cv2.cvtColor(image, cv2.COLOR_RGB2BGR), (width(h, w, max_width), HEIGHT))  # RGB -> BGR
     return ((resized.astype(np.float32) / 255.0 - 0.5) / 0.5).transpose(2, 0, 1)
 
 
