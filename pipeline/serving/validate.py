@@ -607,7 +607,7 @@ def _open_image(raw: bytes, i: int, s: Settings, mode: str, size: tuple[int, int
                 raise ApiError(422, "invalid_image", f"images[{i}]: unsupported image mode (need grayscale "
                                                       "or RGB)")
             own = (im.height, im.width)
-            im = im.convert(mode)
+            im = im.convert(mode) if im.mode != mode else im  # convert() to its own mode would copy it
             if size is not None and im.size != size:
                 im = im.resize(size, Image.BILINEAR)  # as `data.image_size` does at training time
             return np.asarray(im, np.uint8), own
