@@ -248,6 +248,7 @@ class _Predict:
                 raise InputError(f"pipe {__version__} on the Ray node {self.node}, {version} on the driver: install "
                                  "the same pipe on every node")
             unpack_verified(ray.get(package[0]), manifest_sha256, self.dir)
+            run_mod.few_malloc_arenas()  # this actor's process and the predictors it starts, as local predict's
             self.model = make_model(self.dir, threads)
             self.model.check()  # the reference set on this node's CPU, as pipe serve checks it
         except PipeError as e:

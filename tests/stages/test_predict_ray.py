@@ -106,6 +106,9 @@ def test_actor_killed_mid_job_every_item_once(package, cluster, tmp_path):  # no
             time.sleep(0.05)
         actors = cluster.pids(b"_Predict")
         assert proc.poll() is None and len(actors) == 2, (actors, proc.poll())
+        predictors = cluster.pids(b"pipeline.serving.predictor")
+        assert predictors and all(b"MALLOC_ARENA_MAX=2" in Path(f"/proc/{p}/environ").read_bytes().split(b"\0")
+                                  for p in predictors)  # glibc's arenas capped on the actors' side too
         os.kill(actors[0], signal.SIGKILL)
         killed_at = _lines(out / output.PREDICTIONS)
         _, err = proc.communicate(timeout=300)
