@@ -382,12 +382,11 @@ def _latency_ms(pred: Any, prog: iospec.IO, x1: dict[str, np.ndarray]) -> float:
 
 
 def _write_preprocess(path: Path, prog: iospec.IO, pre: dict[str, Any]) -> None:
-    """What a client needs to feed the program: every input and output (program name, public name, dtype,
-    shape), the labels and the preprocessing."""
+    """What a client needs to feed the program: every input and output (public name, the program's where it
+    differs, dtype, shape, role), the labels and the preprocessing."""
     doc = {
-        "inputs": [{"name": t.name, "alias": t.public, "dtype": t.dtype, "shape": list(t.shape)} for t in prog.inputs],
-        "outputs": [{"name": t.name, "alias": t.public, "dtype": t.dtype, "shape": list(t.shape),
-                     **({"role": t.role} if t.role else {})} for t in prog.outputs],
+        "inputs": [{k: v for k, v in t.to_dict().items() if k != "role"} for t in prog.inputs],
+        "outputs": [t.to_dict() for t in prog.outputs],
         "kind": pre["kind"], "labels": prog.extra["labels"],
     }
     if pre["kind"] == "text":

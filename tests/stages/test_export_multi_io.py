@@ -59,6 +59,10 @@ def test_interface_names_and_parity_of_every_output(exported):
     assert [(t.name, t.public, t.shape) for t in desc.outputs] == [
         ("fetch_name_0", "embedding", (-1, 16)), ("fetch_name_1", "logits", (-1, 4))]
     assert desc.logits().public == "logits"
+    # the manifest leads with the model's own names; the program's stay as program_name (issue 51)
+    assert [(o["name"], o.get("program_name")) for o in m["interface"]["outputs"]] == [
+        ("embedding", "fetch_name_0"), ("logits", "fetch_name_1")]
+    assert [i["name"] for i in m["interface"]["inputs"]] == ["img", "feat"]
     per = m["metrics"]["parity_outputs"]
     assert set(per) == {"embedding", "logits"}
     for name, p in per.items():
@@ -69,7 +73,8 @@ def test_interface_names_and_parity_of_every_output(exported):
     assert m["onnx"]["inputs"] == ["img", "feat"] and m["onnx"]["outputs"] == ["fetch_name_0", "fetch_name_1"]
     doc = yaml.safe_load((exported / "export" / "preprocess.yaml").read_text())
     assert [i["name"] for i in doc["inputs"]] == ["img", "feat"]
-    assert [(o["name"], o["alias"]) for o in doc["outputs"]] == [("fetch_name_0", "embedding"), ("fetch_name_1", "logits")]
+    assert [(o["name"], o["program_name"]) for o in doc["outputs"]] == [("embedding", "fetch_name_0"),
+                                                                        ("logits", "fetch_name_1")]
     assert doc["kind"] == "inputs" and set(doc["per_input"]) == {"img", "feat"}
 
 

@@ -132,9 +132,10 @@ def test_serving_yaml(run):
     assert doc["model"] == {"format": "pir", "program": "model.json", "params": "model.pdiparams",
                             "variant": "export-fp32", "engine": "paddle_inference"}
     assert doc["engine"]["name"] == "paddle_inference" and doc["engine"]["chosen"] == "paddle"
-    assert doc["inputs"] == [{"name": "x", "alias": "x", "dtype": "float32", "shape": [-1, 1, 8, 8]}]
-    assert doc["outputs"] == [{"name": iface["outputs"][0]["name"], "alias": "logits", "dtype": "float32",
-                               "shape": [-1, 10], "role": "logits"}]
+    assert doc["inputs"] == [{"name": "x", "dtype": "float32", "shape": [-1, 1, 8, 8]}]
+    # the public name leads; the program's (PIR's fetch_name_0) is the engines' detail
+    assert doc["outputs"] == [{"name": "logits", "program_name": iface["outputs"][0]["program_name"],
+                               "dtype": "float32", "shape": [-1, 10], "role": "logits"}]
     assert doc["labels"] == iface["labels"] and doc["preprocessing"] == iface["preprocessing"]
     assert doc["batching"] == {"max_batch_size": 32, "max_wait_ms": 2.0}
     assert doc["server"] == package_mod.SERVER_DEFAULTS
@@ -151,9 +152,8 @@ def test_serving_client_conf_parses(run):
     cls = client_config_class()
     conf = text_format.Parse((run / "package" / "serving_client_conf.prototxt").read_text(), cls())
     (feed,), (fetch,) = conf.feed_var, conf.fetch_var
-    out_name = _manifest(run / "export")["interface"]["outputs"][0]["name"]
     assert (feed.name, feed.alias_name, feed.feed_type, list(feed.shape)) == ("x", "x", 1, [1, 8, 8])
-    assert (fetch.name, fetch.alias_name, fetch.fetch_type, list(fetch.shape)) == (out_name, "logits", 1, [10])
+    assert (fetch.name, fetch.alias_name, fetch.fetch_type, list(fetch.shape)) == ("logits", "logits", 1, [10])
 
 
 def _triton_model_config():

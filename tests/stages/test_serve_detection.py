@@ -134,7 +134,7 @@ def test_the_package_carries_the_task(run, spec):
     doc = yaml.safe_load((pkg / "serving.yaml").read_text())
     assert doc["task"] == {"name": "detection", "spec": "detection", "settings": SETTINGS}
     assert spec.task is det and spec.info.logits == "" and spec.info.settings == SETTINGS
-    assert sorted(o["alias"] for o in doc["outputs"]) == ["heatmap", "offset", "size"]
+    assert sorted(o["name"] for o in doc["outputs"]) == ["heatmap", "offset", "size"]
     assert not any(o.get("role") for o in doc["outputs"])
     name = doc["triton"]["model"]
     assert sorted(p.relative_to(pkg / "triton").as_posix() for p in (pkg / "triton").rglob("*") if p.is_file()) == \

@@ -58,7 +58,7 @@ pytestmark = pytest.mark.slow(reason="runs a real tritonserver")
 PYTRITON = Path(sys.prefix) / "pytriton"  # the venv's; the Makefile's $(STAMP) recipe installs it there
 INSTALL = "pip install --no-deps --target .venv/pytriton nvidia-pytriton==0.7.0"
 SHIM = REPO / "tests/triton_backend/onnxruntime/model.py"
-OUT = "fetch_name_0"  # the program's fetch name: the ONNX's output and config.pbtxt's
+OUT = "logits"  # the model's output name: the ONNX's (renamed from the program's fetch_name_0) and config.pbtxt's
 TEXTS = ["这个东西很好", "差", "我们买了一次还是很满意的东西", "这个" * 20]
 
 
