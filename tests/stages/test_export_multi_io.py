@@ -92,7 +92,7 @@ def test_each_program_fed_by_name_answers_as_the_manifest_says(exported):
         c = paddle.inference.Config(str(d / model), str(d / params))
         c.disable_glog_info()
         pred = paddle.inference.create_predictor(c)
-        names_out = m["legacy"]["outputs"] if key == "legacy" else [t["name"] for t in m["interface"]["outputs"]]
+        names_out = m["legacy"]["outputs"] if key == "legacy" else [t["program_name"] for t in m["interface"]["outputs"]]
         assert sorted(pred.get_input_names()) == ["feat", "img"] and pred.get_output_names() == names_out
         for name in reversed(list(feeds)):
             pred.get_input_handle(name).copy_from_cpu(feeds[name])

@@ -243,12 +243,20 @@ def test_bf16_where_oneDNN_has_no_bf16_kernels(run, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_export_onnx_is_reused(run, tmp_path):
-    """`pipe export --onnx` already wrote (and parity-gated) model.onnx: the package takes it as is."""
+    """`pipe export --onnx` already wrote (and parity-gated) model.onnx: the package takes it, its output
+    renamed from the program's fetch_name_0 to the model's `logits` and nothing else changed."""
+    import onnx
+
     exp = tmp_path / "export"
     assert main(["export", str(run / "train"), "--out", str(exp), "--onnx"]) == 0
     out = tmp_path / "package"
     assert main(["package", str(exp), "--out", str(out), "--engine", "paddle"]) == 0
-    assert (out / "triton/digits_cnn/1/model.onnx").read_bytes() == (exp / "model.onnx").read_bytes()
+    assert _manifest(out)["metrics"]["onnx_io_renamed"] == {"fetch_name_0": "logits"}
+    given, served = onnx.load(str(exp / "model.onnx")), onnx.load(str(out / "triton/digits_cnn/1/model.onnx"))
+    assert [o.name for o in given.graph.output] == ["fetch_name_0"] and [o.name for o in served.graph.output] == ["logits"]
+    assert [i.SerializeToString() for i in served.graph.initializer] == \
+        [i.SerializeToString() for i in given.graph.initializer]
+    assert [n.op_type for n in served.graph.node] == [n.op_type for n in given.graph.node]
     assert yaml.safe_load((out / "serving.yaml").read_text())["triton"]["onnx_source"] == "export"
     assert _files(out) == ALLOWLIST_PIR  # the export's model.onnx is not copied beside the program
 
@@ -316,7 +324,8 @@ def test_compress_layout_int8_and_fp32(run, tmp_path):
     doc = yaml.safe_load((int8 / "serving.yaml").read_text())
     legacy_out = _manifest(run / "export")["legacy"]["outputs"][0]
     assert doc["precision"] == "int8" and doc["model"]["variant"] == "int8-paddle"
-    assert doc["model"]["program"] == "model.pdmodel" and doc["outputs"][0]["name"] == legacy_out
+    assert doc["model"]["program"] == "model.pdmodel" and doc["outputs"][0]["program_name"] == legacy_out
+    assert doc["outputs"][0]["name"] == "logits"
     assert doc["triton"]["onnx_source"] == "compress:onnx-fp32" and doc["triton"]["onnx_precision"] == "fp32"
     assert _manifest(int8)["metrics"]["variant_accuracy"] == 0.98
     fp32 = tmp_path / "pkg-fp32"
