@@ -17,7 +17,7 @@ Parity gate (exit 5, nothing written): a Paddle Inference predictor (oneDNN) on 
 <= `export.parity_tol` * that output's max|value|; the legacy program and the ONNX are held to the same
 bound. Saved outputs cannot keep their names (PIR names them `fetch_name_<i>`, a legacy program
 `linear_2.tmp_1`; a dict output comes out in sorted key order, which is the interface's order): the
-interface records each program's real names with the public one as `alias`.
+interface records each tensor under its public name with the program's real one as `program_name`.
 
 `--precision bf16` (export.precision) also runs the program under oneDNN bf16 kernels (fp16 on a GPU) on
 the test split and records accuracy, top-1 agreement and max|diff| against fp32 and the batch-1 latency
