@@ -11,9 +11,11 @@ name where the program's own differs (Paddle names saved outputs `fetch_name_<i>
 reads from it (`logits` for classification). In Python `name` is the program's (what the engines feed and
 fetch) and `public` the user's; in a manifest's `interface` and serving.yaml an entry's `name` is the public
 one, with the program's as `program_name` where it differs (the engines' detail, read back here). Entries
-written before that (`name: fetch_name_0, alias: logits`) still load: `Tensor.from_dict` maps them. Feed and fetch by name everywhere: ONNX made from the legacy
-program and OpenVINO reading the legacy `.pdmodel` list inputs in reverse order, and positional feeding
-raises nothing and answers wrong (notes/paddle-stack-facts.md §14). No paddle import here.
+written before that (`name: fetch_name_0, alias: logits`) still load: `Tensor.from_dict` maps them.
+
+Feed and fetch by name everywhere: ONNX made from the legacy program and OpenVINO reading the legacy
+`.pdmodel` list inputs in reverse order, and positional feeding raises nothing and answers wrong
+(notes/paddle-stack-facts.md §14). No paddle import here.
 """
 
 from __future__ import annotations

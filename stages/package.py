@@ -40,9 +40,10 @@ Every tensor of the model's interface (`pipeline/iospec.py`) is listed under its
 model's own, e.g. the keys of a dict it returns), with the served program's name as `program_name` where it
 differs (`fetch_name_0`; the legacy program names outputs after their ops): the engines' detail, never shown
 to a client (serving.yaml, the client config, the Triton repository and every endpoint use the public
-names). Tensors are read by name everywhere: the logits are the output with the logits role, for a task that reads logits (the task is
-the interface's `task`, `pipeline/tasks/`; none recorded: classification). A detection package serves the
-model's raw heads; `pipe serve` decodes them (`pipeline.tasks.detection`) with serving.yaml's settings.
+names). Tensors are read by name everywhere: the logits are the output with the logits role, for a task
+that reads logits (the task is the interface's `task`, `pipeline/tasks/`; none recorded: classification).
+A detection package serves the model's raw heads; `pipe serve` decodes them (`pipeline.tasks.detection`)
+with serving.yaml's settings.
 A text model (every input int64 ids [-1, -1]) gets a `text:` section in serving.yaml (char tokenizer,
 max_len, pad/unk ids, vocabulary file), a client config with int64 feeds of variable length (`shape: -1`),
 Triton inputs of dims [-1] (its ONNX parity-checked at max_len and at half that length), and a README

@@ -38,8 +38,9 @@ one thread per predictor forms batches from a bounded queue (`pipeline/serving/b
                                         is installed; see `pipeline/serving/openapi.py`)
 
 Every tensor comes from the package's io description (`spec.io`: public name, dtype, shape, the logits
-role; every endpoint shows and takes the public names, the program's stay inside the engines); requests are checked per input and reach the batcher as a dict of named arrays
-(`pipeline/serving/validate.py`). Text packages tokenize in the server with the package's vocab.json and
+role; every endpoint shows and takes the public names, the program's stay inside the engines); requests
+are checked per input and reach the batcher as a dict of named arrays (`pipeline/serving/validate.py`).
+Text packages tokenize in the server with the package's vocab.json and
 the training encoder (`pipeline.data.encode_texts`), and make every model input from the ids by the rule
 the package's preprocessing records (`pipeline.data.text_inputs`); text and token ids are truncated to
 max_len and padded to max_len, as in training, so a sample gets the same logits alone or batched with

@@ -78,8 +78,9 @@ def test_recorded_io_names_are_the_predictors(exported):
 
     out, m = exported / "export", _manifest(exported / "export")
     for model, params, names in (
-        ("model.json", "model.pdiparams", {"inputs": [i.get("program_name", i["name"]) for i in m["interface"]["inputs"]],
-                                           "outputs": [o.get("program_name", o["name"]) for o in m["interface"]["outputs"]]}),
+        ("model.json", "model.pdiparams", {
+            "inputs": [i.get("program_name", i["name"]) for i in m["interface"]["inputs"]],
+            "outputs": [o.get("program_name", o["name"]) for o in m["interface"]["outputs"]]}),
         ("legacy/model.pdmodel", "legacy/model.pdiparams", {"inputs": m["legacy"]["inputs"],
                                                             "outputs": m["legacy"]["outputs"]}),
     ):

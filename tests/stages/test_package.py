@@ -253,7 +253,8 @@ def test_export_onnx_is_reused(run, tmp_path):
     assert main(["package", str(exp), "--out", str(out), "--engine", "paddle"]) == 0
     assert _manifest(out)["metrics"]["onnx_io_renamed"] == {"fetch_name_0": "logits"}
     given, served = onnx.load(str(exp / "model.onnx")), onnx.load(str(out / "triton/digits_cnn/1/model.onnx"))
-    assert [o.name for o in given.graph.output] == ["fetch_name_0"] and [o.name for o in served.graph.output] == ["logits"]
+    assert [o.name for o in given.graph.output] == ["fetch_name_0"]
+    assert [o.name for o in served.graph.output] == ["logits"]
     assert [i.SerializeToString() for i in served.graph.initializer] == \
         [i.SerializeToString() for i in given.graph.initializer]
     assert [n.op_type for n in served.graph.node] == [n.op_type for n in given.graph.node]

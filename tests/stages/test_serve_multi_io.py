@@ -125,7 +125,8 @@ def test_metadata_lists_every_tensor(triton, client):
     assert m["outputs"] == [{"name": "embedding", "alias": "embedding", "dtype": "float32", "shape": [-1, 16]},
                             {"name": "logits", "alias": "logits", "dtype": "float32", "shape": [-1, 4],
                              "role": "logits"}]
-    assert m["output"]["name"] == m["output"]["alias"] == "logits" and m["accepts_images"] is True and m["labels"] == LABELS
+    assert m["output"]["name"] == m["output"]["alias"] == "logits"
+    assert m["accepts_images"] is True and m["labels"] == LABELS
     assert metric(client.get("/metrics").text, "pipe_ready") == 1.0
     doc = client.get("/openapi.json").json()
     v1 = doc["paths"]["/v1/predict"]["post"]
