@@ -67,17 +67,18 @@ def _url(proc: subprocess.Popen) -> str:
 
 
 def _v2(url: str, spec, x: dict[str, np.ndarray]) -> np.ndarray:
-    """The logits of one /v2 infer call from tritonclient with every input as a binary tensor, by name."""
+    """The logits of one /v2 infer call from tritonclient with every input as a binary tensor, by the model's
+    names (`x` holds them by the program's)."""
     import tritonclient.http as httpclient
 
     inputs = []
     for t in spec.io.inputs:
-        inp = httpclient.InferInput(t.name, list(x[t.name].shape), {"float32": "FP32", "int64": "INT64"}[t.dtype])
+        inp = httpclient.InferInput(t.public, list(x[t.name].shape), {"float32": "FP32", "int64": "INT64"}[t.dtype])
         inp.set_data_from_numpy(x[t.name])
         inputs.append(inp)
     client = httpclient.InferenceServerClient(url.removeprefix("http://"))
     try:
-        return client.infer(spec.name, inputs).as_numpy(spec.io.logits().name)
+        return client.infer(spec.name, inputs).as_numpy(spec.io.logits().public)
     finally:
         client.close()
 

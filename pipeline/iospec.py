@@ -8,9 +8,14 @@ manifest's `interface` (`inputs`, `outputs`); export, compress, package, the eng
 
 A tensor is (name, dtype, shape with -1 for dynamic axes; axis 0 is the batch), plus `alias`, the public
 name where the program's own differs (Paddle names saved outputs `fetch_name_<i>`), and `role`, what a task
-reads from it (`logits` for classification). Feed and fetch by name everywhere: ONNX made from the legacy
-program and OpenVINO reading the legacy `.pdmodel` list inputs in reverse order, and positional feeding
-raises nothing and answers wrong (notes/paddle-stack-facts.md §14). No paddle import here.
+reads from it (`logits` for classification). In Python `name` is the program's (what the engines feed and
+fetch) and `public` the user's; in a manifest's `interface` and serving.yaml an entry's `name` is the public
+one, with the program's as `program_name` where it differs (the engines' detail, read back here). Entries
+written before that (`name: fetch_name_0, alias: logits`) still load: `Tensor.from_dict` maps them.
+
+Feed and fetch by name everywhere: ONNX made from the legacy program and OpenVINO reading the legacy
+`.pdmodel` list inputs in reverse order, and positional feeding raises nothing and answers wrong
+(notes/paddle-stack-facts.md §14). No paddle import here.
 """
 
 from __future__ import annotations
@@ -40,25 +45,36 @@ class Tensor:
         return self.alias or self.name
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
-        if self.alias:
-            d["alias"] = self.alias
+        """As manifests and serving.yaml list it: `name` the public name, `program_name` the program's where
+        it differs."""
+        d: dict[str, Any] = {"name": self.public, "dtype": self.dtype, "shape": list(self.shape)}
+        if self.name != self.public:
+            d["program_name"] = self.name
         if self.role:
             d["role"] = self.role
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str) -> "Tensor":
+        """An entry of either layout: `name` public and `program_name` the program's (from now on), or
+        `name` the program's and `alias` public (manifests and serving.yaml written before)."""
         try:
             name, dtype, shape = d["name"], d["dtype"], tuple(int(s) for s in d["shape"])
+            program, alias = d.get("program_name"), d.get("alias")
             ok = (isinstance(name, str) and name and dtype in DTYPES and len(shape) >= 1 and shape[0] == -1
-                  and all(s == -1 or s >= 1 for s in shape))
-        except (KeyError, TypeError, ValueError):
+                  and all(s == -1 or s >= 1 for s in shape)
+                  and all(v is None or isinstance(v, str) for v in (program, alias))
+                  and not (program and alias))
+        except (KeyError, TypeError, ValueError, AttributeError):
             ok = False
         if not ok:
-            raise InputError(f"{where}: a tensor needs a name, a dtype of {', '.join(DTYPES)} and a shape "
-                             f"with a -1 batch axis, got {dict(d) if isinstance(d, Mapping) else d!r}")
-        return cls(name, dtype, shape, str(d.get("alias") or ""), str(d.get("role") or ""))
+            raise InputError(f"{where}: a tensor needs a name (and at most one of program_name, alias), a dtype "
+                             f"of {', '.join(DTYPES)} and a shape with a -1 batch axis, "
+                             f"got {dict(d) if isinstance(d, Mapping) else d!r}")
+        role = str(d.get("role") or "")
+        if program:  # the program's name beside the public one
+            return cls(program, dtype, shape, name if name != program else "", role)
+        return cls(name, dtype, shape, alias if alias and alias != name else "", role)
 
     def check(self, a: np.ndarray, where: str) -> np.ndarray:
         """`a` fed as this tensor: its dtype (ints and floats widen or narrow only within their kind) and
@@ -116,7 +132,7 @@ class IO:
                              f"interface {len(self.inputs)} and {len(self.outputs)}")
 
         def renamed(t: Tensor, real: str) -> Tensor:
-            return replace(t, name=real, alias=t.public)  # recorded even when equal: readers take it as is
+            return replace(t, name=real, alias=t.public)
 
         return replace(self, inputs=tuple(renamed(t, n) for t, n in zip(self.inputs, inputs)),
                        outputs=tuple(renamed(t, n) for t, n in zip(self.outputs, outputs)))

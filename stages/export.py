@@ -17,7 +17,7 @@ Parity gate (exit 5, nothing written): a Paddle Inference predictor (oneDNN) on 
 <= `export.parity_tol` * that output's max|value|; the legacy program and the ONNX are held to the same
 bound. Saved outputs cannot keep their names (PIR names them `fetch_name_<i>`, a legacy program
 `linear_2.tmp_1`; a dict output comes out in sorted key order, which is the interface's order): the
-interface records each program's real names with the public one as `alias`.
+interface records each tensor under its public name with the program's real one as `program_name`.
 
 `--precision bf16` (export.precision) also runs the program under oneDNN bf16 kernels (fp16 on a GPU) on
 the test split and records accuracy, top-1 agreement and max|diff| against fp32 and the batch-1 latency
@@ -382,12 +382,11 @@ def _latency_ms(pred: Any, prog: iospec.IO, x1: dict[str, np.ndarray]) -> float:
 
 
 def _write_preprocess(path: Path, prog: iospec.IO, pre: dict[str, Any]) -> None:
-    """What a client needs to feed the program: every input and output (program name, public name, dtype,
-    shape), the labels and the preprocessing."""
+    """What a client needs to feed the program: every input and output (public name, the program's where it
+    differs, dtype, shape, role), the labels and the preprocessing."""
     doc = {
-        "inputs": [{"name": t.name, "alias": t.public, "dtype": t.dtype, "shape": list(t.shape)} for t in prog.inputs],
-        "outputs": [{"name": t.name, "alias": t.public, "dtype": t.dtype, "shape": list(t.shape),
-                     **({"role": t.role} if t.role else {})} for t in prog.outputs],
+        "inputs": [{k: v for k, v in t.to_dict().items() if k != "role"} for t in prog.inputs],
+        "outputs": [t.to_dict() for t in prog.outputs],
         "kind": pre["kind"], "labels": prog.extra["labels"],
     }
     if pre["kind"] == "text":

@@ -25,7 +25,7 @@ from an allowlist (inference-format files only, never a pickle):
                                                   fetch_var per output)
     triton/<name>/config.pbtxt, 1/model.onnx,     a Triton model repository (onnxruntime backend): the served
     triton/<name>/labels.txt                      ONNX itself, else compress's or paddle2onnx's, io renamed to
-                                                  the served names; an entry per tensor, labels on the logits
+                                                  the public names; an entry per tensor, labels on the logits
                                                   (labels.txt: tasks with logits only; Triton serves the raw
                                                   outputs, the task's postprocessing runs in the client)
     vocab.json                                    text models only: the export's vocabulary
@@ -36,11 +36,14 @@ from an allowlist (inference-format files only, never a pickle):
                                                   output of a task without logits) and by serve
     README.md, manifest.json                      how to call it (`pipeline/serving/readme.py`); sha256 of every file
 
-Every tensor of the model's interface (`pipeline/iospec.py`) is carried under the served program's name
-(`name`; the legacy program names outputs after their ops) with its public name (`alias`), and read by
-name everywhere: the logits are the output with the logits role, for a task that reads logits (the task is
-the interface's `task`, `pipeline/tasks/`; none recorded: classification). A detection package serves the
-model's raw heads; `pipe serve` decodes them (`pipeline.tasks.detection`) with serving.yaml's settings.
+Every tensor of the model's interface (`pipeline/iospec.py`) is listed under its public name (`name`: the
+model's own, e.g. the keys of a dict it returns), with the served program's name as `program_name` where it
+differs (`fetch_name_0`; the legacy program names outputs after their ops): the engines' detail, never shown
+to a client (serving.yaml, the client config, the Triton repository and every endpoint use the public
+names). Tensors are read by name everywhere: the logits are the output with the logits role, for a task
+that reads logits (the task is the interface's `task`, `pipeline/tasks/`; none recorded: classification).
+A detection package serves the model's raw heads; `pipe serve` decodes them (`pipeline.tasks.detection`)
+with serving.yaml's settings.
 A text model (every input int64 ids [-1, -1]) gets a `text:` section in serving.yaml (char tokenizer,
 max_len, pad/unk ids, vocabulary file), a client config with int64 feeds of variable length (`shape: -1`),
 Triton inputs of dims [-1] (its ONNX parity-checked at max_len and at half that length), and a README
@@ -189,9 +192,8 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
         _check_file_set(w.dir, allowlist(source.format, name if cfg.triton else None,
                                          text["vocab_file"] if text else None, reference=True,
                                          labels=bool(info.logits)))
-        # the interface as the export recorded it, under the packaged file's names
-        w.interface = {**iface, **{kind: [{**d, "name": t.name, "alias": t.public} for d, t in zip(iface[kind], ts)]
-                                   for kind, ts in (("inputs", served.inputs), ("outputs", served.outputs))}}
+        # the interface as the export recorded it, each tensor's program name the packaged file's
+        w.interface = {**iface, **served.to_interface()}
         w.metrics = metrics
         w.extra = {"format": source.format, "precision": source.precision, "engine": source.engine, "name": name,
                    "serving": "serving.yaml", "chosen": {"engine": cfg.engine, "optimize": cfg.optimize, "why": source.why}}
@@ -563,7 +565,7 @@ def _copy_model(src: Path, dest: Path) -> None:
 def _triton(root: Path, name: str, source: _Source, desc: iospec.IO, served: iospec.IO, labels: list[str],
             cfg: PackageConfig, checks: list[dict[str, np.ndarray]], y_refs: list[dict[str, np.ndarray]],
             threads: int, logits: str) -> dict[str, Any]:
-    """The Triton repository: its ONNX with every tensor under the served name, parity-checked on every
+    """The Triton repository: its ONNX with every tensor under its public name, parity-checked on every
     output against the fp32 predictor (`y_refs`, by `desc`'s names), and config.pbtxt from the ONNX itself;
     labels.txt on the logits output (`logits`: its public name) of a task with logits only: Triton serves
     every task's raw outputs (its classification extension reads labels.txt), the rest is the client's."""
@@ -581,7 +583,7 @@ def _triton(root: Path, name: str, source: _Source, desc: iospec.IO, served: ios
     on = engines.names(SimpleNamespace(inputs=[i.name for i in sess.get_inputs()],
                                        outputs=[o.name for o in sess.get_outputs()]), desc, str(onnx_path))
     pairs = list(zip((*desc.inputs, *desc.outputs), (*served.inputs, *served.outputs)))
-    renamed = _rename_io(onnx_path, {on[t.name]: s.name for t, s in pairs})
+    renamed = _rename_io(onnx_path, {on[t.name]: s.public for t, s in pairs})
     if renamed:
         metrics["onnx_io_renamed"] = renamed
         sess = _onnx_session(onnx_path, threads)
@@ -607,15 +609,15 @@ def _triton(root: Path, name: str, source: _Source, desc: iospec.IO, served: ios
     if logits:
         (root / serving_spec.TRITON_LABELS).write_text("".join(f"{lab}\n" for lab in labels), encoding="utf-8")
     (root / "config.pbtxt").write_text(_triton_config(name, ort_in, ort_out,
-                                                      served.output(logits).name if logits else None, cfg),
+                                                      logits or None, cfg),
                                        encoding="utf-8")
     return {"model": name, "onnx_source": origin, "onnx_precision": precision, "repository": "triton",
             "metrics": metrics}
 
 
 def _rename_io(path: Path, names: dict[str, str]) -> dict[str, str]:
-    """Give the Triton copy of the ONNX the served model's input and output names (`names`: the ONNX's ->
-    the served; a legacy program's output is e.g. `linear_0.tmp_1`, paddle2onnx's `fetch_name_0`), so one v2
+    """Give the Triton copy of the ONNX the model's public input and output names (`names`: the ONNX's ->
+    the public; a legacy program's output is e.g. `linear_0.tmp_1`, paddle2onnx's `fetch_name_0`), so one v2
     request, names included, works on `pipe serve` and on Triton alike. Returns {old: new} for what changed."""
     want = {old: new for old, new in names.items() if old != new}
     if not want:
@@ -664,24 +666,24 @@ def _onnx_session(path: Path, threads: int) -> Any:
 
 def _run_onnx(sess: Any, path: Path, checks: list[dict[str, np.ndarray]], desc: iospec.IO, served: iospec.IO
               ) -> tuple[list[Any], list[Any], list[dict[str, np.ndarray]]]:
-    """The check batches on the Triton copy, fed and fetched by the served names (`_rename_io` gave it them):
+    """The check batches on the Triton copy, fed and fetched by the public names (`_rename_io` gave it them):
     (its inputs and outputs in the served order, every output by `desc`'s names per batch). Each input's dims
     behind the batch must be the model's."""
     ins, outs = {i.name: i for i in sess.get_inputs()}, {o.name: o for o in sess.get_outputs()}
-    if {t.name for t in served.inputs} != set(ins) or any(t.name not in outs for t in served.outputs):
-        raise InputError(f"{path}: ONNX io names {list(ins)} -> {list(outs)} are not the served "
-                         f"{[t.name for t in served.inputs]} -> {[t.name for t in served.outputs]}")
+    if {t.public for t in served.inputs} != set(ins) or any(t.public not in outs for t in served.outputs):
+        raise InputError(f"{path}: ONNX io names {list(ins)} -> {list(outs)} are not the model's "
+                         f"{[t.public for t in served.inputs]} -> {[t.public for t in served.outputs]}")
     for t in served.inputs:
         want = [*t.shape[1:]]
-        got = [d if isinstance(d, int) else -1 for d in ins[t.name].shape[1:]]
+        got = [d if isinstance(d, int) else -1 for d in ins[t.public].shape[1:]]
         if got != want:
-            raise InputError(f"{path}: ONNX input {t.name!r} shape [N, {', '.join(map(str, got))}] does not match "
+            raise InputError(f"{path}: ONNX input {t.public!r} shape [N, {', '.join(map(str, got))}] does not match "
                              f"the model's [N, {', '.join(map(str, want))}]")
-    fetch = [t.name for t in served.outputs]
+    fetch = [t.public for t in served.outputs]
     ys = [dict(zip((t.name for t in desc.outputs),
-                   sess.run(fetch, {s.name: feeds[t.name] for t, s in zip(desc.inputs, served.inputs)})))
+                   sess.run(fetch, {s.public: feeds[t.name] for t, s in zip(desc.inputs, served.inputs)})))
           for feeds in checks]
-    return [ins[t.name] for t in served.inputs], [outs[t.name] for t in served.outputs], ys
+    return [ins[t.public] for t in served.inputs], [outs[t.public] for t in served.outputs], ys
 
 
 _ONNX_TYPES = {"tensor(float)": "TYPE_FP32", "tensor(int64)": "TYPE_INT64", "tensor(int32)": "TYPE_INT32"}
@@ -690,7 +692,7 @@ _ONNX_TYPES = {"tensor(float)": "TYPE_FP32", "tensor(int64)": "TYPE_INT64", "ten
 def _triton_config(name: str, ort_in: list[Any], ort_out: list[Any], logits: str | None, cfg: PackageConfig) -> str:
     """config.pbtxt for Triton's onnxruntime backend: an entry per tensor, named, typed and shaped as the ONNX
     declares it (the first dim is the batch: max_batch_size); labels.txt on the logits output (`logits`: its
-    served name; None: a task without logits, no labels file)."""
+    public name; None: a task without logits, no labels file)."""
     def dims(shape: list[Any]) -> str:
         return ", ".join(str(d) if isinstance(d, int) and d > 0 else "-1" for d in shape[1:])
 
@@ -757,10 +759,11 @@ def _serving_spec(name: str, source: _Source, served: iospec.IO,
 
 def _client_conf(served: iospec.IO) -> str:
     """Paddle Serving's GeneralModelConfig text format: a feed_var per input, a fetch_var per output, by the
-    served names with the public ones as alias_name; shapes exclude the batch dim (-1: any length)."""
+    public names (name and alias_name alike: `pipe serve` maps them onto the program's); shapes exclude the
+    batch dim (-1: any length)."""
     def var(kind: str, t: iospec.Tensor) -> str:
         dims = "\n  ".join(f"shape: {d}" for d in t.shape[1:])
-        return (f'{kind}_var {{\n  name: "{t.name}"\n  alias_name: "{t.public}"\n'
+        return (f'{kind}_var {{\n  name: "{t.public}"\n  alias_name: "{t.public}"\n'
                 f"  is_lod_tensor: false\n  {kind}_type: {DTYPES[t.dtype][0]}\n  {dims}\n}}\n")
 
     return "".join(var("feed", t) for t in served.inputs) + "".join(var("fetch", t) for t in served.outputs)

@@ -37,9 +37,10 @@ one thread per predictor forms batches from a bounded queue (`pipeline/serving/b
     GET  /v1/model  /livez  /readyz  /metrics  /openapi.json  /docs (offline Swagger UI, if fastapi-offline
                                         is installed; see `pipeline/serving/openapi.py`)
 
-Every tensor comes from the package's io description (`spec.io`: program name, public alias, dtype,
-shape, the logits role); requests are checked per input and reach the batcher as a dict of named arrays
-(`pipeline/serving/validate.py`). Text packages tokenize in the server with the package's vocab.json and
+Every tensor comes from the package's io description (`spec.io`: public name, dtype, shape, the logits
+role; every endpoint shows and takes the public names, the program's stay inside the engines); requests
+are checked per input and reach the batcher as a dict of named arrays (`pipeline/serving/validate.py`).
+Text packages tokenize in the server with the package's vocab.json and
 the training encoder (`pipeline.data.encode_texts`), and make every model input from the ids by the rule
 the package's preprocessing records (`pipeline.data.text_inputs`); text and token ids are truncated to
 max_len and padded to max_len, as in training, so a sample gets the same logits alone or batched with
@@ -367,8 +368,8 @@ class _State:
         return ys
 
     def model_info(self) -> dict[str, Any]:
-        """GET /v1/model. `inputs` and `outputs` list every tensor (program name, public alias, dtype, shape;
-        the logits output's role); `output` is the logits output (None for a task without logits) and, for a
+        """GET /v1/model. `inputs` and `outputs` list every tensor (public name, also as `alias`, dtype,
+        shape; the logits output's role); `output` is the logits output (None for a task without logits) and, for a
         package of one input, `input` that input (the fields of packages before names); `task` what /v1
         answers (name, spec, postprocessing settings)."""
         sp, s = self.spec, self.s
@@ -396,7 +397,8 @@ class _State:
 
 
 def _tensor_info(t: Any) -> dict[str, Any]:
-    return {"name": t.name, "alias": t.public, "dtype": t.dtype, "shape": list(t.shape)}
+    # `alias` kept, equal to `name`, for clients of /v1/model written when `name` was the program's
+    return {"name": t.public, "alias": t.public, "dtype": t.dtype, "shape": list(t.shape)}
 
 
 def _text_info(sp: Spec) -> dict[str, Any] | None:

@@ -91,7 +91,7 @@ def test_the_package_serves_v2_v1_and_the_serving_wire_alike(ernie_run):
                     inp.set_data_from_numpy(feeds[t.public], binary_data=binary)
                     ins.append(inp)
                 res = client.infer(meta["name"], ins)
-                np.testing.assert_allclose(res.as_numpy(spec.io.logits().name), logits, rtol=1e-5, atol=1e-5)
+                np.testing.assert_allclose(res.as_numpy(spec.io.logits().public), logits, rtol=1e-5, atol=1e-5)
         finally:
             client.close()
         # Paddle Serving's wire (its JSON form of the protobuf Request), one tensor per feed: int64 ids
@@ -126,8 +126,8 @@ def test_the_real_tritonserver_loads_its_repository_and_answers_alike(ernie_run,
     repo = pkg / "triton"
     before = tree_hash(repo)
     sess = ort.InferenceSession(str(repo / name / "1/model.onnx"), providers=["CPUExecutionProvider"])
-    logits_name = spec.io.logits().name
-    want = sess.run([logits_name], {t.name: feeds[t.public] for t in spec.io.inputs})[0]
+    logits_name = spec.io.logits().public  # the model's name: the repository's ONNX and config.pbtxt use it
+    want = sess.run([logits_name], {t.public: feeds[t.public] for t in spec.io.inputs})[0]
     triton = start_triton(tritonserver, repo, tmp_path / "triton.log")
     client = th.InferenceServerClient(triton.url)
     try:

@@ -17,21 +17,45 @@ TWO = {"inputs": [{"name": "input_ids", "dtype": "int64", "shape": [-1, -1]},
 
 
 def test_an_old_single_tensor_interface_reads_with_its_logits():
+    """Written before public names led (`name` the program's, `alias` the public one): read once, here, and
+    written back in today's layout (`name` public, `program_name` the program's)."""
     old = {"inputs": [{"name": "x", "dtype": "float32", "shape": [-1, 1, 8, 8], "alias": "x"}],
            "outputs": [{"name": "fetch_name_0", "alias": "logits", "dtype": "float32", "shape": [-1, 10]}],
            "labels": [str(i) for i in range(10)], "preprocessing": {"kind": "image"}}
     desc = iospec.IO.from_interface(old)
     assert desc.logits().name == "fetch_name_0" and desc.logits().public == "logits"
     back = desc.to_interface()
-    assert back["labels"] == old["labels"] and back["inputs"] == old["inputs"]
-    assert back["outputs"] == [{**old["outputs"][0], "role": "logits"}]
+    assert back["labels"] == old["labels"]
+    assert back["inputs"] == [{"name": "x", "dtype": "float32", "shape": [-1, 1, 8, 8]}]
+    assert back["outputs"] == [{"name": "logits", "dtype": "float32", "shape": [-1, 10], "program_name": "fetch_name_0",
+                                "role": "logits"}]
+    assert iospec.IO.from_interface(back) == desc
+
+
+def test_an_old_two_output_interface_and_its_new_layout_read_alike():
+    """The 2-in / 2-out model's export interface as written before (program names under `name`) and now:
+    the same tensors, the engines' names and the public ones alike."""
+    old = {"inputs": [{"name": "img", "alias": "img", "dtype": "float32", "shape": [-1, 1, 8, 8]},
+                      {"name": "feat", "alias": "feat", "dtype": "float32", "shape": [-1, 4]}],
+           "outputs": [{"name": "fetch_name_0", "alias": "embedding", "dtype": "float32", "shape": [-1, 16]},
+                       {"name": "fetch_name_1", "alias": "logits", "dtype": "float32", "shape": [-1, 4],
+                        "role": "logits"}]}
+    desc = iospec.IO.from_interface(old)
+    new = desc.to_interface()
+    assert [o["name"] for o in new["outputs"]] == ["embedding", "logits"]
+    assert [o.get("program_name") for o in new["outputs"]] == ["fetch_name_0", "fetch_name_1"]
+    assert "fetch_name_0" not in str(new["inputs"]) and all("alias" not in t for t in new["inputs"] + new["outputs"])
+    again = iospec.IO.from_interface(new)
+    assert again == desc and again.logits().name == "fetch_name_1" and again.output("embedding").name == "fetch_name_0"
+    with pytest.raises(InputError, match="at most one of program_name, alias"):
+        iospec.IO.from_interface({**new, "outputs": [{**new["outputs"][0], "alias": "e"}, new["outputs"][1]]})
 
 
 def test_program_names_keep_the_public_ones_as_aliases():
     prog = iospec.IO.from_interface(TWO).with_program_names(["input_ids", "token_type_ids"],
                                                             ["fetch_name_0", "fetch_name_1"], "program")
     assert [(t.name, t.public) for t in prog.outputs] == [("fetch_name_0", "embedding"), ("fetch_name_1", "logits")]
-    assert prog.logits().name == "fetch_name_1" and prog.input("token_type_ids").alias == "token_type_ids"
+    assert prog.logits().name == "fetch_name_1" and prog.input("token_type_ids").public == "token_type_ids"
     assert prog.output("embedding").name == prog.output("fetch_name_0").name
     with pytest.raises(InputError, match="the program has 1 inputs and 2 outputs, the interface 2 and 2"):
         iospec.IO.from_interface(TWO).with_program_names(["input_ids"], ["a", "b"], "program")

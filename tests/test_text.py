@@ -100,7 +100,7 @@ def test_text_export_takes_int64_ids_of_any_length(tmp_path, cli, model, legacy)
     code, _, err = cli("export", run / "train")
     assert code == 0, err
     art = artifacts.verify(run / "export", ("export",))
-    assert art.manifest["interface"]["inputs"][0] == {"name": "x", "alias": "x", "dtype": "int64", "shape": [-1, -1]}
+    assert art.manifest["interface"]["inputs"][0] == {"name": "x", "dtype": "int64", "shape": [-1, -1]}
     assert art.manifest["metrics"]["parity_rel"] <= 1e-4
     assert (run / "export" / "vocab.json").read_bytes() == (run / "train" / "vocab.json").read_bytes()
     # nn.GRU cannot be written as a legacy program by Paddle 3.3.1: recorded, not fatal

@@ -85,11 +85,11 @@ def test_served_answer_is_the_tasks_and_v2_the_raw_output(counting_run):
             r2 = c.post(f"/v2/models/{_model_name(run)}/infer", json=body)
             assert r2.status_code == 200, r2.text
             outs = {o["name"]: o for o in r2.json()["outputs"]}
-            # /v2 names outputs as the program does (Triton's names); the interface aliases it `count`
-            alias = {o["name"]: o.get("alias") for o in _manifest(run / "export")["interface"]["outputs"]}
-            assert list(outs) == ["fetch_name_0"] and alias == {"fetch_name_0": "count"}
-            assert outs["fetch_name_0"]["shape"] == [8, 1]
-            raw = np.asarray(outs["fetch_name_0"]["data"], np.float64)
+            # /v2 names outputs as the model does (Triton's names too); the program's name is the engines'
+            program = {o["name"]: o.get("program_name") for o in _manifest(run / "export")["interface"]["outputs"]}
+            assert list(outs) == ["count"] and program == {"count": "fetch_name_0"}
+            assert outs["count"]["shape"] == [8, 1]
+            raw = np.asarray(outs["count"]["data"], np.float64)
             assert np.allclose(np.round(raw, 4), got["counts"], atol=1e-4)
             truth = ds.test.y[ds.test.idx[pos]]
             assert np.abs(np.asarray(got["counts"]) - truth).mean() < 1.0

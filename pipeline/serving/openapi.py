@@ -426,7 +426,7 @@ def _fetched(t: Any, n: int) -> dict[str, Any]:
                            "shape": {"type": "array", "prefixItems": [
                                {"type": "integer", "minimum": 1, "maximum": n}, *dims],
                                "minItems": len(t.shape), "maxItems": len(t.shape)},
-                           "name": {"const": t.name}, "alias_name": {"const": t.public}}}
+                           "name": {"const": t.public}, "alias_name": {"const": t.public}}}
 
 
 def errors(spec: Spec, endpoint: str) -> dict[str, Any]:
@@ -506,7 +506,7 @@ def v2(spec: Spec, s: Settings) -> dict[tuple[str, str], dict[str, Any]]:
         out_params["classification"] = {
             "type": "integer", "minimum": 0, "maximum": v2_mod.MAX_CLASSIFICATION,
             "description": "Triton's classification extension, on the logits output "
-                           f"('{logits.name}') only: answer each sample's top N classes as "
+                           f"('{logits.public}') only: answer each sample's top N classes as "
                            "BYTES \"<value>:<index>:<label>\" (0: the output)"}
     request = {"type": "object", "required": ["inputs"], "properties": {
         "id": {"type": "string"},

@@ -45,12 +45,12 @@ def _np_zeros(t: dict[str, Any], var: str) -> str:
 
 
 def _tensor_lines(spec: dict[str, Any]) -> list[str]:
-    """Every input and output: served name, public name, dtype, shape, role."""
-    rows = ["| | name | public name | dtype | shape (first dim: batch) |", "|---|---|---|---|---|"]
+    """Every input and output: name, dtype, shape, role."""
+    rows = ["| | name | dtype | shape (first dim: batch) |", "|---|---|---|---|"]
     for kind, key in (("input", "inputs"), ("output", "outputs")):
         for t in spec[key]:
             role = f" ({t['role']})" if t.get("role") else ""
-            rows.append(f"| {kind}{role} | `{t['name']}` | `{t['alias']}` | {t['dtype']} | {t['shape']} |")
+            rows.append(f"| {kind}{role} | `{t['name']}` | {t['dtype']} | {t['shape']} |")
     return rows
 
 
@@ -217,8 +217,8 @@ def render(spec: dict[str, Any], ids: list[int] | None) -> str:
         "client = HttpClient()",
         "client.load_client_config(\"serving_client_conf.prototxt\")",
         "client.connect([\"127.0.0.1:8000\"])          # dotted IPv4 only",
-        f"out = client.predict(feed={{\"{inp['alias']}\": x}}, fetch=["
-        + ", ".join(f"\"{t['alias']}\"" for t in ([outp] if outp is not None else outs)) + "], batch=True)",
+        f"out = client.predict(feed={{\"{inp['name']}\": x}}, fetch=["
+        + ", ".join(f"\"{t['name']}\"" for t in ([outp] if outp is not None else outs)) + "], batch=True)",
         "print(out.outputs[0].tensor[0].float_data)  # after client.set_http_proto(False): a dict",
         "```",
         "",
@@ -246,7 +246,7 @@ def render(spec: dict[str, Any], ids: list[int] | None) -> str:
         lines += [f"print(client.infer(\"{spec['name']}\", [inp]).as_numpy(\"{outp['name']}\").argmax(1))"]
     else:
         lines += [f"result = client.infer(\"{spec['name']}\", [inp])",
-                  "outputs = {" + ", ".join(f"\"{t['alias']}\": result.as_numpy(\"{t['name']}\")" for t in outs)
+                  "outputs = {" + ", ".join(f"\"{t['name']}\": result.as_numpy(\"{t['name']}\")" for t in outs)
                   + "}  # the raw outputs",
                   *_postprocess(spec, "outputs")]
     lines += [
@@ -271,8 +271,8 @@ def _head(spec: dict[str, Any]) -> list[str]:
         "",
         *_tensor_lines(spec),
         "",
-        "`name` is the served program's (Triton's config.pbtxt and the v2 protocol use it), the public name is "
-        "the model's own (the Paddle Serving client's alias_name); `pipe serve` takes either.",
+        "Every endpoint (/v1, /v2 over HTTP and gRPC, Paddle Serving's) and the Triton repository use these "
+        "names (the Paddle Serving client's alias_name).",
         "",
     ]
 
@@ -307,7 +307,7 @@ def _render_inputs(spec: dict[str, Any]) -> str:
     body = {"inputs": [{"name": t["name"], "shape": [1, *t["shape"][1:]], "datatype": datatype(t["dtype"]),
                         "data": [0.0 if t["dtype"] == "float32" else 0] * math.prod(t["shape"][1:])} for t in ins]}
     body_json = json.dumps(body, separators=(",", ":"))
-    zeros = [_np_zeros(t, f"x_{i}") + f"  # {t['alias']}: one sample, already preprocessed" for i, t in enumerate(ins)]
+    zeros = [_np_zeros(t, f"x_{i}") + f"  # {t['name']}: one sample, already preprocessed" for i, t in enumerate(ins)]
     lines = _head(spec) + _serve(spec) + ["## curl", "", "```sh"]
     if len(body_json) <= 600:
         lines += [f"curl -s {url} -H 'Content-Type: application/json' \\", f"     -d '{body_json}'"]
@@ -348,8 +348,8 @@ def _render_inputs(spec: dict[str, Any]) -> str:
         "client = HttpClient()",
         "client.load_client_config(\"serving_client_conf.prototxt\")",
         "client.connect([\"127.0.0.1:8000\"])          # dotted IPv4 only",
-        "out = client.predict(feed={" + ", ".join(f"\"{t['alias']}\": x_{i}" for i, t in enumerate(ins))
-        + "}, fetch=[" + ", ".join(f"\"{t['alias']}\"" for t in outs) + "], batch=True)",
+        "out = client.predict(feed={" + ", ".join(f"\"{t['name']}\": x_{i}" for i, t in enumerate(ins))
+        + "}, fetch=[" + ", ".join(f"\"{t['name']}\"" for t in outs) + "], batch=True)",
         "print(out.outputs[0].tensor[0].float_data)  # after client.set_http_proto(False): a dict",
         "```",
         "",
@@ -412,7 +412,7 @@ def _tail(spec: dict[str, Any]) -> list[str]:
             lines[-1:-1] = [
                 "",
                 f"A {task['name']} model: Triton (and /v2 on `pipe serve`) serves the raw outputs "
-                "(" + ", ".join(f"`{t['alias']}`" for t in spec["outputs"]) + "), with no labels file and no "
+                "(" + ", ".join(f"`{t['name']}`" for t in spec["outputs"]) + "), with no labels file and no "
                 f"classification extension; the task's postprocessing runs in the client: {how}, with serving.yaml's "
                 f"`task.settings` ({json.dumps(task['settings'])}). Only `pipe serve`'s /v1 runs it in the server.",
             ]

@@ -141,9 +141,9 @@ class Spec:
 
 
 def _entry(t: iospec.Tensor) -> dict[str, Any]:
-    """One tensor as serving.yaml lists it: name (the served program's), alias (public), dtype, shape, role."""
-    return {"name": t.name, "alias": t.public, "dtype": t.dtype, "shape": list(t.shape),
-            **({"role": t.role} if t.role else {})}
+    """One tensor as serving.yaml lists it: name (public), program_name (the served program's, where it
+    differs: the engines' detail), dtype, shape, role (`iospec.Tensor.to_dict`)."""
+    return t.to_dict()
 
 
 def entries(tensors: tuple[iospec.Tensor, ...]) -> list[dict[str, Any]]:

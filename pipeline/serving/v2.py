@@ -16,12 +16,15 @@ top N by value (`classify`); N = 0 is the output itself, as on Triton. A task wi
 has no such output: every output is answered raw, as Triton answers it (the task's postprocessing,
 e.g. `pipeline.tasks.detection.decode`, is the client's; /v1 runs it in the server).
 
-Every input of the package (`spec.io`), each once by its name or alias, with its datatype (FP32, INT64
+Every input of the package (`spec.io`), each once by its public name (the program's own, e.g.
+`fetch_name_0`, is taken too, for clients written before names were public), with its datatype (FP32, INT64
 or INT32), all of one batch size; a text package also takes BYTES, UTF-8 strings of shape [N] or [N, 1],
 alone under any of its inputs' names, encoded as /v1 encodes {"text": [...]} and filling every input
 (`validate.v1_inputs`). Tensors are checked by `validate.check_tensor`, as on /v1 and Paddle Serving's
 endpoint, and the batch sizes by `validate.feeds` (iospec's messages). Every output is answered unless
-the request's `outputs` names some; the model metadata lists every tensor by program name. Errors are
+the request's `outputs` names some, each under the name it was asked by (none asked: the public names); the
+model metadata and configuration list every tensor by public name, as the package's Triton repository
+names them. Errors are
 raised as the server's other endpoints raise them (the 422 kinds of `openapi.ERRORS`); on /v2 they are
 answered `{"error": "<message>"}`, 422 as 400 (`error_status`).
 """
@@ -79,7 +82,7 @@ def check_model(spec: Spec, name: str, version: str | None = None) -> None:
 
 
 def model_metadata(spec: Spec) -> dict[str, Any]:
-    """Every input and output, by program name, in the model's order."""
+    """Every input and output, by public name, in the model's order."""
     io_ = spec.io
     return {"name": spec.name, "versions": [VERSION], "platform": "paddle_inference",
             "inputs": [_meta(t) for t in io_.inputs], "outputs": [_meta(t) for t in io_.outputs]}
@@ -88,16 +91,16 @@ def model_metadata(spec: Spec) -> dict[str, Any]:
 def model_config(spec: Spec, s: Settings, engine: str) -> dict[str, Any]:
     """Triton's model configuration extension (`GET /v2/models/NAME/config`, gRPC ModelConfig): the model as
     this server serves it, in the fields and JSON of the package's `triton/NAME/config.pbtxt` (numbers as
-    numbers, as Triton answers): every tensor by program name, datatype and per-sample dims (-1: any
+    numbers, as Triton answers): every tensor by public name, datatype and per-sample dims (-1: any
     length), labels.txt on the logits output, and the served batching (`--max-batch-size`, `--max-wait-ms`)
     and predictor count. The backend is the engine serving it (onnxruntime and openvino are Triton's
     backend names too)."""
-    logits = spec.io.output(spec.info.logits).name if spec.info.logits and spec.labels else None
+    logits = spec.io.output(spec.info.logits).public if spec.info.logits and spec.labels else None
 
     def entry(t: iospec.Tensor, output: bool) -> dict[str, Any]:
-        e = {"name": t.name, "data_type": DTYPES[t.dtype][2],
+        e = {"name": t.public, "data_type": DTYPES[t.dtype][2],
              "dims": [d if isinstance(d, int) and d > 0 else -1 for d in t.shape[1:]]}
-        if output and t.name == logits:
+        if output and t.public == logits:
             e["label_filename"] = TRITON_LABELS
         return e
 
@@ -109,7 +112,7 @@ def model_config(spec: Spec, s: Settings, engine: str) -> dict[str, Any]:
 
 
 def _meta(t: iospec.Tensor) -> dict[str, Any]:
-    return {"name": t.name, "datatype": datatype(t.dtype), "shape": list(t.shape)}
+    return {"name": t.public, "datatype": datatype(t.dtype), "shape": list(t.shape)}
 
 
 def _bad(message: str) -> ApiError:
@@ -157,7 +160,7 @@ def _binary_size(t: dict[str, Any], where: str) -> int | None:
 
 def _outputs(doc: dict[str, Any], spec: Spec) -> list[tuple[str, iospec.Tensor, bool, int]]:
     """(name as asked, output, binary, classification count) per requested output; none requested: every
-    output, by program name. The count is Triton's (`classification`: an integer >= 0, 0 meaning the
+    output, by public name. The count is Triton's (`classification`: an integer >= 0, 0 meaning the
     output itself), on the logits output only; Triton answers a count that is not such an integer
     (negative, 3.0, "3", true) with a 500 ("Unable to set 'classification'"), this server with a 400: it is
     the request's fault."""
@@ -170,7 +173,7 @@ def _outputs(doc: dict[str, Any], spec: Spec) -> list[tuple[str, iospec.Tensor, 
         raise _bad("parameters.binary_data_output must be true or false")
     requested = doc.get("outputs")
     if requested is None or requested == []:
-        return [(t.name, t, default, 0) for t in io_.outputs]
+        return [(t.public, t, default, 0) for t in io_.outputs]
     if not isinstance(requested, list) or not all(isinstance(o, dict) for o in requested):
         raise _bad("outputs must be a list of objects")
     logits = io_.output(spec.info.logits) if spec.info.logits else None
@@ -192,7 +195,7 @@ def _outputs(doc: dict[str, Any], spec: Spec) -> list[tuple[str, iospec.Tensor, 
             raise _bad(f"outputs[{i}]: classification applies to a logits output; this model ({spec.task.name}) "
                        "has none")
         if count and t.name != logits.name:
-            raise _bad(f"outputs[{i}]: classification applies to the logits output '{logits.name}' only")
+            raise _bad(f"outputs[{i}]: classification applies to the logits output '{logits.public}' only")
         out.append((o["name"], t, binary, count))
     if len({n for n, _, _, _ in out}) != len(out):
         raise _bad("outputs: each output at most once")
@@ -200,8 +203,8 @@ def _outputs(doc: dict[str, Any], spec: Spec) -> list[tuple[str, iospec.Tensor, 
 
 
 def _names(tensors: tuple[iospec.Tensor, ...]) -> str:
-    """The protocol's names (the program's), as the metadata lists them."""
-    return ", ".join(f"'{t.name}'" for t in tensors)
+    """The protocol's names (the public ones), as the metadata lists them."""
+    return ", ".join(f"'{t.public}'" for t in tensors)
 
 
 Outputs = list[tuple[str, iospec.Tensor, bool, int]]
@@ -225,8 +228,8 @@ def request(doc: Any, binary: bytes, spec: Spec, s: Settings) -> tuple[list[dict
         if inp is None:
             raise _bad(f"inputs[{i}]: unknown input; this model takes {_names(io_.inputs)}")
         if any(f["input"] == inp for f in found):
-            raise _bad(f"inputs[{i}]: input '{inp.name}' given twice")
-        where = f"input '{inp.name}'"
+            raise _bad(f"inputs[{i}]: input '{inp.public}' given twice")
+        where = f"input '{inp.public}'"
         dt = t.get("datatype")
         if not isinstance(dt, str) or dt not in DATATYPES:
             raise _bad(f"{where}: unknown datatype; expected {_expected_input(spec, s, inp)}")
@@ -256,7 +259,7 @@ def request(doc: Any, binary: bytes, spec: Spec, s: Settings) -> tuple[list[dict
         raise _bad(f"{texts[0]['where']}: BYTES texts fill every input of this model; send them alone")
     missing = [t for t in io_.inputs if not any(f["input"] == t for f in found)]
     if missing and not texts:
-        raise _bad(f"missing input '{missing[0].name}'; this model takes {_names(io_.inputs)}")
+        raise _bad(f"missing input '{missing[0].public}'; this model takes {_names(io_.inputs)}")
     return found, _outputs(doc, spec)
 
 

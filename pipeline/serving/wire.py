@@ -154,8 +154,8 @@ def _tensor(t: Any, get: Any, inp: iospec.Tensor, spec: Spec, s: Settings, proto
 
 def answer(outs: dict[str, np.ndarray], fetch: list[iospec.Tensor], log_id: int, proto: bool,
            messages: dict[str, Any]) -> Any:
-    """The Response: one tensor per fetched output (`name` the program's, `alias_name` the public one), in
-    the request's format."""
+    """The Response: one tensor per fetched output (`name` and `alias_name` both its public name: the
+    program's stays inside the engine), in the request's format."""
     from fastapi.responses import JSONResponse, Response
 
     if proto:
@@ -164,7 +164,7 @@ def answer(outs: dict[str, np.ndarray], fetch: list[iospec.Tensor], log_id: int,
         for o in fetch:
             y = outs[o.name]
             code, field_name, _ = DTYPES[o.dtype]
-            t = out.tensor.add(elem_type=code, name=o.name, alias_name=o.public)
+            t = out.tensor.add(elem_type=code, name=o.public, alias_name=o.public)
             t.shape.extend(int(d) for d in y.shape)
             getattr(t, field_name).extend(y.ravel().tolist())
         # The client parses protobuf only if Content-Type is exactly this (no charset).
@@ -173,7 +173,7 @@ def answer(outs: dict[str, np.ndarray], fetch: list[iospec.Tensor], log_id: int,
     for o in fetch:
         y = outs[o.name]
         code, field_name, _ = DTYPES[o.dtype]
-        tensors.append({field_name: y.ravel().tolist(), "elem_type": code, "shape": list(y.shape), "name": o.name,
+        tensors.append({field_name: y.ravel().tolist(), "elem_type": code, "shape": list(y.shape), "name": o.public,
                         "alias_name": o.public, "lod": []})
     return JSONResponse({"outputs": [{"tensor": tensors, "engine_name": ENGINE_NAME}], "profile_time": [],
                          "profile_server": False, "log_id": log_id, "err_no": 0, "err_msg": ""})

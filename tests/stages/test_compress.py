@@ -77,7 +77,7 @@ def test_export_onnx(exported):
                            "legacy/model.pdmodel", "legacy/model.pdiparams"}
     m = _manifest(out)
     assert m["onnx"] == {"format": "onnx", "model": "model.onnx", "opset": 13,
-                         "inputs": ["x"], "outputs": [m["interface"]["outputs"][0]["name"]]}
+                         "inputs": ["x"], "outputs": [m["interface"]["outputs"][0]["program_name"]]}
     met = m["metrics"]
     assert 0.0 <= met["onnx_parity_max_abs_diff"] <= met["parity_tol"] * met["parity_max_abs_logit"]
     assert met["onnx_parity_rel"] == pytest.approx(met["onnx_parity_max_abs_diff"] / met["parity_max_abs_logit"])

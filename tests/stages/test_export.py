@@ -67,9 +67,9 @@ def test_file_set_and_manifest(exported):
     assert iface["labels"] == tif["labels"] and iface["preprocessing"] == tif["preprocessing"]
     assert iface["model"] == "digits_cnn"
     (inp,), (outp,) = iface["inputs"], iface["outputs"]
-    assert inp == {**tif["inputs"][0], "name": "x", "alias": "x"}
-    # PIR names an unnamed fetch `fetch_name_<i>`; the public name survives as the alias.
-    assert outp["alias"] == "logits" and outp["shape"] == [-1, 10] and outp["name"]
+    assert inp == {**tif["inputs"][0], "name": "x"}
+    # PIR names an unnamed fetch `fetch_name_<i>`: the engines' name, kept as program_name; the public one leads.
+    assert outp["name"] == "logits" and outp["shape"] == [-1, 10] and outp["program_name"] == "fetch_name_0"
 
 
 def test_recorded_io_names_are_the_predictors(exported):
@@ -78,8 +78,9 @@ def test_recorded_io_names_are_the_predictors(exported):
 
     out, m = exported / "export", _manifest(exported / "export")
     for model, params, names in (
-        ("model.json", "model.pdiparams", {"inputs": [i["name"] for i in m["interface"]["inputs"]],
-                                           "outputs": [o["name"] for o in m["interface"]["outputs"]]}),
+        ("model.json", "model.pdiparams", {
+            "inputs": [i.get("program_name", i["name"]) for i in m["interface"]["inputs"]],
+            "outputs": [o.get("program_name", o["name"]) for o in m["interface"]["outputs"]]}),
         ("legacy/model.pdmodel", "legacy/model.pdiparams", {"inputs": m["legacy"]["inputs"],
                                                             "outputs": m["legacy"]["outputs"]}),
     ):
@@ -94,9 +95,9 @@ def test_preprocess_yaml(exported):
     m = _manifest(exported / "export")
     doc = yaml.safe_load((exported / "export" / "preprocess.yaml").read_text())
     pre = m["interface"]["preprocessing"]
-    assert doc["inputs"] == [{"name": "x", "alias": "x", "dtype": "float32", "shape": [-1, 1, 8, 8]}]
+    assert doc["inputs"] == [{"name": "x", "dtype": "float32", "shape": [-1, 1, 8, 8]}]
     (out,) = doc["outputs"]
-    assert out["name"] == m["interface"]["outputs"][0]["name"] and out["alias"] == "logits"
+    assert out == m["interface"]["outputs"][0] and out["name"] == "logits"
     assert out["role"] == "logits" and out["shape"] == [-1, 10] and out["dtype"] == "float32"
     assert (doc["layout"], doc["scale"], doc["mean"], doc["std"]) == \
         (pre["layout"], pre["scale"], pre["mean"], pre["std"])

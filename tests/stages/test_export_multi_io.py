@@ -59,6 +59,10 @@ def test_interface_names_and_parity_of_every_output(exported):
     assert [(t.name, t.public, t.shape) for t in desc.outputs] == [
         ("fetch_name_0", "embedding", (-1, 16)), ("fetch_name_1", "logits", (-1, 4))]
     assert desc.logits().public == "logits"
+    # the manifest leads with the model's own names; the program's stay as program_name (issue 51)
+    assert [(o["name"], o.get("program_name")) for o in m["interface"]["outputs"]] == [
+        ("embedding", "fetch_name_0"), ("logits", "fetch_name_1")]
+    assert [i["name"] for i in m["interface"]["inputs"]] == ["img", "feat"]
     per = m["metrics"]["parity_outputs"]
     assert set(per) == {"embedding", "logits"}
     for name, p in per.items():
@@ -69,7 +73,8 @@ def test_interface_names_and_parity_of_every_output(exported):
     assert m["onnx"]["inputs"] == ["img", "feat"] and m["onnx"]["outputs"] == ["fetch_name_0", "fetch_name_1"]
     doc = yaml.safe_load((exported / "export" / "preprocess.yaml").read_text())
     assert [i["name"] for i in doc["inputs"]] == ["img", "feat"]
-    assert [(o["name"], o["alias"]) for o in doc["outputs"]] == [("fetch_name_0", "embedding"), ("fetch_name_1", "logits")]
+    assert [(o["name"], o["program_name"]) for o in doc["outputs"]] == [("embedding", "fetch_name_0"),
+                                                                        ("logits", "fetch_name_1")]
     assert doc["kind"] == "inputs" and set(doc["per_input"]) == {"img", "feat"}
 
 
@@ -87,7 +92,7 @@ def test_each_program_fed_by_name_answers_as_the_manifest_says(exported):
         c = paddle.inference.Config(str(d / model), str(d / params))
         c.disable_glog_info()
         pred = paddle.inference.create_predictor(c)
-        names_out = m["legacy"]["outputs"] if key == "legacy" else [t["name"] for t in m["interface"]["outputs"]]
+        names_out = m["legacy"]["outputs"] if key == "legacy" else [t["program_name"] for t in m["interface"]["outputs"]]
         assert sorted(pred.get_input_names()) == ["feat", "img"] and pred.get_output_names() == names_out
         for name in reversed(list(feeds)):
             pred.get_input_handle(name).copy_from_cpu(feeds[name])

@@ -43,9 +43,9 @@ def test_import_writes_an_export_artifact(imported, rec_src, keys):
     assert (imported / "keys.txt").read_text(encoding="utf-8").splitlines() == \
         keys.read_text(encoding="utf-8").splitlines()
     iface = m["interface"]
-    assert iface["inputs"] == [{"name": "x", "dtype": "float32", "shape": [-1, 3, 48, -1], "alias": "x"}]
+    assert iface["inputs"] == [{"name": "x", "dtype": "float32", "shape": [-1, 3, 48, -1]}]
     (out,) = iface["outputs"]
-    assert out["shape"] == [-1, -1, 6625] and out["dtype"] == "float32" and out["name"] == "fetch_name_0"
+    assert out["shape"] == [-1, -1, 6625] and out["dtype"] == "float32" and out["program_name"] == "fetch_name_0"
     assert iface["task"]["spec"] == "ocr_rec" and len(iface["labels"]) == 6623
     src = m["source"]
     assert src["kind"] == "import" and src["train"] is None and src["format"] == "legacy"

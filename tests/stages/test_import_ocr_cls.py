@@ -33,9 +33,9 @@ def test_import_writes_an_export_artifact(ppocr_cls_export, cls_src):
     for a, b in (("legacy/model.pdmodel", "inference.pdmodel"), ("legacy/model.pdiparams", "inference.pdiparams")):
         assert (ppocr_cls_export / a).read_bytes() == (cls_src / b).read_bytes()
     iface = m["interface"]
-    assert iface["inputs"] == [{"name": "x", "dtype": "float32", "shape": [-1, 3, -1, -1], "alias": "x"}]
+    assert iface["inputs"] == [{"name": "x", "dtype": "float32", "shape": [-1, 3, -1, -1]}]
     (out,) = iface["outputs"]
-    assert out["shape"] == [-1, 2] and out["alias"] == "probs"
+    assert out["shape"] == [-1, 2] and out["name"] == "probs"
     assert iface["task"]["spec"] == "ocr_cls" and iface["labels"] == ["0", "180"]
     assert iface["task"]["settings"] == {"cls_thresh": 0.9, "input": "x"}
     assert m["config"]["model"]["task"] == "ocr_cls" and m["source"]["format"] == "legacy"

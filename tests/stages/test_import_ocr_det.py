@@ -37,9 +37,9 @@ def test_import_writes_an_export_artifact(imported, det_src):
                                "model.onnx"}
     assert (imported / "legacy/model.pdmodel").read_bytes() == (det_src / "inference.pdmodel").read_bytes()
     iface = m["interface"]
-    assert iface["inputs"] == [{"name": "x", "dtype": "float32", "shape": [-1, 3, -1, -1], "alias": "x"}]
+    assert iface["inputs"] == [{"name": "x", "dtype": "float32", "shape": [-1, 3, -1, -1]}]
     (out,) = iface["outputs"]
-    assert out["shape"] == [-1, 1, -1, -1] and out["alias"] == "maps"
+    assert out["shape"] == [-1, 1, -1, -1] and out["name"] == "maps"
     assert iface["task"]["spec"] == "ocr_det" and iface["labels"] == ["text"]
     assert iface["task"]["settings"] == {**ocr_det.settings, "input": "x"}
     assert m["config"]["model"]["task"] == "ocr_det" and m["source"]["format"] == "legacy"

@@ -132,9 +132,10 @@ def test_serving_yaml(run):
     assert doc["model"] == {"format": "pir", "program": "model.json", "params": "model.pdiparams",
                             "variant": "export-fp32", "engine": "paddle_inference"}
     assert doc["engine"]["name"] == "paddle_inference" and doc["engine"]["chosen"] == "paddle"
-    assert doc["inputs"] == [{"name": "x", "alias": "x", "dtype": "float32", "shape": [-1, 1, 8, 8]}]
-    assert doc["outputs"] == [{"name": iface["outputs"][0]["name"], "alias": "logits", "dtype": "float32",
-                               "shape": [-1, 10], "role": "logits"}]
+    assert doc["inputs"] == [{"name": "x", "dtype": "float32", "shape": [-1, 1, 8, 8]}]
+    # the public name leads; the program's (PIR's fetch_name_0) is the engines' detail
+    assert doc["outputs"] == [{"name": "logits", "program_name": iface["outputs"][0]["program_name"],
+                               "dtype": "float32", "shape": [-1, 10], "role": "logits"}]
     assert doc["labels"] == iface["labels"] and doc["preprocessing"] == iface["preprocessing"]
     assert doc["batching"] == {"max_batch_size": 32, "max_wait_ms": 2.0}
     assert doc["server"] == package_mod.SERVER_DEFAULTS
@@ -151,9 +152,8 @@ def test_serving_client_conf_parses(run):
     cls = client_config_class()
     conf = text_format.Parse((run / "package" / "serving_client_conf.prototxt").read_text(), cls())
     (feed,), (fetch,) = conf.feed_var, conf.fetch_var
-    out_name = _manifest(run / "export")["interface"]["outputs"][0]["name"]
     assert (feed.name, feed.alias_name, feed.feed_type, list(feed.shape)) == ("x", "x", 1, [1, 8, 8])
-    assert (fetch.name, fetch.alias_name, fetch.fetch_type, list(fetch.shape)) == (out_name, "logits", 1, [10])
+    assert (fetch.name, fetch.alias_name, fetch.fetch_type, list(fetch.shape)) == ("logits", "logits", 1, [10])
 
 
 def _triton_model_config():
@@ -243,12 +243,21 @@ def test_bf16_where_oneDNN_has_no_bf16_kernels(run, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_export_onnx_is_reused(run, tmp_path):
-    """`pipe export --onnx` already wrote (and parity-gated) model.onnx: the package takes it as is."""
+    """`pipe export --onnx` already wrote (and parity-gated) model.onnx: the package takes it, its output
+    renamed from the program's fetch_name_0 to the model's `logits` and nothing else changed."""
+    import onnx
+
     exp = tmp_path / "export"
     assert main(["export", str(run / "train"), "--out", str(exp), "--onnx"]) == 0
     out = tmp_path / "package"
     assert main(["package", str(exp), "--out", str(out), "--engine", "paddle"]) == 0
-    assert (out / "triton/digits_cnn/1/model.onnx").read_bytes() == (exp / "model.onnx").read_bytes()
+    assert _manifest(out)["metrics"]["onnx_io_renamed"] == {"fetch_name_0": "logits"}
+    given, served = onnx.load(str(exp / "model.onnx")), onnx.load(str(out / "triton/digits_cnn/1/model.onnx"))
+    assert [o.name for o in given.graph.output] == ["fetch_name_0"]
+    assert [o.name for o in served.graph.output] == ["logits"]
+    assert [i.SerializeToString() for i in served.graph.initializer] == \
+        [i.SerializeToString() for i in given.graph.initializer]
+    assert [n.op_type for n in served.graph.node] == [n.op_type for n in given.graph.node]
     assert yaml.safe_load((out / "serving.yaml").read_text())["triton"]["onnx_source"] == "export"
     assert _files(out) == ALLOWLIST_PIR  # the export's model.onnx is not copied beside the program
 
@@ -316,7 +325,8 @@ def test_compress_layout_int8_and_fp32(run, tmp_path):
     doc = yaml.safe_load((int8 / "serving.yaml").read_text())
     legacy_out = _manifest(run / "export")["legacy"]["outputs"][0]
     assert doc["precision"] == "int8" and doc["model"]["variant"] == "int8-paddle"
-    assert doc["model"]["program"] == "model.pdmodel" and doc["outputs"][0]["name"] == legacy_out
+    assert doc["model"]["program"] == "model.pdmodel" and doc["outputs"][0]["program_name"] == legacy_out
+    assert doc["outputs"][0]["name"] == "logits"
     assert doc["triton"]["onnx_source"] == "compress:onnx-fp32" and doc["triton"]["onnx_precision"] == "fp32"
     assert _manifest(int8)["metrics"]["variant_accuracy"] == 0.98
     fp32 = tmp_path / "pkg-fp32"

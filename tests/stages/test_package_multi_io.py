@@ -27,11 +27,11 @@ from tests.multi_io_helpers import examples_importable, stand_in_compress, two_i
 from tests.serving_helpers import client_config_class, packaged_run, triton_model_config_class
 
 NAME = "examples.two_inputs.model_build"  # the model's factory, sanitised
-INPUTS = [{"name": "img", "alias": "img", "dtype": "float32", "shape": [-1, 1, 8, 8]},
-          {"name": "feat", "alias": "feat", "dtype": "float32", "shape": [-1, 4]}]
-# a dict output: jit.save gives it in sorted key order, fetch_name_<i> in the PIR program
-OUTPUTS = [{"name": "fetch_name_0", "alias": "embedding", "dtype": "float32", "shape": [-1, 16]},
-           {"name": "fetch_name_1", "alias": "logits", "dtype": "float32", "shape": [-1, 4], "role": "logits"}]
+INPUTS = [{"name": "img", "dtype": "float32", "shape": [-1, 1, 8, 8]},
+          {"name": "feat", "dtype": "float32", "shape": [-1, 4]}]
+# a dict output: jit.save gives it in sorted key order, fetch_name_<i> in the PIR program (the engines' name)
+OUTPUTS = [{"name": "embedding", "program_name": "fetch_name_0", "dtype": "float32", "shape": [-1, 16]},
+           {"name": "logits", "program_name": "fetch_name_1", "dtype": "float32", "shape": [-1, 4], "role": "logits"}]
 KEYS = ["input/feat", "input/img", "output/embedding", "output/logits"]
 
 
@@ -108,7 +108,8 @@ def test_serving_yaml_lists_every_tensor(run, ort_package, which):
     assert m["interface"]["outputs"] == exp["interface"]["outputs"]
     readme = (pkg / "README.md").read_text(encoding="utf-8")
     for t in INPUTS + OUTPUTS:
-        assert f"| `{t['name']}` | `{t['alias']}` | {t['dtype']} | {t['shape']} |" in readme
+        assert f"| `{t['name']}` | {t['dtype']} | {t['shape']} |" in readme
+    assert "fetch_name" not in readme
     assert 'feed={"img": x_0, "feat": x_1}, fetch=["embedding", "logits"]' in readme
 
 
@@ -131,7 +132,7 @@ def test_reference_set_holds_every_tensor_and_the_fp32_outputs(run):
         pred.get_input_handle(name).copy_from_cpu(np.ascontiguousarray(t[f"input/{name}"]))
     pred.run()
     for out in OUTPUTS:
-        np.testing.assert_allclose(pred.get_output_handle(out["name"]).copy_to_cpu(), t[f"output/{out['alias']}"],
+        np.testing.assert_allclose(pred.get_output_handle(out["program_name"]).copy_to_cpu(), t[f"output/{out['name']}"],
                                    rtol=0, atol=1e-5)
     assert _yaml(pkg)["reference"]["min_sqnr_db"] == 20.0  # compress.min_sqnr_db
     ref = _manifest(pkg)["metrics"]["reference"]
@@ -141,7 +142,7 @@ def test_reference_set_holds_every_tensor_and_the_fp32_outputs(run):
 
 
 @pytest.mark.parametrize("which", ["paddle", "onnxruntime"])
-def test_triton_config_has_every_tensor_under_the_onnx_names(run, ort_package, which):
+def test_triton_config_has_every_tensor_under_the_models_names(run, ort_package, which):
     from google.protobuf import text_format
 
     cls = triton_model_config_class()
@@ -150,9 +151,9 @@ def test_triton_config_has_every_tensor_under_the_onnx_names(run, ort_package, w
     conf = text_format.Parse((root / "config.pbtxt").read_text(), cls())
     ins, outs = _onnx_io(root / "1/model.onnx")
     assert [i.name for i in conf.input] == ["img", "feat"] and {i.name for i in ins} == {"img", "feat"}
-    assert [o.name for o in conf.output] == ["fetch_name_0", "fetch_name_1"] == [o.name for o in outs]
+    assert [o.name for o in conf.output] == ["embedding", "logits"] == [o.name for o in outs]
     dims = {i.name: list(i.dims) for i in (*conf.input, *conf.output)}
-    assert dims == {"img": [1, 8, 8], "feat": [4], "fetch_name_0": [16], "fetch_name_1": [4]}
+    assert dims == {"img": [1, 8, 8], "feat": [4], "embedding": [16], "logits": [4]}
     dt = type(conf).DESCRIPTOR.fields_by_name["input"].message_type.fields_by_name["data_type"].enum_type
     assert {dt.values_by_number[t.data_type].name for t in (*conf.input, *conf.output)} == {"TYPE_FP32"}
     assert [o.label_filename for o in conf.output] == ["", "labels.txt"]  # the logits only
@@ -173,7 +174,7 @@ def test_serving_client_conf_has_two_feeds_and_two_fetches(run, ort_package, whi
     assert [(f.name, f.alias_name, f.feed_type, list(f.shape)) for f in conf.feed_var] == [
         ("img", "img", 1, [1, 8, 8]), ("feat", "feat", 1, [4])]
     assert [(f.name, f.alias_name, f.fetch_type, list(f.shape)) for f in conf.fetch_var] == [
-        ("fetch_name_0", "embedding", 1, [16]), ("fetch_name_1", "logits", 1, [4])]
+        ("embedding", "embedding", 1, [16]), ("logits", "logits", 1, [4])]
 
 
 # ------------------------------------------------------------------ an ONNX made from the legacy program
@@ -182,7 +183,8 @@ def test_serving_client_conf_has_two_feeds_and_two_fetches(run, ort_package, whi
 def test_a_legacy_made_onnx_is_named_by_name(run, tmp_path):
     """compress's ONNX of the legacy program lists its inputs feat, img. Packaged as the served file (on
     onnxruntime) its names stay and config.pbtxt finds each tensor by name; packaged beside the legacy int8
-    stand-in (served names relu_2.tmp_0, linear_3.tmp_1), the Triton copy's outputs are renamed to those."""
+    stand-in (its program's names relu_2.tmp_0, linear_3.tmp_1), the Triton copy's outputs are renamed to the
+    model's own, as every other package's."""
     from google.protobuf import text_format
 
     comp = stand_in_compress(run, tmp_path / "compress")
@@ -201,18 +203,20 @@ def test_a_legacy_made_onnx_is_named_by_name(run, tmp_path):
 
     int8 = tmp_path / "int8"
     assert main(["package", str(comp), "--precision", "int8", "--out", str(int8)]) == 0
-    served = [o["name"] for o in _yaml(int8)["outputs"]]
+    assert [o["name"] for o in _yaml(int8)["outputs"]] == ["embedding", "logits"]
+    served = [o["program_name"] for o in _yaml(int8)["outputs"]]
     assert served == _manifest(run / "export")["legacy"]["outputs"] and served != ["fetch_name_0", "fetch_name_1"]
     m = _manifest(int8)["metrics"]
-    assert m["onnx_io_renamed"] == dict(zip(["fetch_name_0", "fetch_name_1"], served))
+    assert m["onnx_io_renamed"] == {"fetch_name_0": "embedding", "fetch_name_1": "logits"}
     _, outs = _onnx_io(int8 / "triton" / NAME / "1/model.onnx")
-    assert [o.name for o in outs] == served
+    assert [o.name for o in outs] == ["embedding", "logits"]
     conf = (int8 / "triton" / NAME / "config.pbtxt").read_text()
-    assert all(f'name: "{n}"' in conf for n in ["img", "feat", *served])
-    assert conf.index(f'name: "{served[1]}"') < conf.index('label_filename: "labels.txt"')
+    assert all(f'name: "{n}"' in conf for n in ["img", "feat", "embedding", "logits"])
+    assert conf.index('name: "logits"') < conf.index('label_filename: "labels.txt"')
+    assert not any(n in conf for n in served)
     client = (int8 / "serving_client_conf.prototxt").read_text()
     assert client.count("feed_var {") == 2 and client.count("fetch_var {") == 2
-    assert f'name: "{served[1]}"\n  alias_name: "logits"' in client
+    assert 'name: "logits"\n  alias_name: "logits"' in client and not any(n in client for n in served)
 
 
 # ------------------------------------------------------------------ the check where the package runs
@@ -274,16 +278,19 @@ def test_a_tampered_reference_is_refused(run, tmp_path, cli):
 
 def test_an_old_style_package_still_loads_and_checks(trained_digits, tmp_path_factory, tmp_path, cli):
     """A digits package rewritten as pipe wrote them before every tensor was listed: serving.yaml's single
-    `input:` and `output:` (no role), a reference set of two keys `inputs`, `outputs`. It loads to the same
-    Spec.io, `pipe inspect --verify` checks it, and logits that differ are refused (exit 4)."""
+    `input:` and `output:` (no role; `name` the program's, `alias` the public one), a reference set of two
+    keys `inputs`, `outputs`. It loads to the same Spec.io, `pipe inspect --verify` checks it, and logits
+    that differ are refused (exit 4)."""
     from safetensors.numpy import save_file
 
     new = packaged_run(trained_digits, tmp_path_factory.mktemp("old-style")) / "package"
     old = tmp_path / "package"
     shutil.copytree(new, old)
     doc = _yaml(old)
-    (inp,), (outp,) = doc.pop("inputs"), doc.pop("outputs")
-    assert outp.pop("role") == "logits"
+    (inp_now,), (outp_now,) = doc.pop("inputs"), doc.pop("outputs")
+    inp = {**inp_now, "alias": inp_now["name"]}
+    outp = {"name": outp_now["program_name"], "alias": outp_now["name"], "dtype": outp_now["dtype"],
+            "shape": outp_now["shape"]}
     doc = {**{k: v for k, v in doc.items() if k != "labels"}, "input": inp, "output": outp, "labels": doc["labels"]}
     (old / "serving.yaml").write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True), encoding="utf-8")
     t, _ = _reference(old)
@@ -292,7 +299,7 @@ def test_an_old_style_package_still_loads_and_checks(trained_digits, tmp_path_fa
 
     sp, now = spec_mod.load_package(old), spec_mod.load_package(new)
     assert sp.io == now.io and sp.io.logits().name == outp["name"] and sp.io.logits().public == "logits"
-    assert spec_mod.entries(sp.io.inputs) == [inp] and spec_mod.entries(sp.io.outputs) == [{**outp, "role": "logits"}]
+    assert spec_mod.entries(sp.io.inputs) == [inp_now] and spec_mod.entries(sp.io.outputs) == [outp_now]
     code, out, err = cli("inspect", old, "--verify")
     assert code == 0, err
     assert "reference check: 256 samples, top-1 agreement with fp32 1.0000 (budget 0.99)" in out

@@ -134,7 +134,7 @@ def test_the_package_carries_the_task(run, spec):
     doc = yaml.safe_load((pkg / "serving.yaml").read_text())
     assert doc["task"] == {"name": "detection", "spec": "detection", "settings": SETTINGS}
     assert spec.task is det and spec.info.logits == "" and spec.info.settings == SETTINGS
-    assert sorted(o["alias"] for o in doc["outputs"]) == ["heatmap", "offset", "size"]
+    assert sorted(o["name"] for o in doc["outputs"]) == ["heatmap", "offset", "size"]
     assert not any(o.get("role") for o in doc["outputs"])
     name = doc["triton"]["model"]
     assert sorted(p.relative_to(pkg / "triton").as_posix() for p in (pkg / "triton").rglob("*") if p.is_file()) == \
@@ -196,8 +196,8 @@ def test_v1_map_equals_the_engines_decoded_offline(client, test_split, engine):
 
 
 def test_v2_answers_the_raw_outputs(client, spec, test_split, engine):
-    """/v2 (Open Inference Protocol, as Triton serves this model) answers every raw head, under the served
-    names, equal to the engine's outputs on the same inputs."""
+    """/v2 (Open Inference Protocol, as Triton serves this model) answers every raw head, under the model's
+    names (never the program's fetch_name_<i>), equal to the engine's outputs on the same inputs."""
     images = test_split[0][:8]
     x = data_mod.prepare(images, spec.preprocessing)
     inp = spec.io.inputs[0]
@@ -205,11 +205,11 @@ def test_v2_answers_the_raw_outputs(client, spec, test_split, engine):
         {"name": inp.name, "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]})
     assert r.status_code == 200, r.text[:300]
     outs = {o["name"]: np.asarray(o["data"], np.float32).reshape(o["shape"]) for o in r.json()["outputs"]}
-    assert set(outs) == {t.name for t in spec.io.outputs}
+    assert set(outs) == {"heatmap", "offset", "size"} == {t.public for t in spec.io.outputs}
     want = engine(images)
     for t in spec.io.outputs:
         peak = float(np.abs(want[t.public]).max())
-        np.testing.assert_allclose(outs[t.name], want[t.public], rtol=1e-5, atol=1e-5 * peak)
+        np.testing.assert_allclose(outs[t.public], want[t.public], rtol=1e-5, atol=1e-5 * peak)
     r = client.post(f"/v2/models/{spec.name}/infer", json={
         "inputs": [{"name": inp.name, "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}],
         "outputs": [{"name": "heatmap", "parameters": {"classification": 2}}]})

@@ -32,7 +32,7 @@ import yaml
 from tests.serving_helpers import REPO, metric, start_server
 from tests.stages.test_serve import MARK, digits, run  # noqa: F401 (fixtures)
 
-MODEL, OUT = "digits_cnn", "fetch_name_0"
+MODEL, OUT = "digits_cnn", "logits"
 CAP = 64 << 10  # this server's body cap: 32 digits (8 KB raw, ~20 KB JSON) fit, 300 (77 KB raw) do not
 
 

@@ -37,7 +37,9 @@ from tests.serving_helpers import REPO, metric, serving_client_python, start_ser
 
 MODEL = "examples.two_inputs.model_build"  # serving.yaml's name: the model's factory, sanitised
 INFER = f"/v2/models/{MODEL}/infer"
-OUTS = {"embedding": "fetch_name_0", "logits": "fetch_name_1"}  # public name -> the program's (jit.save: sorted keys)
+# public name -> the program's (jit.save: sorted keys): every answer uses the first, requests may use either
+OUTS = {"embedding": "fetch_name_0", "logits": "fetch_name_1"}
+PUBLIC = {program: public for public, program in OUTS.items()}
 LABELS = ["top-left", "top-right", "bottom-left", "bottom-right"]
 MARK = "zq-MARKER-71"  # put into bad requests: must never come back in an answer
 SERVING = "/GeneralModelService/inference"
@@ -116,14 +118,15 @@ def test_metadata_lists_every_tensor(triton, client):
     meta = triton.get_model_metadata(MODEL)
     assert meta["inputs"] == [{"name": "img", "datatype": "FP32", "shape": [-1, 1, 8, 8]},
                               {"name": "feat", "datatype": "FP32", "shape": [-1, 4]}]
-    assert meta["outputs"] == [{"name": "fetch_name_0", "datatype": "FP32", "shape": [-1, 16]},
-                               {"name": "fetch_name_1", "datatype": "FP32", "shape": [-1, 4]}]
+    assert meta["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": [-1, 16]},
+                               {"name": "logits", "datatype": "FP32", "shape": [-1, 4]}]
     m = client.get("/v1/model").json()
     assert [t["name"] for t in m["inputs"]] == ["img", "feat"] and "input" not in m
-    assert m["outputs"] == [{"name": "fetch_name_0", "alias": "embedding", "dtype": "float32", "shape": [-1, 16]},
-                            {"name": "fetch_name_1", "alias": "logits", "dtype": "float32", "shape": [-1, 4],
+    assert m["outputs"] == [{"name": "embedding", "alias": "embedding", "dtype": "float32", "shape": [-1, 16]},
+                            {"name": "logits", "alias": "logits", "dtype": "float32", "shape": [-1, 4],
                              "role": "logits"}]
-    assert m["output"]["alias"] == "logits" and m["accepts_images"] is True and m["labels"] == LABELS
+    assert m["output"]["name"] == m["output"]["alias"] == "logits"
+    assert m["accepts_images"] is True and m["labels"] == LABELS
     assert metric(client.get("/metrics").text, "pipe_ready") == 1.0
     doc = client.get("/openapi.json").json()
     v1 = doc["paths"]["/v1/predict"]["post"]
@@ -191,16 +194,16 @@ def _infer(triton, img: np.ndarray, feat: np.ndarray, binary: bool, outputs: lis
 @pytest.mark.slow
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
 def test_v2_both_inputs_equal_the_models_outputs(triton, ref, binary):
-    """Batches of 1, 32 and 7: every output (by program name) close to the reference, and the same numbers
-    whatever the framing or the order of the inputs."""
+    """Batches of 1, 32 and 7: every output (by the model's name) close to the reference, and the same
+    numbers whatever the framing or the order of the inputs."""
     for lo, hi in ((0, 1), (1, 33), (33, 40)):
         img, feat = ref["img"][lo:hi], ref["feat"][lo:hi]
         result = _infer(triton, img, feat, binary)
-        assert [o["name"] for o in result.get_response()["outputs"]] == ["fetch_name_0", "fetch_name_1"]
-        for public, name in OUTS.items():
-            _close(result.as_numpy(name), ref[public][lo:hi])
+        assert [o["name"] for o in result.get_response()["outputs"]] == ["embedding", "logits"]
+        for public in OUTS:
+            _close(result.as_numpy(public), ref[public][lo:hi])
         other = _infer(triton, img, feat, not binary, order=("feat", "img"))
-        for name in OUTS.values():
+        for name in OUTS:
             np.testing.assert_array_equal(other.as_numpy(name), result.as_numpy(name))
 
 
@@ -212,15 +215,15 @@ def test_v2_outputs_select_and_classification_is_on_the_logits(triton, ref):
         result = _infer(triton, img, feat, True, [(n, 0) for n in asked])
         assert [o["name"] for o in result.get_response()["outputs"]] == asked
         for n in asked:
-            np.testing.assert_array_equal(result.as_numpy(n), everything.as_numpy(OUTS.get(n, n)))
-    logits = everything.as_numpy("fetch_name_1")
+            np.testing.assert_array_equal(result.as_numpy(n), everything.as_numpy(PUBLIC.get(n, n)))
+    logits = everything.as_numpy("logits")
     top = _infer(triton, img, feat, False, [("logits", 2)]).as_numpy("logits")
     want = [["%f:%d:%s" % (row[i], i, LABELS[i]) for i in sorted(range(4), key=lambda i: (-row[i], i))[:2]]
             for row in logits.tolist()]
     assert top.tolist() == want
     with pytest.raises(InferenceServerException) as e:
         _infer(triton, img, feat, True, [("embedding", 2)])
-    assert e.value.status() == "400" and "logits output 'fetch_name_1'" in e.value.message()
+    assert e.value.status() == "400" and "logits output 'logits'" in e.value.message()
 
 
 # ------------------------------------------------------------------ /v1/predict by name
@@ -247,8 +250,8 @@ def test_v1_named_tensors_and_an_image_input(client, triton, ref, run):
     _close(embedding, ref["embedding"][:6])
     assert body["labels"] == [LABELS[k] for k in logits.argmax(1)]
     v2 = _infer(triton, img, feat, True)
-    np.testing.assert_array_equal(logits, v2.as_numpy("fetch_name_1"))
-    np.testing.assert_array_equal(embedding, v2.as_numpy("fetch_name_0"))
+    np.testing.assert_array_equal(logits, v2.as_numpy("logits"))
+    np.testing.assert_array_equal(embedding, v2.as_numpy("embedding"))
     with examples_importable():
         from examples.two_inputs.data import load
 
@@ -271,11 +274,11 @@ def _feed(name: str, a: np.ndarray) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_paddle_serving_wire_two_feeds(client, triton, ref):
-    """JSON and protobuf, feeds in either order: every fetched output (by alias or program name, in the
-    model's order; none named: all), the numbers /v2 answers."""
+    """JSON and protobuf, feeds in either order: every fetched output (by the model's or the program's name,
+    in the model's order; none named: all), under the model's names, the numbers /v2 answers."""
     img, feat = ref["img"][:3], ref["feat"][:3]
     v2 = _infer(triton, img, feat, True)
-    want = {public: v2.as_numpy(name) for public, name in OUTS.items()}
+    want = {public: v2.as_numpy(public) for public in OUTS}
     for fetch, got in (([], ["embedding", "logits"]), (["logits", "embedding"], ["embedding", "logits"]),
                        (["fetch_name_0"], ["embedding"]), (["logits", "other"], ["logits"])):
         doc = client.post(SERVING, json={"tensor": [_feed("feat", feat), _feed("img", img)], "fetch_var_names": fetch,
@@ -284,7 +287,7 @@ def test_paddle_serving_wire_two_feeds(client, triton, ref):
         tensors = doc["outputs"][0]["tensor"]
         assert [t["alias_name"] for t in tensors] == got
         for t in tensors:
-            assert t["name"] == OUTS[t["alias_name"]] and t["elem_type"] == 1
+            assert t["name"] == t["alias_name"] and t["elem_type"] == 1
             np.testing.assert_array_equal(np.asarray(t["float_data"], np.float32).reshape(t["shape"]),
                                           want[t["alias_name"]])
     msgs = wire.messages()
@@ -298,8 +301,8 @@ def test_paddle_serving_wire_two_feeds(client, triton, ref):
     resp = msgs["Response"]()
     resp.ParseFromString(r.content)
     assert (resp.err_no, resp.log_id) == (0, 9)
-    assert [(t.name, t.alias_name) for t in resp.outputs[0].tensor] == [("fetch_name_0", "embedding"),
-                                                                         ("fetch_name_1", "logits")]
+    assert [(t.name, t.alias_name) for t in resp.outputs[0].tensor] == [("embedding", "embedding"),
+                                                                         ("logits", "logits")]
     for t in resp.outputs[0].tensor:
         np.testing.assert_array_equal(np.asarray(t.float_data, np.float32).reshape(list(t.shape)), want[t.alias_name])
 
@@ -446,7 +449,7 @@ BAD = [
     ("v2 batch sizes", INFER, _v2(_t("img", 2), _t("feat", 3)), 400, None,
      ["inputs 'img' and 'feat' have batch sizes 2 and 3"]),
     ("v2 unknown output", INFER, _v2(_t("img"), _t("feat"), outputs=[{"name": MARK}]), 400, None,
-     ["unknown output", "'fetch_name_0', 'fetch_name_1'"]),
+     ["unknown output", "'embedding', 'logits'"]),
     ("wire missing feed", SERVING, _wire(_f("feat")), 422, "invalid_request", ["missing input 'img'"]),
     ("wire unknown feed", SERVING, _wire(_f("img"), _f("feat"), {**_f("feat"), "name": MARK, "alias_name": MARK}), 422,
      "invalid_request", ["tensor[2]: no feed of this model", "'img', 'feat'"]),

@@ -73,7 +73,7 @@ def test_the_package_keeps_both_sides_dynamic(package, export):
     spec = yaml.safe_load((package / "serving.yaml").read_text(encoding="utf-8"))
     assert spec["task"]["name"] == "ocr_det" and spec["preprocessing"] == {"kind": "ocr_det"}
     assert [t["shape"] for t in spec["inputs"]] == [[-1, 3, -1, -1]]
-    assert [t["shape"] for t in spec["outputs"]] == [[-1, 1, -1, -1]] and spec["outputs"][0]["alias"] == "maps"
+    assert [t["shape"] for t in spec["outputs"]] == [[-1, 1, -1, -1]] and spec["outputs"][0]["name"] == "maps"
     assert spec["name"] == NAME and spec["labels"] == ["text"]
     # the task's default batch (`max_batch`): pages of one shape, ~0.25 s each; not every other package's 32
     assert spec["batching"]["max_batch_size"] == ocr_det.max_batch == 4

@@ -106,7 +106,7 @@ def test_text_package_files_manifest_and_spec(run):
         "vocab.json"]
     assert (pkg / "vocab.json").read_bytes() == (run / "train" / "vocab.json").read_bytes()
     doc = yaml.safe_load((pkg / "serving.yaml").read_text(encoding="utf-8"))
-    assert doc["inputs"] == [{"name": "x", "alias": "x", "dtype": "int64", "shape": [-1, -1]}]
+    assert doc["inputs"] == [{"name": "x", "dtype": "int64", "shape": [-1, -1]}]
     vocab_size = len(json.loads((pkg / "vocab.json").read_text(encoding="utf-8")))
     assert {k: doc["text"][k] for k in spec_mod.TEXT_KEYS} == {
         "tokenizer": "char", "max_len": MAX_LEN, "pad_id": 0, "unk_id": 1, "vocab_file": "vocab.json",

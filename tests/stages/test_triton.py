@@ -58,7 +58,7 @@ pytestmark = pytest.mark.slow(reason="runs a real tritonserver")
 PYTRITON = Path(sys.prefix) / "pytriton"  # the venv's; the Makefile's $(STAMP) recipe installs it there
 INSTALL = "pip install --no-deps --target .venv/pytriton nvidia-pytriton==0.7.0"
 SHIM = REPO / "tests/triton_backend/onnxruntime/model.py"
-OUT = "fetch_name_0"  # the program's fetch name: the ONNX's output and config.pbtxt's
+OUT = "logits"  # the model's output name: the ONNX's (renamed from the program's fetch_name_0) and config.pbtxt's
 TEXTS = ["这个东西很好", "差", "我们买了一次还是很满意的东西", "这个" * 20]
 
 
@@ -332,15 +332,22 @@ def test_image_repository_loads_unchanged_and_answers_as_pipe_serve(digits_serve
 @pytest.fixture(scope="module")
 def onnx_package(tritonserver, trained_digits, tmp_path_factory) -> Path:
     """A digits package that serves on onnxruntime (`pipe export --onnx`, `pipe package --engine
-    onnxruntime`): pipe serve runs the model.onnx its Triton repository holds, so both compute the same
-    values."""
+    onnxruntime`): pipe serve runs the model.onnx its Triton repository holds (there with its output
+    renamed from the program's fetch_name_0 to the model's name), so both compute the same values."""
+    import onnx
+
     run = tmp_path_factory.mktemp("triton-onnx") / "run"
     shutil.copytree(trained_digits, run)
     assert main(["export", str(run / "train"), "--onnx"]) == 0
     assert main(["package", str(run / "export"), "--engine", "onnxruntime"]) == 0
     package = run / "package"
     assert yaml.safe_load((package / "serving.yaml").read_text(encoding="utf-8"))["model"]["engine"] == "onnxruntime"
-    assert (package / "model.onnx").read_bytes() == (package / "triton/digits_cnn/1/model.onnx").read_bytes()
+    given, served = (onnx.load(str(p)) for p in (package / "model.onnx", package / "triton/digits_cnn/1/model.onnx"))
+    assert [o.name for o in given.graph.output] == ["fetch_name_0"] and [o.name for o in served.graph.output] == [OUT]
+    assert [i.SerializeToString() for i in served.graph.initializer] == \
+        [i.SerializeToString() for i in given.graph.initializer]
+    assert [(n.op_type, list(n.attribute)) for n in served.graph.node] == \
+        [(n.op_type, list(n.attribute)) for n in given.graph.node]
     return package
 
 
