@@ -51,11 +51,14 @@ def test_the_pir_import_fine_tunes_as_the_legacy_one(tuned, ppocr_rec_pir_export
 
 
 def test_the_pir_fine_tune_exports_as_an_import_does(tuned, ppocr_rec_pir_export, cli):
-    code, _, err = cli("export", tuned["pir"])
+    code, _, err = cli("export", tuned["pir"], "--onnx")  # the import had none; --onnx asks for it
     assert code == 0, err
     out = tuned["pir"].parent / "export"
     m = artifacts.verify(out, ("export",)).manifest
-    assert set(m["files"]) == {"model.json", "model.pdiparams", "keys.txt"}  # no legacy program: none invented
+    # no legacy program: none invented; the ONNX converted from the PIR program, parity-gated as at import
+    assert set(m["files"]) == {"model.json", "model.pdiparams", "model.onnx", "keys.txt"}
+    assert m["metrics"]["onnx_parity_rel"] <= m["metrics"]["parity_tol"]
+    assert m["metrics"]["onnx_parity_text_agreement"] == 1.0
     assert m["source"]["kind"] == "finetune" and m["legacy"]["available"] is False
     assert m["source"]["pretrained"]["manifest_sha256"] == artifacts.verify(ppocr_rec_pir_export, ("export",)).manifest_sha256
     imp = ppocr_rec_pir_export
