@@ -133,31 +133,13 @@ def ppocr_rec_export(tmp_path_factory, rec_src, keys) -> Path:
     return out
 
 
-def pir_source(imported: Path, dest: Path, yml: dict) -> Path:
-    """A PaddleOCR 3.x / PaddleX 3 export's layout (inference.json + inference.pdiparams + inference.yml) made from a
-    `pipe import` of a legacy program: its model.json is that program's PIR translation (facts §17's recipe)."""
-    import shutil
-
-    import yaml
-
-    dest.mkdir(parents=True)
-    shutil.copyfile(imported / "model.json", dest / "inference.json")
-    shutil.copyfile(imported / "model.pdiparams", dest / "inference.pdiparams")
-    (dest / "inference.yml").write_text(yaml.safe_dump(yml, allow_unicode=True), encoding="utf-8")
-    return dest
-
-
-def rec_yml(keys: Path) -> dict:
-    """PP-OCRv4 rec's inference.yml as PaddleOCR 3.x writes it (CTCLabelDecode with the keys inline)."""
-    return {"Global": {"model_name": "PP-OCRv4_mobile_rec"},
-            "PreProcess": {"transform_ops": [{"RecResizeImg": {"image_shape": [3, 48, 320]}}]},
-            "PostProcess": {"name": "CTCLabelDecode", "character_dict": keys.read_text(encoding="utf-8").splitlines()}}
-
-
 @pytest.fixture(scope="session")
 def rec_pir_src(tmp_path_factory, ppocr_rec_export, keys) -> Path:
     """PP-OCRv4 rec as a PIR program only (PaddleOCR 3.x's layout), once per session."""
-    return pir_source(ppocr_rec_export, tmp_path_factory.mktemp("ppocr-pir") / "PP-OCRv4_rec_pir", rec_yml(keys))
+    from pipeline import pretrained
+
+    return pretrained.paddleocr3_layout(ppocr_rec_export, tmp_path_factory.mktemp("ppocr-pir") / "PP-OCRv4_rec_pir",
+                                        pretrained.rec_yml(keys))
 
 
 @pytest.fixture(scope="session")

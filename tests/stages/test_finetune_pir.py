@@ -88,3 +88,24 @@ def test_a_tampered_pir_import_is_refused_in_one_line(ppocr_rec_pir_export, tmp_
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert "model.pdiparams" in err and "sha256" in err
     assert not run.exists()
+
+
+def test_the_bench_rows_compare_the_two_runs(tuned, tmp_path):
+    import shutil
+
+    from pipeline.bench import ocr_finetune
+
+    speed, same = ocr_finetune.pir_rows(tuned["pir"], tuned["legacy"])
+    m = artifacts.verify(tuned["pir"], ("train",)).manifest["metrics"]
+    assert speed[0] == "fine-tune PP-OCRv4 rec from its PIR program (inference.json, 1 process, 5 steps): seconds " \
+                       "per step, PIR / legacy"
+    assert speed[1].startswith(f"{8 / m['img_per_s']:.2f} / ")
+    assert same[1].startswith("0; ") and same[3] == "met"  # the same losses to the bit
+    off = tmp_path / "off"  # a run whose third step's loss moved by 1e-3: beyond noise
+    off.mkdir()
+    shutil.copyfile(tuned["pir"] / "manifest.json", off / "manifest.json")
+    rows = (tuned["pir"] / "steps.csv").read_text().splitlines()
+    step, epoch, loss, lr = rows[3].split(",")
+    rows[3] = ",".join((step, epoch, repr(float(loss) + 1e-3), lr))
+    (off / "steps.csv").write_text("\n".join(rows) + "\n")
+    assert ocr_finetune.pir_rows(off, tuned["legacy"])[1][3] == "**missed**"

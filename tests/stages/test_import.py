@@ -13,7 +13,7 @@ import pytest
 
 from pipeline import artifacts, paddle_program, pretrained
 from pipeline.tasks import ocr_rec
-from tests.conftest import OCR_LINES, direct_answers, pir_source, rec_yml, tree_hash
+from tests.conftest import OCR_LINES, direct_answers, tree_hash
 
 pytestmark = pytest.mark.slow(reason="every test imports or reads the real PP-OCRv4 recognizer")
 LINES = OCR_LINES
@@ -84,7 +84,7 @@ def _data_cfg(manifest):
 def test_a_pir_program_with_inference_yml_needs_no_task_or_keys(imported, tmp_path, cli, keys):
     """PaddleX 3 / PaddleOCR 3 layout: inference.json + inference.pdiparams + inference.yml (CTCLabelDecode with
     its character_dict): --task and --keys come from the yml; there is no legacy program."""
-    src = pir_source(imported, tmp_path / "PP-OCRv4_rec_pir", rec_yml(keys))
+    src = pretrained.paddleocr3_layout(imported, tmp_path / "PP-OCRv4_rec_pir", pretrained.rec_yml(keys))
     chars = keys.read_text(encoding="utf-8").splitlines()
     out = tmp_path / "export"
     code, _, err = cli("import", src, "--out", out, "--no-onnx", *LINES)
