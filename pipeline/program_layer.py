@@ -129,6 +129,7 @@ def read_pir_ops(path: Path) -> tuple[list[Op], list[str], list[str], dict[str, 
     combined: dict[str, list[str]] = {}  # builtin.combine's result -> its operands
     params: dict[str, str] = {}
     ops, feeds, fetches = [], [], []
+    unknown: set[str] = set()
 
     def value(v: dict[str, Any]) -> str | None:
         i = int(v["%"])
@@ -162,11 +163,13 @@ def read_pir_ops(path: Path) -> tuple[list[Op], list[str], list[str], dict[str, 
             elif dialect == "1" and kind in _PIR_NAMES:
                 ops.append(_pir_op(_PIR_NAMES[kind], ins, outs, attrs, consts, combined, full))
             else:
-                raise InputError(f"{path}: pipe train cannot run op {full} of this program "
-                                 f"(it runs {len(_PIR_NAMES)} pd_op types: pipeline/program_layer.py)")
+                unknown.add(full)
     except (KeyError, IndexError, TypeError, ValueError) as e:
         raise InputError(f"{path}: a PIR program pipe cannot read ({e.__class__.__name__} at op "
-                         f"{len(ops) + len(feeds) + len(fetches) + len(params) + 1})") from None
+                         f"{len(ops) + len(feeds) + len(fetches) + len(params) + len(unknown) + 1})") from None
+    if unknown:
+        raise InputError(f"{path}: pipe train cannot run op(s) {', '.join(sorted(unknown))} of this program "
+                         f"(it runs {len(_PIR_NAMES)} pd_op types: pipeline/program_layer.py)")
     return ops, [n for _, n in sorted(feeds)], [n for _, n in sorted(fetches)], params
 
 
