@@ -1,6 +1,8 @@
-"""An exported legacy Paddle program as a trainable dygraph layer: how `pipe train --init` fine-tunes an import.
+"""An exported Paddle program (legacy or PIR) as a trainable dygraph layer: how `pipe train --init` fine-tunes an
+import.
 
     layer = program_layer.build(paddle, Path("RUN/export/legacy/model"))   # .pdmodel + .pdiparams
+    layer = program_layer.build(paddle, Path("RUN/export/model"))          # a PIR import: .json + .pdiparams
     probs = layer(x)                                                        # the program's one output
     program_layer.write_params(src_params, dest_params, layer.values())     # the fine-tuned weights, in place
 
@@ -16,6 +18,14 @@ The ops are the program's, read from its ProgramDesc with Paddle's generated pro
 paddle_program reads it): the op types PaddleOCR's exported recognizers use (PP-OCRv4 rec: 25 types, 323
 ops). An op type this does not know is refused in one line before anything is built. Dropout runs as
 the program declares it when training and is the identity in eval (`upscale_in_train`).
+
+A PIR program (Paddle 3's `inference.json`: PaddleOCR 3.x and PaddleX 3 export only that) is read as data,
+`json.loads` and nothing else (`read_pir_ops`): each `pd_op.*` op becomes the legacy op above that computes the
+same (`pd_op.add` -> `elementwise_add`, `pd_op.hardswish` -> `hard_swish`, ...), and the operands PIR makes
+separate constant ops of (`full`, `full_int_array`, a `combine` of them: a slice's starts, a pool's kernel, a
+dropout's p) are folded back into that op's attributes. So one set of op functions runs both forms: PP-OCRv4 rec
+translated to PIR gives the legacy layer's output and gradients to the bit. Its `.pdiparams` is the same
+format, in the same order (sorted names), as a legacy one, and `write_params` writes it the same way.
 
 Going back: `write_params` writes a `.pdiparams` beside the untouched `.pdmodel` with every tensor's header
 as it was and its bytes the layer's, so what comes out of training is the same kind of program as what
@@ -161,7 +171,7 @@ def read_pir_ops(path: Path) -> tuple[list[Op], list[str], list[str], dict[str, 
                 consts[outs[0]] = np.full(list(attrs["shape"]), attrs["value"], dtype=attrs.get("dtype", "float32"))
                 ops.append(Op("constant", {}, {"Out": [outs[0]]}, {"value": consts[outs[0]]}))
             elif dialect == "1" and kind in _PIR_NAMES:
-                ops.append(_pir_op(_PIR_NAMES[kind], ins, outs, attrs, consts, combined, full))
+                ops.append(_pir_op(_PIR_NAMES[kind], ins, outs, attrs, consts, combined, f"{path}: {full}"))
             else:
                 unknown.add(full)
     except (KeyError, IndexError, TypeError, ValueError) as e:

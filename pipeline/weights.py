@@ -68,11 +68,10 @@ def source(spec: str) -> Source:
 
 def _program(art: artifacts.Artifact) -> Source:
     """An export artifact as `model.init`: a pipe import (someone's exported program, e.g. PP-OCRv4 rec) whose
-    legacy program pipe train runs as a layer (pipeline/program_layer.py). pipe's own exports are refused: their
-    train artifact is the better start."""
+    program, legacy or PIR (`program_files`), pipe train runs as a layer (pipeline/program_layer.py). pipe's own
+    exports are refused: their train artifact is the better start."""
     where = f"model.init {art.path}"
     lineage = art.manifest.get("source") or {}
-    legacy = art.manifest.get("legacy") or {}
     if lineage.get("kind") not in ("import", "finetune"):
         raise InputError(f"{where}: a pipe export of a model pipe trained; fine-tune from its train/ artifact "
                          f"(the export's lineage names it)")
