@@ -54,6 +54,26 @@ def resolve(source: str) -> tuple[Path, Path | None]:
     return root / name, (root / KEYS if name == MODELS["rec"] else None)
 
 
+def paddleocr3_layout(imported: Path, dest: Path, yml: dict) -> Path:
+    """A PaddleOCR 3.x / PaddleX 3 export's layout (inference.json + inference.pdiparams + inference.yml) made from
+    a `pipe import` of one of the wheel's legacy programs: its model.json is that program's PIR translation (facts
+    §17's recipe), the form PP-OCRv5 and v6 come in only. What the tests and the bench fine-tune a PIR program on."""
+    import yaml
+
+    dest.mkdir(parents=True)
+    shutil.copyfile(imported / "model.json", dest / "inference.json")
+    shutil.copyfile(imported / "model.pdiparams", dest / "inference.pdiparams")
+    (dest / "inference.yml").write_text(yaml.safe_dump(yml, allow_unicode=True), encoding="utf-8")
+    return dest
+
+
+def rec_yml(keys: Path) -> dict:
+    """PP-OCRv4 rec's inference.yml as PaddleOCR 3.x writes it (CTCLabelDecode with the keys inline)."""
+    return {"Global": {"model_name": "PP-OCRv4_mobile_rec"},
+            "PreProcess": {"transform_ops": [{"RecResizeImg": {"image_shape": [3, 48, 320]}}]},
+            "PostProcess": {"name": "CTCLabelDecode", "character_dict": keys.read_text(encoding="utf-8").splitlines()}}
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("PIPE_CACHE_DIR") or Path.home() / ".cache" / "pipe")
 

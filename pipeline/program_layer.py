@@ -1,6 +1,8 @@
-"""An exported legacy Paddle program as a trainable dygraph layer: how `pipe train --init` fine-tunes an import.
+"""An exported Paddle program (legacy or PIR) as a trainable dygraph layer: how `pipe train --init` fine-tunes an
+import.
 
     layer = program_layer.build(paddle, Path("RUN/export/legacy/model"))   # .pdmodel + .pdiparams
+    layer = program_layer.build(paddle, Path("RUN/export/model"))          # a PIR import: .json + .pdiparams
     probs = layer(x)                                                        # the program's one output
     program_layer.write_params(src_params, dest_params, layer.values())     # the fine-tuned weights, in place
 
@@ -16,6 +18,14 @@ The ops are the program's, read from its ProgramDesc with Paddle's generated pro
 paddle_program reads it): the op types PaddleOCR's exported recognizers use (PP-OCRv4 rec: 25 types, 323
 ops). An op type this does not know is refused in one line before anything is built. Dropout runs as
 the program declares it when training and is the identity in eval (`upscale_in_train`).
+
+A PIR program (Paddle 3's `inference.json`: PaddleOCR 3.x and PaddleX 3 export only that) is read as data,
+`json.loads` and nothing else (`read_pir_ops`): each `pd_op.*` op becomes the legacy op above that computes the
+same (`pd_op.add` -> `elementwise_add`, `pd_op.hardswish` -> `hard_swish`, ...), and the operands PIR makes
+separate constant ops of (`full`, `full_int_array`, a `combine` of them: a slice's starts, a pool's kernel, a
+dropout's p) are folded back into that op's attributes. So one set of op functions runs both forms: PP-OCRv4 rec
+translated to PIR gives the legacy layer's output and gradients to the bit. Its `.pdiparams` is the same
+format, in the same order (sorted names), as a legacy one, and `write_params` writes it the same way.
 
 Going back: `write_params` writes a `.pdiparams` beside the untouched `.pdmodel` with every tensor's header
 as it was and its bytes the layer's, so what comes out of training is the same kind of program as what
@@ -77,6 +87,137 @@ def read_ops(path: Path) -> tuple[list[Op], list[str], list[str]]:
     return ops, [n for _, n in sorted(feeds)], [n for _, n in sorted(fetches)]
 
 
+# ------------------------------------------------------------------ Paddle 3's PIR program (inference.json)
+
+_PIR_NAMES = {"add": "elementwise_add", "multiply": "elementwise_mul", "subtract": "elementwise_sub",
+              "divide": "elementwise_div", "conv2d": "conv2d", "depthwise_conv2d": "depthwise_conv2d",
+              "batch_norm": "batch_norm", "batch_norm_": "batch_norm", "layer_norm": "layer_norm",
+              "matmul": "matmul_v2", "dropout": "dropout", "shape": "shape", "shape64": "shape", "slice": "slice",
+              "reshape": "reshape2", "pool2d": "pool2d", "concat": "concat", "relu": "relu", "sigmoid": "sigmoid",
+              "hardswish": "hard_swish", "hardsigmoid": "hard_sigmoid", "swish": "swish", "softmax": "softmax",
+              "scale": "scale", "assign": "assign", "transpose": "transpose2", "flatten": "flatten_contiguous_range",
+              "squeeze": "squeeze2", "unsqueeze": "unsqueeze2"}
+_PIR_DIALECTS = {"0": "builtin", "1": "pd_op"}
+# each PIR op's operands in order, as the legacy op's input slots (None: an operand folded into an attribute)
+_PIR_INPUTS = {"conv2d": ("Input", "Filter"), "depthwise_conv2d": ("Input", "Filter"),
+               "batch_norm": ("X", "Mean", "Variance", "Scale", "Bias"), "layer_norm": ("X", "Scale", "Bias"),
+               "elementwise_add": ("X", "Y"), "elementwise_mul": ("X", "Y"), "elementwise_sub": ("X", "Y"),
+               "elementwise_div": ("X", "Y"), "matmul_v2": ("X", "Y"), "shape": ("Input",),
+               "slice": ("Input", "starts", "ends"), "reshape2": ("X", "shape"), "pool2d": ("X", "ksize"),
+               "concat": ("X", "axis"), "scale": ("X", "scale"), "squeeze2": ("X", "axes"),
+               "unsqueeze2": ("X", "axes"), "dropout": ("X", None, "dropout_prob")}
+_PIR_OUTPUT = {"conv2d": "Output", "depthwise_conv2d": "Output", "batch_norm": "Y", "layer_norm": "Y"}
+# PIR attribute names that differ from the legacy op's
+_PIR_ATTRS = {"transpose_x": "trans_x", "transpose_y": "trans_y", "perm": "axis", "mode": "dropout_implementation"}
+
+
+def _pir_attr(a: dict[str, Any]) -> Any:
+    """One PIR attribute value ({"#": "0.a_i32", "D": 2}, arrays of them, 1.a_intarray's list) as Python."""
+    tag, d = a.get("#"), a.get("D")
+    if tag == "0.a_array":
+        return [_pir_attr(v) for v in d]
+    return d
+
+
+def read_pir_ops(path: Path) -> tuple[list[Op], list[str], list[str], dict[str, str]]:
+    """(ops, feed names, fetch names, {value: parameter name}) of a PIR program, read with json.loads only: each
+    `pd_op.*` op as the legacy op program_layer runs (`_PIR_NAMES`), its operands in that op's input slots,
+    constant operands (`full`, `full_int_array`, `combine` of constants) folded into the attributes the legacy
+    op has for them, values named `%<id>`, parameters by their own names (as in the params file). An op this
+    does not know is refused in one line naming it."""
+    import json
+
+    try:
+        doc = json.loads(path.read_bytes())
+        if doc["base_code"]["magic"] != "pir":
+            raise ValueError
+        raw = doc["program"]["regions"][0]["blocks"][0]["ops"]
+    except (OSError, ValueError, KeyError, IndexError, TypeError, UnicodeDecodeError):
+        raise InputError(f"{path}: not a Paddle PIR program (JSON with base_code.magic 'pir')") from None
+    names: dict[int, str] = {}  # value id -> the name it goes by in the layer's variables
+    consts: dict[str, np.ndarray] = {}  # constants known when reading (full, full_int_array)
+    combined: dict[str, list[str]] = {}  # builtin.combine's result -> its operands
+    params: dict[str, str] = {}
+    ops, feeds, fetches = [], [], []
+    unknown: set[str] = set()
+
+    def value(v: dict[str, Any]) -> str | None:
+        i = int(v["%"])
+        return None if i == 0 else names.setdefault(i, f"%{i}")  # %0: a null operand (an absent optional input)
+
+    try:
+        for o in raw:
+            tag = str(o["#"])
+            if tag == "p":  # a parameter: A = [.., .., .., name]
+                names[int(o["O"]["%"])] = params[str(o["A"][3])] = str(o["A"][3])
+                continue
+            dialect, _, kind = tag.partition(".")
+            full = f"{_PIR_DIALECTS.get(dialect, dialect)}.{kind}"
+            attrs = {a["N"]: _pir_attr(a["AT"]) for a in o.get("A", [])}
+            if kind in ("feed", "data"):  # the input goes by its own name (x), as in a legacy program
+                names[int(o["O"][0]["%"])] = str(attrs["name"])
+            ins = [value(v) for v in o.get("I", [])]
+            outs = [value(v) for v in o.get("O", [])]
+            if kind in ("feed", "data"):
+                feeds.append((int(attrs.get("col", len(feeds))), outs[0]))
+            elif kind == "fetch":
+                fetches.append((int(attrs.get("col", len(fetches))), ins[0]))
+            elif tag == "0.combine":
+                combined[outs[0]] = ins
+            elif kind == "full_int_array":
+                consts[outs[0]] = np.asarray(attrs["value"], dtype=attrs.get("dtype", "int64"))
+                ops.append(Op("constant", {}, {"Out": [outs[0]]}, {"value": consts[outs[0]]}))
+            elif kind == "full":
+                consts[outs[0]] = np.full(list(attrs["shape"]), attrs["value"], dtype=attrs.get("dtype", "float32"))
+                ops.append(Op("constant", {}, {"Out": [outs[0]]}, {"value": consts[outs[0]]}))
+            elif dialect == "1" and kind in _PIR_NAMES:
+                ops.append(_pir_op(_PIR_NAMES[kind], ins, outs, attrs, consts, combined, f"{path}: {full}"))
+            else:
+                unknown.add(full)
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise InputError(f"{path}: a PIR program pipe cannot read ({e.__class__.__name__} at op "
+                         f"{len(ops) + len(feeds) + len(fetches) + len(params) + len(unknown) + 1})") from None
+    if unknown:
+        raise InputError(f"{path}: pipe train cannot run op(s) {', '.join(sorted(unknown))} of this program "
+                         f"(it runs {len(_PIR_NAMES)} pd_op types: pipeline/program_layer.py)")
+    return ops, [n for _, n in sorted(feeds)], [n for _, n in sorted(fetches)], params
+
+
+def _pir_op(type_: str, ins: list[str | None], outs: list[str | None], attrs: dict[str, Any],
+            consts: dict[str, np.ndarray], combined: dict[str, list[str]], where: str) -> Op:
+    """One PIR op as the legacy op `type_`: operands into slots, constant operands into attributes."""
+    slots = _PIR_INPUTS.get(type_, ("X",))
+    legacy = {_PIR_ATTRS.get(k, k): v for k, v in attrs.items()}
+    if type_ == "batch_norm":
+        legacy["data_layout"] = attrs.get("data_format", "NCHW")
+    slot_ins: dict[str, list[str]] = {}
+    for slot, name in zip(slots, ins):
+        if slot is None or name is None:
+            continue
+        if slot in ("X", "Input", "Filter", "Y", "Mean", "Variance", "Scale", "Bias") and type_ != "concat":
+            slot_ins[slot] = [name]
+            continue
+        if name in combined:  # a list of values: concat's inputs, reshape's shape from shape/slice results
+            parts = combined[name]
+            if type_ == "concat":
+                slot_ins["X"] = parts
+            elif type_ == "reshape2":
+                slot_ins["ShapeTensor"] = parts
+            elif all(p in consts for p in parts):
+                legacy[slot] = [c.item() for p in parts for c in consts[p].reshape(-1)]
+            else:
+                raise InputError(f"{where} {outs[0]}: a tensor-valued {slot} is not supported")
+            continue
+        if type_ == "reshape2" and name not in consts:
+            slot_ins["Shape"] = [name]
+            continue
+        if name not in consts:
+            raise InputError(f"{where} {outs[0]}: a tensor-valued {slot} is not supported")
+        c = consts[name].reshape(-1)
+        legacy[slot] = c.item() if slot in ("axis", "scale", "dropout_prob") else c.tolist()
+    return Op(type_, slot_ins, {_PIR_OUTPUT.get(type_, "Out"): [outs[0]]}, legacy)
+
+
 def read_params(prog: paddle_program.Program, io_: paddle_program.ProgramIO) -> dict[str, np.ndarray]:
     """Every persistable variable's value, by name, from the params file (checked first: check_params)."""
     paddle_program.check_params(prog, io_)
@@ -118,10 +259,19 @@ def key(name: str) -> str:
 
 
 def build(paddle: Any, prefix: Path) -> Any:
-    """The layer over `<prefix>.pdmodel` + `<prefix>.pdiparams` (a legacy program, e.g. an import's legacy/)."""
-    prog = paddle_program.Program(Path(f"{prefix}.pdmodel"), Path(f"{prefix}.pdiparams"))
+    """The layer over `<prefix>.pdmodel` + `<prefix>.pdiparams` (a legacy program, e.g. an import's legacy/), or
+    over `<prefix>.json` + `<prefix>.pdiparams` when there is no .pdmodel (a PIR program, e.g. a PaddleOCR 3.x
+    export's inference.json, or an import's model.json)."""
+    legacy = Path(f"{prefix}.pdmodel")
+    program = legacy if legacy.is_file() else Path(f"{prefix}.json")
+    prog = paddle_program.Program(program, Path(f"{prefix}.pdiparams"))
     io_ = paddle_program.read(prog)
-    ops, feeds, fetches = read_ops(prog.program)
+    if prog.format == "legacy":
+        ops, feeds, fetches = read_ops(prog.program)
+    else:
+        ops, feeds, fetches, params = read_pir_ops(prog.program)
+        if set(params) != {p.name for p in io_.params}:
+            raise InputError(f"{prog.program}: its parameter ops and its declared parameters differ")
     unknown = sorted({o.type for o in ops} - set(_OPS))
     if unknown:
         raise InputError(f"{prog.program}: pipe train cannot run op(s) {', '.join(unknown)} of this program "
@@ -318,7 +468,12 @@ def _concat(paddle: Any, op: Op, env: dict[str, Any], training: bool) -> None:
     env[op.out()] = paddle.concat([_tensor(paddle, env[n]) for n in op.ins["X"]], axis=int(op.attrs.get("axis", 0)))
 
 
+def _constant(paddle: Any, op: Op, env: dict[str, Any], training: bool) -> None:
+    env[op.out()] = op.attrs["value"]  # a PIR full/full_int_array, as fill_constant: numpy until an op takes it
+
+
 _OPS: dict[str, Callable[..., None]] = {
+    "constant": _constant,
     "elementwise_add": _elementwise("add"), "elementwise_mul": _elementwise("multiply"),
     "elementwise_sub": _elementwise("subtract"), "elementwise_div": _elementwise("divide"),
     "conv2d": _conv, "depthwise_conv2d": _conv, "batch_norm": _batch_norm, "layer_norm": _layer_norm,

@@ -4,7 +4,7 @@
 
 A source is a `.safetensors` or `.pdparams` state dict, an earlier run's `train/` artifact (verified
 first, then its `model.safetensors`), or a `pipe import`'s export artifact (kind `program`: the imported
-program itself becomes the model, pipeline/program_layer.py; stages/train.py builds it, not `apply`). Tensors are matched by name to the built model's `state_dict()`;
+program itself, legacy or PIR, becomes the model, pipeline/program_layer.py; stages/train.py builds it, not `apply`). Tensors are matched by name to the built model's `state_dict()`;
 one whose shape differs (a new classifier head for another class count), or whose dtype differs where
 either side is not floating point, keeps its fresh init. `model.init_strict` refuses any difference.
 
@@ -68,18 +68,25 @@ def source(spec: str) -> Source:
 
 def _program(art: artifacts.Artifact) -> Source:
     """An export artifact as `model.init`: a pipe import (someone's exported program, e.g. PP-OCRv4 rec) whose
-    legacy program pipe train runs as a layer (pipeline/program_layer.py). pipe's own exports are refused: their
-    train artifact is the better start."""
+    program, legacy or PIR (`program_files`), pipe train runs as a layer (pipeline/program_layer.py). pipe's own
+    exports are refused: their train artifact is the better start."""
     where = f"model.init {art.path}"
     lineage = art.manifest.get("source") or {}
-    legacy = art.manifest.get("legacy") or {}
     if lineage.get("kind") not in ("import", "finetune"):
         raise InputError(f"{where}: a pipe export of a model pipe trained; fine-tune from its train/ artifact "
                          f"(the export's lineage names it)")
-    if legacy.get("format") != "legacy":
-        raise InputError(f"{where}: imported from a PIR program; pipe train fine-tunes a legacy program "
-                         f"(<prefix>.pdmodel): {legacy.get('reason', 'none here')}")
-    return Source(art.path, "program", art.file(legacy["params"]), art.manifest_sha256, art.manifest)
+    _, params = program_files(art.manifest)
+    return Source(art.path, "program", art.file(params), art.manifest_sha256, art.manifest)
+
+
+def program_files(manifest: dict[str, Any]) -> tuple[str, str]:
+    """(program, params) of an import's export artifact that pipe train runs as a layer: the legacy program
+    when the import has one (`legacy/model.pdmodel`), else the PIR program it was imported from, copied as
+    given (`model.json`: a PaddleOCR 3.x / PaddleX 3 export's inference.json)."""
+    legacy = manifest.get("legacy") or {}
+    if legacy.get("format") == "legacy":
+        return str(legacy["model"]), str(legacy["params"])
+    return "model.json", "model.pdiparams"
 
 
 def apply(paddle: Any, net: Any, src: Source, strict: bool, emit: Emit) -> dict[str, Any]:

@@ -141,7 +141,7 @@ def _export_program(cfg: RunConfig, src: artifacts.Artifact, train_cfg: RunConfi
     ONNX as the import made it (`--onnx` also asks for it)."""
     import tempfile
 
-    from pipeline import paddle_program, program_layer
+    from pipeline import paddle_program, program_layer, weights
     from stages import import_
 
     init = src.manifest["init"]
@@ -153,8 +153,8 @@ def _export_program(cfg: RunConfig, src: artifacts.Artifact, train_cfg: RunConfi
     if imp.manifest_sha256 != init["manifest_sha256"]:
         raise InputError(f"{src.path}: fine-tuned from {imp.path}, which has changed since (manifest sha256 "
                          f"{imp.manifest_sha256[:12]}, trained from {init['manifest_sha256'][:12]})")
-    legacy = imp.manifest["legacy"]
-    prog = paddle_program.Program(imp.file(legacy["model"]), imp.file(legacy["params"]))
+    program, params = weights.program_files(imp.manifest)  # the legacy program, or the PIR one it came as
+    prog = paddle_program.Program(imp.file(program), imp.file(params))
     io_ = paddle_program.read(prog)
     paddle = runtime.import_paddle(runtime.threads_per_process(1))
     trained = runtime.load_safetensors(paddle, src.file("model.safetensors"))
@@ -173,7 +173,7 @@ def _export_program(cfg: RunConfig, src: artifacts.Artifact, train_cfg: RunConfi
     keys = [n for n in task.files(task.info_of(iface)) if n in imp.manifest["files"]]  # ocr_rec: keys.txt
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".pipe-finetuned-", dir=out_dir.parent) as tmp:
-        shutil.copyfile(prog.program, Path(tmp) / "model.pdmodel")
+        shutil.copyfile(prog.program, Path(tmp) / f"model{prog.program.suffix}")  # .pdmodel or PIR's .json
         program_layer.write_params(prog.params, Path(tmp) / "model.pdiparams", values, io_)
         icfg = dataclasses.replace(train_cfg.import_, task=str(task_rec.get("spec") or ""),
                                    keys=str(imp.file(keys[0])) if keys else "",

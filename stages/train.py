@@ -544,7 +544,7 @@ class _Trainer:
         self.general = self.task.load_data(general_cfg, self.info)
         paddle.seed(t.seed)
         np.random.seed(t.seed)
-        net = program_layer.build(paddle, init.path / Path(init.manifest["legacy"]["model"]).with_suffix(""))
+        net = program_layer.build(paddle, init.path / Path(weights.program_files(init.manifest)[0]).with_suffix(""))
         feed = net.feeds[0]
         self.call = models.calling(net, (feed,), where)
         self.outputs = models.Outputs("tensor", (self.task.OUTPUT,), "")

@@ -134,6 +134,23 @@ def ppocr_rec_export(tmp_path_factory, rec_src, keys) -> Path:
 
 
 @pytest.fixture(scope="session")
+def rec_pir_src(tmp_path_factory, ppocr_rec_export, keys) -> Path:
+    """PP-OCRv4 rec as a PIR program only (PaddleOCR 3.x's layout), once per session."""
+    from pipeline import pretrained
+
+    return pretrained.paddleocr3_layout(ppocr_rec_export, tmp_path_factory.mktemp("ppocr-pir") / "PP-OCRv4_rec_pir",
+                                        pretrained.rec_yml(keys))
+
+
+@pytest.fixture(scope="session")
+def ppocr_rec_pir_export(tmp_path_factory, rec_pir_src) -> Path:
+    """`pipe import` of that PIR program, once per session; tests only read it."""
+    out = tmp_path_factory.mktemp("ppocr-pir") / "export"
+    assert main(["import", str(rec_pir_src), "--out", str(out), "--no-onnx", *OCR_LINES]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
 def det_src(ppocr) -> Path:
     from pipeline import pretrained
 

@@ -29,8 +29,8 @@ def lines() -> np.ndarray:
     return np.random.default_rng(0).uniform(-1, 1, (2, 3, 48, 320)).astype(np.float32)
 
 
-def _inference(prefix: Path, x: np.ndarray) -> np.ndarray:
-    eng = paddle_engine.load([prefix.with_suffix(".pdmodel"), prefix.with_suffix(".pdiparams")], threads=1)
+def _inference(prefix: Path, x: np.ndarray, program: str = ".pdmodel") -> np.ndarray:
+    eng = paddle_engine.load([prefix.with_suffix(program), prefix.with_suffix(".pdiparams")], threads=1)
     return eng.run({eng.inputs[0]: x})[eng.outputs[0]]
 
 
@@ -84,3 +84,97 @@ def test_an_op_it_cannot_run_is_refused_in_one_line(prefix, tmp_path, monkeypatc
     with pytest.raises(InputError, match=r"inference.pdmodel: pipe train cannot run op\(s\) layer_norm of this "
                                          r"program"):
         program_layer.build(paddle, prefix)
+
+
+# ------------------------------------------------------------------ a PIR program (PaddleOCR 3.x's inference.json)
+
+
+def test_a_pir_program_is_the_same_trainable_layer(rec_pir_src, prefix, lines):
+    """PP-OCRv4 rec as PaddleOCR 3.x ships its models (inference.json, read with json.loads): Paddle Inference's
+    output on that program, the legacy layer's output to the bit, the same parameters by name, and a gradient in
+    every weight."""
+    paddle = runtime.import_paddle(1)
+    pir = program_layer.build(paddle, rec_pir_src / "inference")
+    legacy = program_layer.build(paddle, prefix)
+    assert pir.feeds == legacy.feeds == ["x"]
+    assert sorted(pir.state_dict()) == sorted(legacy.state_dict())
+    assert len(pir.parameters()) == 222 and len(pir.buffers()) == 12
+    pir.eval()
+    legacy.eval()
+    with paddle.no_grad():
+        got = pir(paddle.to_tensor(lines)).numpy()
+        same = legacy(paddle.to_tensor(lines)).numpy()
+    ref = _inference(rec_pir_src / "inference", lines, ".json")
+    assert got.shape == ref.shape == (2, 40, 6625)
+    assert np.abs(got - ref).max() < 1e-4  # measured 4.1e-6, as the legacy layer against its program
+    assert (got == same).all()  # the same ops with the same kernels: PIR's bias reshape + add is legacy's axis add
+    pir.train()
+    pir(paddle.to_tensor(lines)).max(-1).mean().backward()
+    assert all(p.grad is not None and float(p.grad.abs().sum()) > 0 for p in pir.parameters())
+
+
+def test_pir_params_are_what_paddle_loads(rec_pir_src):
+    """The params file's tensors, by name in the program's sorted order, equal to the bit what Paddle's own
+    load_inference_model of the PIR program puts in its scope."""
+    paddle = runtime.import_paddle(1)
+    prog = paddle_program.Program(rec_pir_src / "inference.json", rec_pir_src / "inference.pdiparams")
+    mine = program_layer.read_params(prog, paddle_program.read(prog))
+    paddle.enable_static()
+    try:
+        scope = paddle.static.Scope()
+        with paddle.static.scope_guard(scope), paddle.pir_utils.IrGuard():
+            paddle.static.load_inference_model(str(rec_pir_src / "inference"), paddle.static.Executor(paddle.CPUPlace()))
+            theirs = {n: np.array(scope.find_var(n).get_tensor()) for n in scope.local_var_names()}
+    finally:
+        paddle.disable_static()
+    assert set(theirs) == set(mine) and len(mine) == 234
+    assert all(theirs[n].dtype == mine[n].dtype and (theirs[n] == mine[n]).all() for n in mine)
+
+
+def test_a_pir_op_it_cannot_run_is_refused_in_one_line(rec_pir_src, tmp_path):
+    paddle = runtime.import_paddle(1)
+    src = tmp_path / "gelu"
+    src.mkdir()
+    shutil.copyfile(rec_pir_src / "inference.pdiparams", src / "inference.pdiparams")
+    text = (rec_pir_src / "inference.json").read_text()
+    assert text.count('"#":"1.swish"') + text.count('"#": "1.swish"') > 0
+    (src / "inference.json").write_text(text.replace('"1.swish"', '"1.gelu"'))  # a program using an op not covered
+    with pytest.raises(InputError, match=r"^\S+inference.json: pipe train cannot run op\(s\) pd_op.gelu of this program "
+                                         r"\(it runs \d+ pd_op types: pipeline/program_layer.py\)$"):
+        program_layer.build(paddle, src / "inference")
+
+
+@pytest.mark.parametrize("case", ["truncated", "flipped", "missing"])
+def test_a_bad_pir_params_file_is_refused_in_one_line(case, rec_pir_src, tmp_path):
+    paddle = runtime.import_paddle(1)
+    src = tmp_path / case
+    src.mkdir()
+    shutil.copyfile(rec_pir_src / "inference.json", src / "inference.json")
+    data = (rec_pir_src / "inference.pdiparams").read_bytes()
+    if case == "truncated":
+        (src / "inference.pdiparams").write_bytes(data[:-100])
+    elif case == "flipped":  # a byte of the first tensor's header: its dtype no longer reads as the program's
+        (src / "inference.pdiparams").write_bytes(data[:20] + bytes([data[20] ^ 0xFF]) + data[21:])
+    with pytest.raises(InputError) as e:
+        program_layer.build(paddle, src / "inference")
+    msg = str(e.value)
+    assert msg.startswith(str(src / "inference.pdiparams")) and "\n" not in msg, msg
+
+
+def test_the_other_pir_models_run_or_are_refused_by_name(cls_src, det_src, tmp_path):
+    """PP-OCR's text-line classifier translated to PIR runs as a layer within Paddle Inference's noise; the
+    detector is refused naming the two ops this does not run (its upsampling as tile, its transposed convs)."""
+    paddle = runtime.import_paddle(1)
+    for src, name in ((cls_src, "cls"), (det_src, "det")):
+        (tmp_path / name).mkdir()
+        paddle_program.translate_to_pir(paddle, src / "inference", tmp_path / name / "inference")
+    x = np.random.default_rng(0).uniform(-1, 1, (3, 3, 48, 192)).astype(np.float32)
+    layer = program_layer.build(paddle, tmp_path / "cls" / "inference")
+    layer.eval()
+    with paddle.no_grad():
+        got = layer(paddle.to_tensor(x)).numpy()
+    ref = _inference(tmp_path / "cls" / "inference", x, ".json")
+    assert got.shape == ref.shape == (3, 2) and np.abs(got - ref).max() < 1e-4  # measured 8.3e-7
+    with pytest.raises(InputError, match=r"det/inference.json: pipe train cannot run op\(s\) pd_op.conv2d_transpose, "
+                                         r"pd_op.tile of this program"):
+        program_layer.build(paddle, tmp_path / "det" / "inference")

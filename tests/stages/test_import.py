@@ -10,7 +10,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 
 from pipeline import artifacts, paddle_program, pretrained
 from pipeline.tasks import ocr_rec
@@ -85,15 +84,8 @@ def _data_cfg(manifest):
 def test_a_pir_program_with_inference_yml_needs_no_task_or_keys(imported, tmp_path, cli, keys):
     """PaddleX 3 / PaddleOCR 3 layout: inference.json + inference.pdiparams + inference.yml (CTCLabelDecode with
     its character_dict): --task and --keys come from the yml; there is no legacy program."""
-    src = tmp_path / "PP-OCRv4_rec_pir"
-    src.mkdir()
-    shutil.copyfile(imported / "model.json", src / "inference.json")
-    shutil.copyfile(imported / "model.pdiparams", src / "inference.pdiparams")
+    src = pretrained.paddleocr3_layout(imported, tmp_path / "PP-OCRv4_rec_pir", pretrained.rec_yml(keys))
     chars = keys.read_text(encoding="utf-8").splitlines()
-    (src / "inference.yml").write_text(yaml.safe_dump(
-        {"Global": {"model_name": "PP-OCRv4_mobile_rec"},
-         "PreProcess": {"transform_ops": [{"RecResizeImg": {"image_shape": [3, 48, 320]}}]},
-         "PostProcess": {"name": "CTCLabelDecode", "character_dict": chars}}, allow_unicode=True), encoding="utf-8")
     out = tmp_path / "export"
     code, _, err = cli("import", src, "--out", out, "--no-onnx", *LINES)
     assert code == 0, err
