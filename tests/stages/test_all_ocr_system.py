@@ -63,3 +63,19 @@ def test_a_system_without_a_recognizer_is_refused_before_anything_runs(tmp_path,
     err = capsys.readouterr().err
     assert "system: an OCR system needs system.det and system.rec" in err and len(err.strip().splitlines()) == 1
     assert not run.exists()
+
+
+def test_the_example_system_is_int8_where_compress_takes_the_part_and_an_fp32_route_stays():
+    """examples/ppocr_system.yaml: det and rec compressed (OpenVINO's NNCF route, each judged by its own metric),
+    cls fp32 (pipe compress does not take ocr_cls); examples/ppocr_system_fp32.yaml: every part without compress."""
+    from pipeline import config as config_mod
+
+    repo = Path(__file__).resolve().parents[2]
+    for name, int8 in (("ppocr_system.yaml", {"det", "rec"}), ("ppocr_system_fp32.yaml", set())):
+        system = config_mod.load(repo / "examples" / name).system
+        parts = {role: config_mod.load(repo / getattr(system, role)) for role in ("det", "cls", "rec")}
+        assert {role for role, c in parts.items() if c.compress.int8} == int8, name
+        assert {c.import_.task for c in parts.values()} == {"ocr_det", "ocr_cls", "ocr_rec"}
+        for role in int8:
+            assert parts[role].compress.backend == "openvino" and parts[role].release.engine == "openvino"
+            assert parts[role].compress.max_drop == 1.0
