@@ -19,7 +19,10 @@ The parts run at the det settings the detector was imported with (PaddleOCR's si
 crops at `system_unclip_ratio` 2.0). RapidOCR runs twice: at its defaults (det limit 736 'min'), and at its
 defaults but pipe's det side limit, the peer issue 32's goal rows compare against.
 
-    python -m pipeline.bench.ocr_served [--quick] bench/OCR_SERVED.md
+    python -m pipeline.bench.ocr_served [--quick] [--int8-run=RUN] bench/OCR_SERVED.md
+
+`--int8-run=RUN`: the int8 system's pipe all run folder (pipe all reuses what it already built there; default: a
+new one in the bench's temp dir).
 """
 
 from __future__ import annotations
@@ -52,19 +55,21 @@ INT8 = "int8"  # the int8 system's key among the systems: examples/ppocr_system.
 FP32 = "openvino"  # the fp32 system it is compared with: every part on OpenVINO, examples/ppocr_system_fp32.yaml's
 
 
-def rows(quick: bool) -> list[Row]:
+def rows(quick: bool, int8_run: Path | None = None) -> list[Row]:
+    """The rows; `int8_run`: the int8 system's `pipe all` run folder (reused where pipe all's cache holds it),
+    else one in this bench's temp dir, built from nothing."""
     pages = 12 if quick else 40
     with tempfile.TemporaryDirectory(prefix="pipe-bench-ocr-served-") as tmp:
         out = Path(tmp)
         failed = ocr_system_bench.import_parts(out, pages, "OCR system served")
         if failed:
             return [failed]
-        measured = measure(out, ENGINES[:2] if quick else ENGINES, int8=True)
+        measured = measure(out, ENGINES[:2] if quick else ENGINES, int8=True, int8_run=int8_run)
     return _rows(measured)
 
 
 def measure(root: Path, engines: tuple[str, ...] = ENGINES, limit: int | None = None,
-            int8: bool = False) -> dict[str, Any]:
+            int8: bool = False, int8_run: Path | None = None) -> dict[str, Any]:
     """Each engine's system package served (and, with `int8`, the int8 system `pipe all` of
     examples/ppocr_system.yaml builds), then RapidOCR, on the det import's test pages (the first `limit`)."""
     from pipeline.tasks import ocr_det
@@ -75,22 +80,24 @@ def measure(root: Path, engines: tuple[str, ...] = ENGINES, limit: int | None = 
     out: dict[str, Any] = {"pages": len(test), "systems": {}, "cores": os.cpu_count()}
     builds = {engine: ["package", str(root / "det"), str(root / "cls"), str(root / "rec"), "--engine", engine,
                        "--no-triton", "--out", str(root / f"system-{engine}")] for engine in engines}
+    int8_run = Path(int8_run or root / "int8")
     if int8:
-        builds[INT8] = ["all", "--config", str(_REPO / "examples" / "ppocr_system.yaml"), "--run", str(root / "int8")]
+        builds[INT8] = ["all", "--config", str(_REPO / "examples" / "ppocr_system.yaml"), "--run", str(int8_run)]
     for name, cmd in builds.items():
         t0 = time.perf_counter()
         r = subprocess.run([sys.executable, "-m", "pipeline.cli", *cmd], capture_output=True, text=True, cwd=_REPO)
+        built = time.perf_counter() - t0
         if r.returncode != 0:
             out["systems"][name] = {"error": f"pipe {cmd[0]} failed ({r.returncode}): {r.stderr.strip()[-200:]}"}
             continue
-        package = root / "int8" / "ocr_system" if name == INT8 else Path(cmd[-1])
+        package = int8_run / "ocr_system" if name == INT8 else Path(cmd[-1])
         got = _served(package, bodies, root / f"serve-{name}.log")
         if "error" in got:
             out["systems"][name] = got
             continue
         answers = got.pop("answers")
         out["systems"][name] = {**ocr_system.end_to_end(answers, test.polys, test.texts), **got,
-                                "parts": _parts(package), "build_s": time.perf_counter() - t0}
+                                "parts": _parts(package), "build_s": built}
     out["lines"] = sum(len([t for t in page if t != "###"]) for page in test.texts)
     out["rapidocr"] = _rapidocr(test)
     out["rapidocr_same_limit"] = _rapidocr(test, {"det_limit_side_len": int(info.settings["limit_side_len"]),
@@ -219,7 +226,7 @@ def _rows(m: dict[str, Any]) -> list[Row]:
         what = f"OCR system served (`pipe serve` /v1/ocr, one package, every part on {engine}), {n} generated pages"
         if engine == INT8:
             what = (f"int8 OCR system served (`pipe all` of examples/ppocr_system.yaml, then `pipe serve` /v1/ocr: "
-                    f"{v.get('parts', 'not built')}), {n} generated pages")
+                    f"{v.get('parts', 'not built')}; pipe all {v.get('build_s', 0):.0f} s), {n} generated pages")
         if "error" in v:
             out.append((what, v["error"], "", "**failed**"))
             continue
@@ -273,5 +280,6 @@ if __name__ == "__main__":
     from pipeline import bench
 
     quick = "--quick" in sys.argv
+    int8_run = next((Path(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--int8-run=")), None)
     out_file = Path(next((a for a in sys.argv[1:] if not a.startswith("--")), "bench/OCR_SERVED.md"))
-    bench._write(out_file, rows(quick), quick)
+    bench._write(out_file, rows(quick, int8_run), quick)
