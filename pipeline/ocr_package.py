@@ -106,7 +106,7 @@ def compose(cfg: Any, dirs: list[Path], out_dir: Path, drop_score: float = ocr_s
         (w.dir / "README.md").write_text(_readme(parts, variants, system), encoding="utf-8")
         w.metrics = {**{k: v for k, v in measured.items() if k != "on"},
                      **{f"{role}_engine": p.engine for role, p in parts.items()},
-                     **{f"{role}_precision": p.precision for role, p in parts.items()}}
+                     **{f"{role}_variant": variants[role] for role in parts}}  # not _precision: det_precision is det's
         w.extra = {"system": "ocr", "parts": {role: {"name": p.name, "engine": p.engine, "precision": p.precision,
                                                      "variant": variants[role], "manifest_sha256": p.manifest_sha256}
                                               for role, p in parts.items()}}

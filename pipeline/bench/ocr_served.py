@@ -78,11 +78,11 @@ def measure(root: Path, engines: tuple[str, ...] = ENGINES, limit: int | None = 
     info = ocr_det.info_of(artifacts.verify(root / "det", ("export",)).manifest["interface"])
     bodies = [json.dumps({"images": [_png_b64(im)]}).encode() for im in test.images]
     out: dict[str, Any] = {"pages": len(test), "systems": {}, "cores": os.cpu_count()}
-    builds = {engine: ["package", str(root / "det"), str(root / "cls"), str(root / "rec"), "--engine", engine,
-                       "--no-triton", "--out", str(root / f"system-{engine}")] for engine in engines}
     int8_run = Path(int8_run or root / "int8")
-    if int8:
-        builds[INT8] = ["all", "--config", str(_REPO / "examples" / "ppocr_system.yaml"), "--run", str(int8_run)]
+    builds = {INT8: ["all", "--config", str(_REPO / "examples" / "ppocr_system.yaml"), "--run", str(int8_run)]} \
+        if int8 else {}
+    builds.update({engine: ["package", str(root / "det"), str(root / "cls"), str(root / "rec"), "--engine", engine,
+                            "--no-triton", "--out", str(root / f"system-{engine}")] for engine in engines})
     for name, cmd in builds.items():
         t0 = time.perf_counter()
         r = subprocess.run([sys.executable, "-m", "pipeline.cli", *cmd], capture_output=True, text=True, cwd=_REPO)
@@ -222,7 +222,7 @@ def _speed(v: dict[str, float]) -> str:
 def _rows(m: dict[str, Any]) -> list[Row]:
     n, c = m["pages"], f"c{CONCURRENCY}"
     out: list[Row] = []
-    for engine, v in m["systems"].items():
+    for engine, v in sorted(m["systems"].items(), key=lambda kv: kv[0] == INT8):  # the int8 system after fp32's
         what = f"OCR system served (`pipe serve` /v1/ocr, one package, every part on {engine}), {n} generated pages"
         if engine == INT8:
             what = (f"int8 OCR system served (`pipe all` of examples/ppocr_system.yaml, then `pipe serve` /v1/ocr: "

@@ -1,6 +1,7 @@
 """The int8 OCR system (issue 49) on the real PP-OCRv4 models (the session's small imports): det and rec compressed
-to int8 (OpenVINO + NNCF; det judged by hmean, rec by line accuracy, its budget opened here: 18 test lines are too
-few to judge a point, which `make bench` measures on 40 pages), each packaged as its openvino-int8 variant, the
+to int8 (OpenVINO + NNCF; det judged by hmean, rec by line accuracy, its budgets opened here: 18 test lines are too
+few to judge a point, which `make bench` measures on 40 pages; one such run's rec agreed 0.9707 per character with
+fp32, under the default min_agreement 0.99), each packaged as its openvino-int8 variant, the
 fp32 cls beside them, composed by `pipe package`; the system's manifest, README and `pipe serve`'s startup line
 say each part's precision, variant and engine; /v1/ocr answers as the same packages read pages in-process."""
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from pipeline import artifacts, ocr_package, ocr_system
 from pipeline.cli import main
@@ -24,7 +26,7 @@ QUICK = ["--set", "compress.latency_runs=3", "--set", "compress.throughput_runs=
 def package(ppocr_det_int8, ppocr_cls_export, ppocr_rec_export, tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("ocr-int8-system")
     assert main(["compress", str(ppocr_rec_export), "--int8", "--backend", "openvino", "--out", str(d / "rec-int8"),
-                 "--set", "compress.max_drop=20", *QUICK]) == 0
+                 "--set", "compress.max_drop=20", "--set", "compress.min_agreement=0.9", *QUICK]) == 0
     for role, src in (("det", ppocr_det_int8), ("rec", d / "rec-int8")):
         assert main(["package", str(src), "--variant", "openvino-int8", "--no-triton", "--out", str(d / role)]) == 0
     assert main(["package", str(ppocr_cls_export), "--engine", "openvino", "--no-triton", "--out", str(d / "cls")]) == 0
@@ -50,7 +52,9 @@ def test_the_manifest_and_readme_record_each_parts_precision_variant_and_engine(
         assert (part["precision"], part["variant"], part["engine"]) == (precision, variant, "openvino"), part
         assert (shipped["precision"], shipped["metrics"]["variant"], shipped["engine"]) == \
             (part["precision"], part["variant"], part["engine"])  # what the part's own package says
-        assert m["metrics"][f"{role}_precision"] == precision and m["metrics"][f"{role}_engine"] == "openvino"
+        assert m["metrics"][f"{role}_variant"] == variant and m["metrics"][f"{role}_engine"] == "openvino"
+    assert m["metrics"]["det_precision"] == yaml.safe_load((package / ocr_package.SYSTEM_FILE).read_text())[
+        "measured"]["det_precision"]  # the detection's precision, a number, not the part's int8
     readme = (package / "README.md").read_text(encoding="utf-8")
     for role, (precision, variant) in want.items():
         assert f"| {role} | `{m['parts'][role]['name']}` | ocr_{role} | {precision} | {variant} | openvino |" in readme
