@@ -46,6 +46,7 @@ class SystemSpec:
     doc: dict[str, Any]
     parts: dict[str, Any]  # role -> pipeline.serving.spec.Spec
     manifest_sha256: str
+    variants: dict[str, str] = dataclasses.field(default_factory=dict)  # role -> the part's packaged variant
 
     @property
     def drop_score(self) -> float:
@@ -101,11 +102,13 @@ def compose(cfg: Any, dirs: list[Path], out_dir: Path, drop_score: float = ocr_s
         system = {"schema": SCHEMA, "system": "ocr", "parts": {role: role for role in parts},
                   "drop_score": drop_score, "measured": measured}
         (w.dir / SYSTEM_FILE).write_text(yaml.safe_dump(system, sort_keys=False), encoding="utf-8")
-        (w.dir / "README.md").write_text(_readme(parts, system), encoding="utf-8")
+        variants = {role: _variant(p) for role, p in parts.items()}
+        (w.dir / "README.md").write_text(_readme(parts, variants, system), encoding="utf-8")
         w.metrics = {**{k: v for k, v in measured.items() if k != "on"},
-                     **{f"{role}_engine": p.engine for role, p in parts.items()}}
+                     **{f"{role}_engine": p.engine for role, p in parts.items()},
+                     **{f"{role}_variant": variants[role] for role in parts}}  # not _precision: det_precision is det's
         w.extra = {"system": "ocr", "parts": {role: {"name": p.name, "engine": p.engine, "precision": p.precision,
-                                                     "manifest_sha256": p.manifest_sha256}
+                                                     "variant": variants[role], "manifest_sha256": p.manifest_sha256}
                                               for role, p in parts.items()}}
     return Path(out_dir)
 
@@ -137,7 +140,15 @@ def load(path: Path) -> SystemSpec:
         if p.task.name != want[role]:
             raise InputError(f"{path / role / 'serving.yaml'}: a {p.task.name} package in the {role} folder "
                              f"(needs {want[role]})")
-    return SystemSpec(path, doc, parts, art.manifest_sha256)
+    recorded = art.manifest.get("parts") or {}  # a system composed before variants were recorded: ''
+    variants = {role: str((recorded.get(role) or {}).get("variant") or "") for role in parts}
+    return SystemSpec(path, doc, parts, art.manifest_sha256, variants)
+
+
+def describe(system: SystemSpec) -> str:
+    """Each part's precision, variant and engine in one line, e.g. `det int8 (openvino-int8 on openvino), ...`."""
+    return ", ".join(f"{role} {p.precision} ({system.variants.get(role) or '?'} on {p.engine})"
+                     for role, p in system.parts.items())
 
 
 def measure(parts: dict[str, Any], drop_score: float) -> dict[str, Any]:
@@ -197,9 +208,15 @@ def _runner(spec: Any, threads: int) -> ocr_system.Run:
     return run_
 
 
-def _readme(parts: dict[str, Any], system: dict[str, Any]) -> str:
+def _variant(spec: Any) -> str:
+    """The variant a part's package shipped (`pipe package`'s metrics.variant: e.g. openvino-int8, export-legacy)."""
+    return str(artifacts.verify(spec.dir, ("package",)).manifest.get("metrics", {}).get("variant") or "")
+
+
+def _readme(parts: dict[str, Any], variants: dict[str, str], system: dict[str, Any]) -> str:
     m = system["measured"]
-    rows = "\n".join(f"| {role} | `{p.name}` | {p.task.name} | {p.engine} | {p.precision} |" for role, p in parts.items())
+    rows = "\n".join(f"| {role} | `{p.name}` | {p.task.name} | {p.precision} | {variants[role]} | {p.engine} |"
+                     for role, p in parts.items())
     return f"""# OCR system: {', '.join(parts)}
 
 Serve it: `pipe serve .` (127.0.0.1:8000), then
@@ -211,8 +228,8 @@ answers `{{"pages": [[{{"points": [[x, y] x 4], "text": "...", "score": 0.99}}, 
 order, points in the page's own pixels, lines scoring below {system['drop_score']} dropped. Each part also answers on
 its own: `/v1/models/<det|cls|rec>/predict` and the Open Inference Protocol's `/v2/models/<name>/infer`.
 
-| part | model | task | engine | precision |
-|---|---|---|---|---|
+| part | model | task | precision | variant | engine |
+|---|---|---|---|---|---|
 {rows}
 
 Measured when packaged, in-process on this package's engines, {m['on']}: {m['e2e_acc']:.1%} of {m['lines']} lines

@@ -166,6 +166,16 @@ def ppocr_det_export(tmp_path_factory, det_src) -> Path:
 
 
 @pytest.fixture(scope="session")
+def ppocr_det_int8(tmp_path_factory, ppocr_det_export) -> Path:
+    """`pipe compress --int8 --backend openvino` of the session's detector import (NNCF, hmean-judged), once per
+    session, timed briefly (timing only orders the variants); tests only read it."""
+    out = tmp_path_factory.mktemp("ocr-det-int8") / "compress"
+    assert main(["compress", str(ppocr_det_export), "--int8", "--backend", "openvino", "--out", str(out),
+                 "--set", "compress.latency_runs=3", "--set", "compress.throughput_runs=2"]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
 def cls_src(ppocr) -> Path:
     from pipeline import pretrained
 

@@ -2,6 +2,11 @@
 det, ch_ppocr_mobile_v2 cls and PP-OCRv4 rec, imported) against RapidOCR 1.4.4 whole (rapidocr-onnxruntime: the same
 weights as ONNX, in-process at its defaults, page by page), on the same generated pages in this one run.
 
+The int8 system (issue 49) is the one `pipe all --config examples/ppocr_system.yaml` builds (det and rec compressed
+to int8 by OpenVINO + NNCF, each judged by its own metric on its own generated data, cls fp32; every part on
+OpenVINO), built in this run and served the same way on the same pages; its row is compared with the fp32 system
+on OpenVINO (what examples/ppocr_system_fp32.yaml builds): pages/s at concurrency 8 and end-to-end accuracy.
+
 Per system package (every part on one engine, `pipe package --engine E`): the server started as a user starts it
 (`pipe serve PACKAGE`, its defaults: one predictor per part, threads (cores - 1) / predictors), every page sent once
 untimed (a shape's first run), then each page alone, one client (concurrency 1: p50/p99 seconds per page,
@@ -14,7 +19,10 @@ The parts run at the det settings the detector was imported with (PaddleOCR's si
 crops at `system_unclip_ratio` 2.0). RapidOCR runs twice: at its defaults (det limit 736 'min'), and at its
 defaults but pipe's det side limit, the peer issue 32's goal rows compare against.
 
-    python -m pipeline.bench.ocr_served [--quick] bench/OCR_SERVED.md
+    python -m pipeline.bench.ocr_served [--quick] [--int8-run=RUN] bench/OCR_SERVED.md
+
+`--int8-run=RUN`: the int8 system's pipe all run folder (pipe all reuses what it already built there; default: a
+new one in the bench's temp dir).
 """
 
 from __future__ import annotations
@@ -43,41 +51,53 @@ _REPO = Path(__file__).resolve().parents[2]
 _PEER = ocr_system_bench._PEER
 ENGINES = ("onnxruntime", "openvino", "paddle")
 CONCURRENCY = 8
+INT8 = "int8"  # the int8 system's key among the systems: examples/ppocr_system.yaml through pipe all
+FP32 = "openvino"  # the fp32 system it is compared with: every part on OpenVINO, examples/ppocr_system_fp32.yaml's
 
 
-def rows(quick: bool) -> list[Row]:
+def rows(quick: bool, int8_run: Path | None = None) -> list[Row]:
+    """The rows; `int8_run`: the int8 system's `pipe all` run folder (reused where pipe all's cache holds it),
+    else one in this bench's temp dir, built from nothing."""
     pages = 12 if quick else 40
     with tempfile.TemporaryDirectory(prefix="pipe-bench-ocr-served-") as tmp:
         out = Path(tmp)
         failed = ocr_system_bench.import_parts(out, pages, "OCR system served")
         if failed:
             return [failed]
-        measured = measure(out, ENGINES[:2] if quick else ENGINES)
+        measured = measure(out, ENGINES[:2] if quick else ENGINES, int8=True, int8_run=int8_run)
     return _rows(measured)
 
 
-def measure(root: Path, engines: tuple[str, ...] = ENGINES, limit: int | None = None) -> dict[str, Any]:
-    """Each engine's system package served, then RapidOCR, on the det import's test pages (the first `limit`)."""
+def measure(root: Path, engines: tuple[str, ...] = ENGINES, limit: int | None = None,
+            int8: bool = False, int8_run: Path | None = None) -> dict[str, Any]:
+    """Each engine's system package served (and, with `int8`, the int8 system `pipe all` of
+    examples/ppocr_system.yaml builds), then RapidOCR, on the det import's test pages (the first `limit`)."""
     from pipeline.tasks import ocr_det
 
     _, test = ocr_system_bench._imports(root, limit)
     info = ocr_det.info_of(artifacts.verify(root / "det", ("export",)).manifest["interface"])
     bodies = [json.dumps({"images": [_png_b64(im)]}).encode() for im in test.images]
     out: dict[str, Any] = {"pages": len(test), "systems": {}, "cores": os.cpu_count()}
-    for engine in engines:
-        package = root / f"system-{engine}"
-        r = subprocess.run([sys.executable, "-m", "pipeline.cli", "package", str(root / "det"), str(root / "cls"),
-                            str(root / "rec"), "--engine", engine, "--no-triton", "--out", str(package)],
-                           capture_output=True, text=True, cwd=_REPO)
+    int8_run = Path(int8_run or root / "int8")
+    builds = {INT8: ["all", "--config", str(_REPO / "examples" / "ppocr_system.yaml"), "--run", str(int8_run)]} \
+        if int8 else {}
+    builds.update({engine: ["package", str(root / "det"), str(root / "cls"), str(root / "rec"), "--engine", engine,
+                            "--no-triton", "--out", str(root / f"system-{engine}")] for engine in engines})
+    for name, cmd in builds.items():
+        t0 = time.perf_counter()
+        r = subprocess.run([sys.executable, "-m", "pipeline.cli", *cmd], capture_output=True, text=True, cwd=_REPO)
+        built = time.perf_counter() - t0
         if r.returncode != 0:
-            out["systems"][engine] = {"error": f"pipe package failed ({r.returncode}): {r.stderr.strip()[-200:]}"}
+            out["systems"][name] = {"error": f"pipe {cmd[0]} failed ({r.returncode}): {r.stderr.strip()[-200:]}"}
             continue
-        got = _served(package, bodies, root / f"serve-{engine}.log")
+        package = int8_run / "ocr_system" if name == INT8 else Path(cmd[-1])
+        got = _served(package, bodies, root / f"serve-{name}.log")
         if "error" in got:
-            out["systems"][engine] = got
+            out["systems"][name] = got
             continue
         answers = got.pop("answers")
-        out["systems"][engine] = {**ocr_system.end_to_end(answers, test.polys, test.texts), **got}
+        out["systems"][name] = {**ocr_system.end_to_end(answers, test.polys, test.texts), **got,
+                                "parts": _parts(package), "build_s": built}
     out["lines"] = sum(len([t for t in page if t != "###"]) for page in test.texts)
     out["rapidocr"] = _rapidocr(test)
     out["rapidocr_same_limit"] = _rapidocr(test, {"det_limit_side_len": int(info.settings["limit_side_len"]),
@@ -134,6 +154,13 @@ def _served(package: Path, bodies: list[bytes], log_path: Path) -> dict[str, Any
             proc.wait(10)
         if drained.is_alive():
             drained.join(10)
+
+
+def _parts(package: Path) -> str:
+    """What the system package shipped per part (`ocr_package.describe`), e.g. `det int8 (openvino-int8 on openvino)`."""
+    from pipeline import ocr_package
+
+    return ocr_package.describe(ocr_package.load(package))
 
 
 def _url(proc: subprocess.Popen, log_path: Path) -> tuple[str | None, threading.Thread]:
@@ -195,8 +222,11 @@ def _speed(v: dict[str, float]) -> str:
 def _rows(m: dict[str, Any]) -> list[Row]:
     n, c = m["pages"], f"c{CONCURRENCY}"
     out: list[Row] = []
-    for engine, v in m["systems"].items():
+    for engine, v in sorted(m["systems"].items(), key=lambda kv: kv[0] == INT8):  # the int8 system after fp32's
         what = f"OCR system served (`pipe serve` /v1/ocr, one package, every part on {engine}), {n} generated pages"
+        if engine == INT8:
+            what = (f"int8 OCR system served (`pipe all` of examples/ppocr_system.yaml, then `pipe serve` /v1/ocr: "
+                    f"{v.get('parts', 'not built')}; pipe all {v.get('build_s', 0):.0f} s), {n} generated pages")
         if "error" in v:
             out.append((what, v["error"], "", "**failed**"))
             continue
@@ -213,8 +243,27 @@ def _rows(m: dict[str, Any]) -> list[Row]:
     ok = {e: v for e, v in m["systems"].items() if "error" not in v}
     if not ok:
         return out
-    engine, best = max(ok.items(), key=lambda kv: kv[1][c]["pages_s"])
+    if INT8 in ok and FP32 in ok:  # issue 49: the int8 system against the fp32 one, served alike, in this run
+        q, f = ok[INT8], ok[FP32]
+        ratio, points = q[c]["pages_s"] / f[c]["pages_s"], (q["e2e_acc"] - f["e2e_acc"]) * 100
+        out.append((f"int8 OCR system vs the fp32 system on {FP32} (examples/ppocr_system_fp32.yaml's), `pipe serve` "
+                    f"/v1/ocr at concurrency {CONCURRENCY}, pages/s", f"{ratio:.2f}x ({q[c]['pages_s']:.2f} vs "
+                    f"{f[c]['pages_s']:.2f}); concurrency 1: {q['c1']['pages_s'] / f['c1']['pages_s']:.2f}x",
+                    ">= 1.5x", "met" if ratio >= 1.5 else "**missed**"))
+        out.append(("int8 OCR system vs the fp32 system, end-to-end share of lines read exactly, same pages",
+                    f"{q['e2e_acc']:.1%} vs {f['e2e_acc']:.1%} ({points:+.1f} points); det hmean {q['hmean']:.4f} vs "
+                    f"{f['hmean']:.4f}", "within 1 point", "met" if points >= -1.0 else "**missed**"))
     peer = m["rapidocr_same_limit"]  # issue 32: RapidOCR at its defaults and the same det side limit
+    if INT8 in ok:
+        q = ok[INT8]
+        out.append((f"int8 OCR system, `pipe serve` /v1/ocr at concurrency {CONCURRENCY}, vs RapidOCR in-process at "
+                    "the same det limit, pages/s", f"{q[c]['pages_s'] / peer['c1']['pages_s']:.2f}x; end-to-end "
+                    f"{q['e2e_acc']:.1%} vs {peer['e2e_acc']:.1%} ({(q['e2e_acc'] - peer['e2e_acc']) * 100:+.1f} points)",
+                    "", "reported"))
+    fp32 = {e: v for e, v in ok.items() if e != INT8}  # issue 32's rows: the fp32 systems, as before
+    if not fp32:
+        return out
+    engine, best = max(fp32.items(), key=lambda kv: kv[1][c]["pages_s"])
     ratio = best[c]["pages_s"] / peer["c1"]["pages_s"]
     points = (best["e2e_acc"] - peer["e2e_acc"]) * 100
     out.append((f"pipe serve /v1/ocr at concurrency {CONCURRENCY} ({engine}) vs RapidOCR in-process at the same det "
@@ -231,5 +280,6 @@ if __name__ == "__main__":
     from pipeline import bench
 
     quick = "--quick" in sys.argv
+    int8_run = next((Path(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--int8-run=")), None)
     out_file = Path(next((a for a in sys.argv[1:] if not a.startswith("--")), "bench/OCR_SERVED.md"))
-    bench._write(out_file, rows(quick), quick)
+    bench._write(out_file, rows(quick, int8_run), quick)

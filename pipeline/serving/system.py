@@ -249,7 +249,8 @@ def run(cfg: Any, package_dir: Any) -> None:
         state = SystemState(system, parts)
         server = serve_mod._make_server(state, sock, build_app(state))
         host, port = sock.getsockname()[:2]
-        desc = ", ".join(f"{role} {sp.name} ({engines[role]} {sp.precision}, {settings[role].predictors} x "
+        desc = ", ".join(f"{role} {sp.name} ({sp.precision} {system.variants.get(role) or '?'} on {engines[role]}, "
+                         f"{settings[role].predictors} x "
                          f"{settings[role].threads} thread(s), batch <= {settings[role].max_batch_size})"
                          for role, sp in system.parts.items())
         print(f"pipe serve: OCR system: {desc}; /v1/ocr listening on http://{serve_mod._url_host(host)}:{port}",

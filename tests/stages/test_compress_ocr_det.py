@@ -15,14 +15,11 @@ from pipeline.cli import main
 from pipeline.config import CompressConfig
 from pipeline.tasks import ocr_det, ocr_rec
 
-QUICK = ["--set", "compress.latency_runs=3", "--set", "compress.throughput_runs=2"]
 
-
-@pytest.fixture(scope="module")
-def compressed(tmp_path_factory, ppocr_det_export) -> Path:
-    out = tmp_path_factory.mktemp("ocr-det-int8") / "compress"
-    assert main(["compress", str(ppocr_det_export), "--int8", "--backend", "openvino", "--out", str(out), *QUICK]) == 0
-    return out
+@pytest.fixture()
+def compressed(ppocr_det_int8) -> Path:
+    """The session's compress of the detector import (tests/conftest.py: --int8 --backend openvino, brief timing)."""
+    return ppocr_det_int8
 
 
 @pytest.mark.slow
