@@ -25,6 +25,10 @@ class GateError(PipeError):
     exit_code = 4
 
 
+class Int8GateError(GateError):
+    """compress's int8 gate: no int8 variant within compress.max_drop (or none shippable on this CPU)."""
+
+
 class ParityError(GateError):
     """A converted model disagrees with the one it came from (export parity, ONNX parity)."""
 

@@ -13,7 +13,7 @@ import numpy as np
 from pipeline import cpu, engines as engines_mod, iospec
 from pipeline.config import CompressConfig
 from pipeline.engines import paddle as paddle_engine
-from pipeline.errors import GateError, PipeError
+from pipeline.errors import Int8GateError, PipeError
 
 SPEED_MARGIN = 1.05  # "faster" means at least 5% faster at batch 1 (p50) and at batch 32
 
@@ -284,12 +284,12 @@ def gate(metrics: dict[str, Any], variants: dict[str, dict[str, Any]], ccfg: Com
         raise PipeError("int8: no int8 variant could be built (" + "; ".join(
             f"{k}: {why}" for k, why in metrics["int8_unsupported"].items()) + ")")
     if drop is None:
-        raise GateError("int8 gate: no int8 variant within budget on this CPU (" + "; ".join(
+        raise Int8GateError("int8 gate: no int8 variant within budget on this CPU (" + "; ".join(
             f"{k}: {why}" for k, why in metrics["int8_not_shippable"].items()) + f"); CPU: {cpu.summary()}; "
             "nothing written")
     if not variants[best]["shippable"]:  # its verdict: over budget (compress.max_drop)
         others = ", ".join(f"{k} {variants[k]['accuracy']:.2%}" for k in int8_names(variants) if k != best)
         what = "" if metrics["metric"] == "acc" else f"{metrics['metric']} "  # classification: the accuracy
-        raise GateError(f"int8 gate: best int8 variant {best} {what}{variants[best]['accuracy']:.2%} vs fp32 "
+        raise Int8GateError(f"int8 gate: best int8 variant {best} {what}{variants[best]['accuracy']:.2%} vs fp32 "
                         f"{variants['fp32']['accuracy']:.2%} on {n} test samples: drop {drop:.2f} points > "
                         f"max_drop {ccfg.max_drop:g}" + (f" ({others})" if others else "") + "; nothing written")

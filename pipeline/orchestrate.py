@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 from pipeline import artifacts, job
 from pipeline.config import RunConfig
-from pipeline.errors import ArtifactError, GateError, InputError, ParityError
+from pipeline.errors import ArtifactError, GateError, InputError, Int8GateError
 
 STAGES = ("train", "export", "compress", "package")
 RECORD = "pipeline.json"
@@ -124,9 +124,8 @@ def _run_part(role: str, part: RunConfig, part_dir: Path, force: str | None, say
 
     try:
         ran = run_all(part, part_dir, None, force, say, lambda r: on_stage(tag(r)))
-    except GateError as e:
-        if isinstance(e, ParityError) or not part.compress.int8 or part.compress.distill \
-                or not str(e).startswith("int8 gate"):
+    except Int8GateError as e:
+        if not part.compress.int8 or part.compress.distill:
             raise
         say(f"system.{role}: ships fp32: no int8 within compress.max_drop {part.compress.max_drop:g} "
             f"({str(e).splitlines()[0]})")
