@@ -221,8 +221,11 @@ def serve(
                                                                 "openvino) if it holds files it runs; default: the package's."),
     device: str = typer.Option("cpu", "--device", help="cpu, or gpu / gpu:N (the same code path; not run on a GPU "
                                                        "by us)."),
-    predictors: Optional[int] = typer.Option(None, "--predictors", help="Predictor processes in the pool."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads per predictor (0 = cores-1 / predictors)."),
+    http_workers: Optional[int] = typer.Option(None, "--http-workers", help="HTTP processes on the one port, each with "
+                                                                           "its own predictors (0 = one per core, at most 4)."),
+    predictors: Optional[int] = typer.Option(None, "--predictors", help="Predictor processes in the pool (per HTTP process)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads per predictor (0 = the cores left by the "
+                                                                   "HTTP processes, shared)."),
     max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help="Samples per run (package default)."),
     max_wait_ms: Optional[float] = typer.Option(None, "--max-wait-ms", help="Batching wait in ms (package default)."),
     queue_size: Optional[int] = typer.Option(None, "--queue-size", help="Waiting requests before 503."),
@@ -233,7 +236,8 @@ def serve(
     """Serve a package over HTTP (FastAPI + uvicorn) with dynamic batching; 127.0.0.1 unless --host."""
     from stages import serve as stage
 
-    cfg = stage.ServeConfig(host=host, port=port, grpc_port=grpc_port, engine=engine or "", device=device, predictors=predictors,
+    cfg = stage.ServeConfig(host=host, port=port, grpc_port=grpc_port, engine=engine or "", device=device, http_workers=http_workers,
+                            predictors=predictors,
                             threads=threads,
                             max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, queue_size=queue_size,
                             timeout_s=timeout_s, max_body_bytes=max_body_bytes, drain_s=drain_s)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import math
 import os
 import sys
 import warnings
+from pathlib import Path
 from typing import Any
 
 
@@ -85,3 +87,30 @@ def device_index(device: str, flag: str = "device") -> int | None:
     from pipeline.errors import InputError
 
     raise InputError(f"{flag}: expected cpu, gpu or gpu:N, got {device!r}")
+
+
+def available_cores() -> int:
+    """The cores this process may use: its CPU affinity, capped by the cgroup's CPU quota (cgroup v2
+    /sys/fs/cgroup/cpu.max, "max 100000" when unlimited; v1 cpu.cfs_quota_us), not the host's count."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    quota = _cgroup_quota()
+    if quota is not None:
+        cores = min(cores, max(1, math.ceil(quota)))
+    return max(1, cores)
+
+
+def _cgroup_quota() -> float | None:
+    try:
+        q, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        return None if q == "max" else int(q) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        q = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        period = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        return None if q <= 0 else q / period
+    except (OSError, ValueError):
+        return None

@@ -67,6 +67,9 @@ def test_the_how_row_gives_each_rounds_load_and_the_settings_row_what_each_serve
                           "instance_group": [{"count": 1, "kind": "KIND_CPU"}]})
     assert said == ("pipe serve: 1 predictor(s) x 1 thread(s), batch <= 32, wait 2 ms; tritonserver: 1 instance(s), "
                     "onnxruntime intra-op threads default (every core), batch <= 32, queue delay 2 ms")
+    two = perf.settings({"batching": {"http_workers": 2, "predictors": 1, "threads": 1, "max_batch_size": 32,
+                                      "max_wait_ms": 2.0}}, {"max_batch_size": 32})
+    assert two.startswith("pipe serve: 2 HTTP processes, each 1 predictor(s) x 1 thread(s), batch <= 32")
 
 
 def test_the_input_file_holds_the_digits_test_split_prepared_as_the_package_says(tmp_path: Path):

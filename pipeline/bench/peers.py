@@ -98,7 +98,8 @@ def _model_rows(name: str, build: Any, quick: bool) -> list[Row]:
         if name.startswith("digits"):
             worktree = _worktree(tmp)
             if worktree is not None:
-                peers.append(_pipe("before", f"pipe serve before ({BEFORE})", package, tmp, cwd=worktree))
+                peers.append(_pipe("before", f"pipe serve before ({BEFORE})", package, tmp, cwd=worktree,
+                                   settings=("--predictors", "1", "--threads", "1")))  # one HTTP process then
         kserve = _kserve(package, model, tmp)
         if kserve is not None:
             peers.append(kserve)
@@ -226,8 +227,10 @@ def _free_port() -> int:
 
 
 def _pipe(key: str, label: str, package: Path, tmp: Path, grpc: bool = False, cwd: Path | None = None,
-          prefix: list[str] | None = None, settings: tuple[str, ...] = ("--predictors", "1", "--threads", "1")) -> _Peer:
-    """`pipe serve` with `settings` (default 1 predictor x 1 thread; () = the package's defaults); from `cwd`
+          prefix: list[str] | None = None,
+          settings: tuple[str, ...] = ("--http-workers", "1", "--predictors", "1", "--threads", "1")) -> _Peer:
+    """`pipe serve` with `settings` (default one HTTP process, 1 predictor x 1 thread, as the single-process
+    peers; () = the package's defaults); from `cwd`
     (a worktree) its own code is imported first; `prefix` runs it under another command (perf.pinning's taskset)."""
     grpc_port = _free_port() if grpc else 0
     cmd = [*(prefix or []), sys.executable, "-m", "pipeline.cli", "serve", str(package), "--port", "0", *settings,

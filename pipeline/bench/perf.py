@@ -239,7 +239,9 @@ def settings(pipe_model: dict, triton_config: dict) -> str:
     groups = triton_config.get("instance_group") or [{}]
     params = {k: v.get("string_value") for k, v in (triton_config.get("parameters") or {}).items()}
     delay = int((triton_config.get("dynamic_batching") or {}).get("max_queue_delay_microseconds", 0))
-    return (f"pipe serve: {b['predictors']} predictor(s) x {b['threads']} thread(s), batch <= {b['max_batch_size']}, "
+    workers = int(b.get("http_workers", 1))
+    each = f"{workers} HTTP processes, each " if workers > 1 else ""
+    return (f"pipe serve: {each}{b['predictors']} predictor(s) x {b['threads']} thread(s), batch <= {b['max_batch_size']}, "
             f"wait {b['max_wait_ms']:g} ms; tritonserver: {sum(int(g.get('count', 1)) for g in groups)} instance(s), "
             f"onnxruntime intra-op threads {params.get('intra_op_thread_count') or 'default (every core)'}, "
             f"batch <= {triton_config.get('max_batch_size')}, queue delay {delay / 1000:g} ms")

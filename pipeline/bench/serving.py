@@ -565,12 +565,24 @@ def _stat(pid: int | str) -> list[str]:
 
 
 def _children(pid: int) -> list[int]:
-    return [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit() and _stat(d.name)[1:2] == [str(pid)]]
+    """Every descendant of `pid`: a server's predictors, or its HTTP processes and theirs (`--http-workers`)."""
+    parents = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            f = _stat(d.name)
+            if f:
+                parents.setdefault(f[1], []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = parents.get(str(todo.pop()), [])
+        out += kids
+        todo += kids
+    return out
 
 
 def _usage(pid: int) -> tuple[float, list[float]]:
-    """VmRSS in MB of the server plus its predictor children, and CPU seconds (user + system) so far of
-    [this process (the load generator), the server, its predictors]."""
+    """VmRSS in MB of the server plus its descendants, and CPU seconds (user + system) so far of
+    [this process (the load generator), the server, its descendants (predictors, HTTP processes)]."""
     me = resource.getrusage(resource.RUSAGE_SELF)
     rss, cpu_s = 0.0, [me.ru_utime + me.ru_stime, 0.0, 0.0]
     for i, p in enumerate((pid, *_children(pid))):

@@ -25,13 +25,11 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import hashlib
-import math
 import os
 import queue
 import sys
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
@@ -39,36 +37,10 @@ import numpy as np
 from pipeline.errors import GateError, InputError, PipeError
 from pipeline.predict import inputs as inputs_mod
 from pipeline.predict.inputs import Item, Problem, Unreadable
+from pipeline.runtime import available_cores  # noqa: F401  (the cores a job may use)
 
 _SKIP = "skip"
 _STOP = object()
-
-
-def available_cores() -> int:
-    """The cores this process may use: its CPU affinity, capped by the cgroup's CPU quota (cgroup v2
-    /sys/fs/cgroup/cpu.max, "max 100000" when unlimited; v1 cpu.cfs_quota_us), not the host's count."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    quota = _cgroup_quota()
-    if quota is not None:
-        cores = min(cores, max(1, math.ceil(quota)))
-    return max(1, cores)
-
-
-def _cgroup_quota() -> float | None:
-    try:
-        q, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        return None if q == "max" else int(q) / int(period)
-    except (OSError, ValueError):
-        pass
-    try:
-        q = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
-        period = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
-        return None if q <= 0 else q / period
-    except (OSError, ValueError):
-        return None
 
 
 def plan(cores: int, workers: int | None, threads: int | None) -> tuple[int, int]:

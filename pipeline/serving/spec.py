@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from pipeline import artifacts, data as data_mod, iospec, tasks
+from pipeline import artifacts, data as data_mod, iospec, runtime, tasks
 from pipeline.errors import InputError
 
 PRECISIONS = ("fp32", "bf16", "int8")
@@ -48,7 +48,7 @@ REFERENCE_FILE = "reference.safetensors"  # inputs and their fp32 outputs (pipel
 SERVING_SCHEMA = 1
 # Server defaults written into serving.yaml; `pipe serve` flags override them.
 SERVER_DEFAULTS = {
-    "predictors": 1, "threads": 0, "queue_size": 64, "timeout_s": 30.0, "max_body_bytes": 8 << 20,
+    "http_workers": 0, "predictors": 1, "threads": 0, "queue_size": 64, "timeout_s": 30.0, "max_body_bytes": 8 << 20,
     "max_json_depth": 32, "max_image_pixels": 4096 * 4096, "drain_s": 30.0,
 }
 # The text keys of serving.yaml's `text:` section (from the export's preprocessing).
@@ -217,6 +217,7 @@ def check_io(io_: iospec.IO, labels: list[str], text: bool, where: str, logits: 
 
 @dataclass(frozen=True)
 class Settings:
+    http_workers: int
     predictors: int
     threads: int
     max_batch_size: int
@@ -299,11 +300,18 @@ def settings(cfg: Any, spec: Spec) -> Settings:
             raise InputError(f"{flag}: must be {low:g}..{high:g}, got {value:g}")
         return value
 
+    cores = runtime.available_cores()
+    workers = pick("--http-workers", getattr(cfg, "http_workers", None), server["http_workers"], int, 0, 64)
+    if workers == 0:  # one HTTP process per core, at most 4 (pipeline/serving/workers.py)
+        from pipeline.serving import workers as workers_mod
+
+        workers = workers_mod.auto(cores)
     predictors = pick("--predictors", cfg.predictors, server["predictors"], int, 1, 64)
     threads = pick("--threads", cfg.threads, server["threads"], int, 0, 256)
-    if threads == 0:
-        threads = max(1, ((os.cpu_count() or 1) - 1) // predictors)
+    if threads == 0:  # the cores but one per HTTP process, shared by every predictor
+        threads = max(1, (cores - workers) // (workers * predictors))
     return Settings(
+        http_workers=workers,
         predictors=predictors,
         threads=threads,
         max_batch_size=pick("--max-batch-size", cfg.max_batch_size, batching.get("max_batch_size", 32), int, 1, 4096),

@@ -29,7 +29,6 @@ metrics labelled `model` (det, cls, rec). SIGTERM drains as `pipe serve` does. g
 
 import asyncio
 import dataclasses
-import os
 import signal
 import sys
 import time
@@ -208,10 +207,12 @@ class _ByPart:
 def part_settings(cfg: Any, spec: Any, parts: int) -> spec_mod.Settings:
     """A part's settings (`spec_mod.settings`: flags over its serving.yaml), except the automatic thread count
     (`--threads` unset, serving.yaml's 0): the cores but one shared by every part's predictors, not each
-    part's alone (three parts on 16 cores: 5 threads each, not 15)."""
-    s = spec_mod.settings(cfg, spec)
+    part's alone (three parts on 16 cores: 5 threads each, not 15). A system is one HTTP process."""
+    from pipeline import runtime
+
+    s = dataclasses.replace(spec_mod.settings(cfg, spec), http_workers=1)
     if cfg.threads is None and int((spec.doc.get("server") or {}).get("threads", 0)) == 0:
-        s = dataclasses.replace(s, threads=max(1, ((os.cpu_count() or 1) - 1) // (s.predictors * parts)))
+        s = dataclasses.replace(s, threads=max(1, (runtime.available_cores() - 1) // (s.predictors * parts)))
     return s
 
 
@@ -226,6 +227,9 @@ def run(cfg: Any, package_dir: Any) -> None:
     if cfg.grpc_port:
         raise InputError(f"--grpc-port {cfg.grpc_port}: an OCR system package is served over HTTP only (serve a "
                          "part's own package for gRPC)")
+    if (cfg.http_workers or 1) > 1:
+        raise InputError(f"--http-workers {cfg.http_workers}: an OCR system package is served by one HTTP process "
+                         "(its parts' predictors batch across pages there)")
     if cfg.max_batch_size is not None:
         raise InputError(f"--max-batch-size {cfg.max_batch_size}: an OCR system package keeps each part's own "
                          "(pages for det, lines for cls and rec); re-package a part to change it")

@@ -11,6 +11,7 @@ serving.yaml, never in an answer. Requests by those names get the model's output
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -57,8 +58,12 @@ def run(tmp_path_factory) -> Path:
     with examples_importable():
         assert main(["train", "--config", str(YAML), "--run", str(run), "--epochs", str(EPOCHS)]) == 0
         assert main(["export", str(run / "train"), "--onnx"]) == 0
+        # PaddleSlim's legacy int8 program is the one whose outputs are named after their ops; on a CPU whose int8
+        # saturates (no VNNI) compress refuses it as no faster than fp32 there, so its verdict is forced exact:
+        # the names are what is tested, on either CPU class
         proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "compress", str(run / "export"), "--int8",
-                               *FAST], capture_output=True, text=True, cwd=REPO, timeout=900, check=False)
+                               *FAST], capture_output=True, text=True, cwd=REPO, timeout=900, check=False,
+                              env={**os.environ, "PIPE_INT8_CAPABILITY": "exact"})
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert main(["package", str(run / "compress"), "--engine", "paddle", "--variant", "int8-paddle"]) == 0
     return run

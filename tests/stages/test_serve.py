@@ -474,9 +474,10 @@ def test_fuzz_paddle_serving_never_5xx(client, item):
 
 @pytest.fixture(scope="module")
 def held(run, tmp_path_factory):
-    """A server whose predictor waits while `hold` exists: queue 4, timeout 4 s."""
+    """A server whose predictor waits while `hold` exists: queue 4, timeout 4 s. One HTTP process: these tests
+    count one queue and kill its one predictor (test_serve_workers.py runs several)."""
     hold = tmp_path_factory.mktemp("hold") / "hold"
-    srv = start_server(run / "package", "--queue-size", "4", "--timeout", "4",
+    srv = start_server(run / "package", "--queue-size", "4", "--timeout", "4", "--http-workers", "1",
                        env={batcher.HOLD_ENV: str(hold)})
     yield srv, hold
     hold.unlink(missing_ok=True)

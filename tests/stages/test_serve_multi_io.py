@@ -57,8 +57,9 @@ def hold(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(run, hold):
-    """The package's server; its predictor waits while `hold` exists (absent: it never waits)."""
-    srv = start_server(run / "package", env={batcher.HOLD_ENV: str(hold)})
+    """The package's server; its predictor waits while `hold` exists (absent: it never waits). One HTTP process:
+    the batching test counts one queue."""
+    srv = start_server(run / "package", "--http-workers", "1", env={batcher.HOLD_ENV: str(hold)})
     yield srv
     hold.unlink(missing_ok=True)
     assert srv.stop() == 0, "".join(srv.err)[-2000:]

@@ -333,7 +333,8 @@ def test_a_batch_takes_its_shape_from_behind_other_shapes(package, export, tmp_p
     info, _, run = export
     a, b = _two_widths(export)
     hold = tmp_path / "hold"
-    srv = start_server(package, "--max-batch-size", "8", env={batcher.HOLD_ENV: str(hold)})
+    srv = start_server(package, "--max-batch-size", "8", "--http-workers", "1",  # one queue to fill
+                       env={batcher.HOLD_ENV: str(hold)})
 
     def post(x: np.ndarray) -> str:
         r = httpx.post(srv.url + "/v1/predict", json={"inputs": x.tolist()}, timeout=60)

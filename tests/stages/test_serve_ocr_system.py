@@ -237,6 +237,9 @@ def test_serve_refuses_a_tampered_system_or_a_batch_flag(package, tmp_path):
 
     r = serve(package, "--max-batch-size", "8")
     assert r.returncode == 2 and "keeps each part's own" in r.stderr and "Traceback" not in r.stderr
+    r = serve(package, "--http-workers", "2")
+    assert r.returncode == 2 and "served by one HTTP process" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
     bad = tmp_path / "ocr"
     shutil.copytree(package, bad)
     doc = yaml.safe_load((bad / ocr_package.SYSTEM_FILE).read_text())
@@ -301,10 +304,11 @@ def test_automatic_threads_share_the_cores_among_the_parts(package, monkeypatch)
     from stages.serve import ServeConfig
 
     spec = ocr_package.load(package)
-    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    monkeypatch.setattr("pipeline.runtime.available_cores", lambda: 16)
     got = {role: system_mod.part_settings(ServeConfig(), sp, 3).threads for role, sp in spec.parts.items()}
     assert got == {"det": 5, "cls": 5, "rec": 5}  # (16 - 1) // 3, not 15 each
     assert system_mod.part_settings(ServeConfig(predictors=2), spec.parts["det"], 3).threads == 2
     assert system_mod.part_settings(ServeConfig(threads=7), spec.parts["det"], 3).threads == 7  # --threads wins
-    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    monkeypatch.setattr("pipeline.runtime.available_cores", lambda: 2)
     assert system_mod.part_settings(ServeConfig(), spec.parts["rec"], 3).threads == 1
+    assert system_mod.part_settings(ServeConfig(), spec.parts["rec"], 3).http_workers == 1  # a system is one process

@@ -289,7 +289,7 @@ def test_fuzz_text_never_5xx(client, texts):
 @pytest.fixture(scope="module")
 def held(run, tmp_path_factory):
     hold = tmp_path_factory.mktemp("hold") / "hold"
-    srv = start_server(run / "package", "--queue-size", "8", env={batcher.HOLD_ENV: str(hold)})
+    srv = start_server(run / "package", "--queue-size", "8", "--http-workers", "1", env={batcher.HOLD_ENV: str(hold)})
     yield srv, hold
     hold.unlink(missing_ok=True)
     assert srv.stop() == 0
