@@ -206,8 +206,7 @@ def _supervise(cfg: ServeConfig, spec: Spec, s: Settings, engine: str, sock: soc
     """Several HTTP processes on the bound `sock` (`pipeline/serving/workers.py`); this one supervises them."""
     try:
         if cfg.grpc_port:
-            print(f"pipe serve: gRPC (Open Inference Protocol) on {_url_host(cfg.host)}:{cfg.grpc_port}, served by "
-                  "HTTP process 0", flush=True)
+            print(f"pipe serve: gRPC (Open Inference Protocol) on {_url_host(cfg.host)}:{cfg.grpc_port}", flush=True)
         handled, left = workers.supervise(sock, s.http_workers, s.predictors, s.max_batch_size, asdict(cfg),
                                           package, _banner(spec, s, engine, sock), s.drain_s)
     finally:
@@ -216,8 +215,8 @@ def _supervise(cfg: ServeConfig, spec: Spec, s: Settings, engine: str, sock: soc
 
 
 def _run_worker(cfg: ServeConfig, spec: Spec, s: Settings, engine: str, place: workers.Place) -> None:
-    """One HTTP process of several: the supervisor's socket, its own predictors, the shared board; worker 0
-    runs the reference check for all (the same engine, package and threads) and serves gRPC."""
+    """One HTTP process of several: the supervisor's socket, its own predictors, the shared board (and gRPC's
+    port, shared); worker 0 runs the reference check for all (the same engine, package and threads)."""
     sock = socket.socket(fileno=place.fd)
     board = workers.Board.at(place.dir, place.workers, s.predictors, s.max_batch_size)
     preds: list[PredictorProcess] = []
@@ -235,7 +234,7 @@ def _run_worker(cfg: ServeConfig, spec: Spec, s: Settings, engine: str, place: w
             workers.write_failure(place, e)
             raise SystemExit(e.exit_code) from None
         state = _State(spec, s, preds, checked, board=board, index=place.index)
-        state.grpc_address = (cfg.host, cfg.grpc_port) if cfg.grpc_port and place.index == 0 else None
+        state.grpc_address = (cfg.host, cfg.grpc_port) if cfg.grpc_port else None
         server = _make_server(state, sock)
         board.set_state(place.index, workers.LOADED)
         server.run(sockets=[sock])
@@ -670,7 +669,7 @@ def _build_app(state: _State) -> Any:
         if state.grpc_address is not None:
             from pipeline.serving import grpcv2
 
-            grpc_server = await grpcv2.start(state, *state.grpc_address)
+            grpc_server = await grpcv2.start(state, *state.grpc_address, shared=state.board is not None)
         yield
         if grpc_server is not None:  # drained already (in-flight gRPC calls count): stop at once
             await grpc_server.stop(_SHUTDOWN_GRACE_S)

@@ -142,12 +142,14 @@ class Service(service_pb2_grpc.GRPCInferenceServiceServicer):
         return resp
 
 
-async def start(state: Any, host: str, port: int) -> Any:
+async def start(state: Any, host: str, port: int, shared: bool = False) -> Any:
     """A started grpc.aio server on host:port (bound before: `stages.serve` checked the port), serving the
-    package's model; `await server.stop(grace)` ends it."""
+    package's model; `await server.stop(grace)` ends it. The port is never shared with another server;
+    `shared`: every HTTP process of one server binds it (SO_REUSEPORT: the kernel spreads the connections;
+    the supervisor found it free, and a later server's check, which binds without the option, is refused)."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", state.s.max_body_bytes),
                                       ("grpc.max_send_message_length", -1),
-                                      ("grpc.so_reuseport", 0)])  # never share the port with another server
+                                      ("grpc.so_reuseport", int(shared))])
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Service(state), server)
     where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     if server.add_insecure_port(where) != port:

@@ -18,7 +18,7 @@ What a client sees is one server:
 - `/readyz` is 200 only once every worker is warm (and this one is not draining);
 - the reference check runs once, in worker 0, on the same engine, package and threads as every worker's;
   the others wait for its result and report it;
-- gRPC (`--grpc-port`) is served by worker 0 alone: its port is never shared (`grpcv2.start`).
+- gRPC (`--grpc-port`) is served by every worker on the one port (SO_REUSEPORT among them, `grpcv2.start`).
 A worker dies with its supervisor (PR_SET_PDEATHSIG), its predictors with their worker (their stdin closes).
 """
 
