@@ -7,7 +7,7 @@ grpcio's asyncio server on the HTTP server's event loop, beside it on its own po
 imported only with `--grpc-port`). A request is checked
 and run by the code /v2 over HTTP uses: its inputs become the same tensor entries (`raw_input_contents`
 as binary data, or the typed `contents`), `v2.request` and `v2.tensors` check them and the batcher runs
-them (`_State.admitted` / `_State.infer`: the same admission, limits, in-flight count, deadline and
+them (`server.State.admitted` / `server.State.infer`: the same admission, limits, in-flight count, deadline and
 statistics); every output is answered as `raw_output_contents`, classification (`parameters.classification`
 on the logits output) as Triton's BYTES strings (`v2.classify`). Messages over the package's body cap
 (`--max-body-bytes`) are refused by gRPC itself with RESOURCE_EXHAUSTED.

@@ -2,7 +2,7 @@
 
     pipe serve runs/ocr_system
 
-Each part (det, cls, rec) is served as `pipe serve` serves a package (stages/serve.py's `_State`: its own
+Each part (det, cls, rec) is served as `pipe serve` serves a package (`pipeline/serving/server.py`'s `State`: its own
 predictor processes on the engine its package chose, its own dynamic batcher, its reference set checked at
 start-up), behind one HTTP server:
 
@@ -46,7 +46,7 @@ _OWN = ("pipe_requests", "pipe_request_duration_seconds", "pipe_inflight_request
 
 
 class SystemState:
-    """The parts' states (`stages.serve._State` each) and what the server itself counts; drains them together."""
+    """The parts' states (`server.State` each) and what the server itself counts; drains them together."""
 
     def __init__(self, system: Any, parts: dict[str, Any]):
         self.system, self.parts = system, parts
@@ -162,7 +162,7 @@ class _Metrics:
     def __init__(self, state: SystemState):
         from prometheus_client import CollectorRegistry, Gauge, Histogram
 
-        from stages.serve import request_metrics
+        from pipeline.serving.metrics import request_metrics
 
         r = self.registry = CollectorRegistry()
         self.requests, self.latency = request_metrics(r)
@@ -220,7 +220,7 @@ def run(cfg: Any, package_dir: Any) -> None:
     """Verify the system package, start every part's predictors (each checked on its reference set), serve
     until SIGTERM/SIGINT, drain, return."""
     from pipeline import ocr_package, runtime
-    from stages import serve as serve_mod
+    from pipeline.serving import server as serve_mod
     from pipeline.serving.predictor import PredictorProcess, engine_for, start_predictors
 
     system = ocr_package.load(package_dir)
@@ -239,25 +239,25 @@ def run(cfg: Any, package_dir: Any) -> None:
     if cfg.host != "127.0.0.1":
         print(f"pipe serve: warning: listening on {cfg.host}, reachable from other machines; this server has "
               "no authentication or TLS (put a proxy in front of it)", file=sys.stderr)
-    sock = serve_mod._bind(cfg.host, cfg.port)
+    sock = serve_mod.bind(cfg.host, cfg.port)
     preds: dict[str, list[PredictorProcess]] = {}
     state: SystemState | None = None
-    previous = signal.signal(signal.SIGTERM, serve_mod._exit_while_loading)
+    previous = signal.signal(signal.SIGTERM, serve_mod.exit_while_loading)
     try:
         parts = {}
         for role, sp in system.parts.items():
             s = settings[role]
             preds[role] = start_predictors(sp, s.predictors, s.threads, s.max_batch_size, engines[role], cfg.device)
-            checked = serve_mod._reference_check(sp, s, preds[role])
-            parts[role] = serve_mod._State(sp, s, preds[role], checked)
+            checked = serve_mod.reference_check(sp, s, preds[role])
+            parts[role] = serve_mod.State(sp, s, preds[role], checked)
         state = SystemState(system, parts)
-        server = serve_mod._make_server(state, sock, build_app(state))
+        server = serve_mod.make_server(state, sock, build_app(state))
         host, port = sock.getsockname()[:2]
         desc = ", ".join(f"{role} {sp.name} ({sp.precision} {system.variants.get(role) or '?'} on {engines[role]}, "
                          f"{settings[role].predictors} x "
                          f"{settings[role].threads} thread(s), batch <= {settings[role].max_batch_size})"
                          for role, sp in system.parts.items())
-        print(f"pipe serve: OCR system: {desc}; /v1/ocr listening on http://{serve_mod._url_host(host)}:{port}",
+        print(f"pipe serve: OCR system: {desc}; /v1/ocr listening on http://{serve_mod.url_host(host)}:{port}",
               flush=True)
         server.run(sockets=[sock])
     finally:
@@ -281,7 +281,7 @@ def build_app(state: SystemState) -> Any:
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
     from starlette.requests import ClientDisconnect
 
-    from stages import serve as serve_mod
+    from pipeline.serving import server as serve_mod
 
     parts = state.parts
     by_name = {p.spec.name: p for p in parts.values()}
@@ -398,4 +398,4 @@ def build_app(state: SystemState) -> Any:
     paths = {"/v1/ocr", "/v1/model", "/livez", "/readyz", "/metrics",
              *(f"/v1/models/{role}/predict" for role in parts),
              *(p for part in parts.values() for p in serve_mod.v2_paths(part.spec.name))}
-    return serve_mod._Observe(app, state, direct, handle, paths)
+    return serve_mod.Observe(app, state, direct, handle, paths)

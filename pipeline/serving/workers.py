@@ -3,7 +3,7 @@
 One Python event loop parses, checks and answers every request of a `pipe serve` process; at a few
 thousand small requests a second that thread is the server's limit while the cores beside it idle
 (docs/benchmarks.md). So, as uvicorn's and gunicorn's `--workers` do, `pipe serve` can run N worker
-processes, each a whole server (its event loop, batcher and predictor processes, `stages/serve.py`), all
+processes, each a whole server (its event loop, batcher and predictor processes, `server.py`), all
 accepting on the one listening socket the first process bound and handed down (the kernel gives each new
 connection to one of them). Batches form per worker. The first process stays as the supervisor: it
 verifies the package and binds before any worker starts (so a bad flag or a taken port is one line, once),
