@@ -204,7 +204,7 @@ def package(
         from pipeline import ocr_package
 
         _summary(ocr_package.compose(cfg, model_dirs, _stage_out(model_dirs[0], out_dir, ocr_package.STAGE),
-                                     drop_score))
+                                     stage.run, drop_score))
         return
     (model_dir,) = model_dirs
     _summary(stage.run(cfg, model_dir, _stage_out(model_dir, out_dir, "package")))
@@ -324,7 +324,7 @@ def all_(
     Exit codes: 2 bad input, 3 training diverged, 4 accuracy gate (int8 drop, release.min_accuracy),
     5 parity gate (export, ONNX), 6 missing or unverifiable artifact."""
     cfg = _cfg(config, set_, **{"release.pick": ("--pick", pick), "model.init": ("--init", init)})
-    from pipeline import orchestrate
+    from stages import all_ as orchestrate
 
     t0 = time.perf_counter()
     results = orchestrate.run_all(cfg, run, resume=resume, force=force, say=out.print,

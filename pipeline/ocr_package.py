@@ -23,7 +23,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import yaml
@@ -63,11 +63,12 @@ def role_of(path: Path) -> str:
     return ROLES[task]
 
 
-def compose(cfg: Any, dirs: list[Path], out_dir: Path, drop_score: float = ocr_system.DROP_SCORE) -> Path:
-    """`pipe package DET [CLS] REC --out OUT`: each part packaged (or copied, if a package already) into OUT/<role>,
-    the system measured end to end, OUT committed whole or not at all."""
+def compose(cfg: Any, dirs: list[Path], out_dir: Path, package: Callable[[Any, Path, Path], Any],
+            drop_score: float = ocr_system.DROP_SCORE) -> Path:
+    """`pipe package DET [CLS] REC --out OUT`: each part packaged by `package(cfg, src, dest)` (the package
+    stage's `run`; or copied, if a package already) into OUT/<role>, the system measured end to end, OUT
+    committed whole or not at all."""
     from pipeline.serving import spec as spec_mod
-    from stages import package as package_stage
 
     if not 0.0 <= drop_score <= 1.0:
         raise InputError(f"--drop-score: must be 0..1, got {drop_score:g}")
@@ -92,7 +93,7 @@ def compose(cfg: Any, dirs: list[Path], out_dir: Path, drop_score: float = ocr_s
             else:
                 print(f"package: {role}: {src}")
                 part_cfg = cfg if cfg.name == "" else dataclasses.replace(cfg, name=f"{cfg.name}-{role}")
-                package_stage.run(part_cfg, src, dest)
+                package(part_cfg, src, dest)
             parts[role] = spec_mod.load_package(dest)
         names = [p.name for p in parts.values()]
         if len(set(names)) < len(names):

@@ -614,7 +614,8 @@ def test_a_layout_whose_image_folder_is_missing_names_it(tmp_path):
 def test_explicit_paths_outside_the_source_are_in_pipe_all_s_fingerprint(tmp_path):
     """`pipe all` reuses a train step whose inputs' fingerprint is unchanged: an annotation file given by an
     absolute path outside data.source is one of them."""
-    from pipeline import config as config_mod, orchestrate
+    from pipeline import config as config_mod
+    from stages import all_ as orchestrate
 
     root = _two_splits(tmp_path / "d")
     outside = tmp_path / "elsewhere.json"

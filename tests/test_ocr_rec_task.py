@@ -409,7 +409,7 @@ def test_agreement_is_per_character_and_ignores_what_the_metric_ignores():
 
 def test_pipe_all_fingerprints_each_label_file_of_a_comma_list(tmp_path):
     """`pipe all` re-runs import when any listed label file changes (not just when the list's text does)."""
-    from pipeline import orchestrate
+    from stages import all_ as orchestrate
 
     a, b = tmp_path / "a.txt", tmp_path / "b.txt"
     a.write_text("img/0.png\tx\n", encoding="utf-8")

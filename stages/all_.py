@@ -107,7 +107,7 @@ def _run_system(cfg: RunConfig, run_dir: Path, resume: str | None, force: str | 
         else:
             say(f"{ocr_package.STAGE} ...")
             t0 = time.perf_counter()
-            ocr_package.compose(package.PackageConfig(), packages, out, cfg.system.drop_score)
+            ocr_package.compose(package.PackageConfig(), packages, out, package.run, cfg.system.drop_score)
             results.append(StageResult(ocr_package.STAGE, out, "ran", time.perf_counter() - t0))
         on_stage(results[-1])
         say(f"{ocr_package.STAGE}: {ocr_package.describe(ocr_package.load(out))}")
