@@ -130,7 +130,7 @@ def _served_rows(export_dir: Path, comp: Path | None, measured: dict[str, Any], 
 
 def served(export_dir: Path, tmp: Path, comp: Path | None = None) -> dict[str, Any]:
     """Package the compress artifact `comp` (what `pipe package` picks: the fastest within budget), else
-    `export_dir` on OpenVINO fp32, serve it with one engine thread per core, and load it with one line per
+    `export_dir` on OpenVINO fp32, serve it in one HTTP process with one engine thread per core, and load it with one line per
     request from 1 and `_CLIENTS` clients (each line once per load, after one untimed pass)."""
     import base64
     import io
@@ -159,7 +159,8 @@ def served(export_dir: Path, tmp: Path, comp: Path | None = None) -> dict[str, A
 
     bodies = [body(im) for im in test.images]
     threads = os.cpu_count() or 1
-    server = serving.start_server("ocr", package, tmp / "serve-ocr.log", "--threads", str(threads))
+    server = serving.start_server("ocr", package, tmp / "serve-ocr.log", "--http-workers", "1", "--threads",
+                                  str(threads))  # one process, one engine thread per core (not 2 x cores)
     try:
         loadgen.run(server.url, bodies, _CLIENTS, count=-(-len(bodies) // _CLIENTS))  # untimed: first sights
         out = {n: loadgen.run(server.url, bodies, n, count=len(bodies) // n) for n in (1, _CLIENTS)}

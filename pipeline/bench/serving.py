@@ -508,7 +508,7 @@ def _build_text_package(tmp: Path, quick: bool) -> Path:
 # ------------------------------------------------------------------ servers
 
 
-_READY = re.compile(r"\((\S+) (\S+), \d+ predictor\(s\) x (\d+) thread\(s\), batch <= (\d+)[^\n]* "
+_READY = re.compile(r"\((\S+) (\S+), (?:\d+ HTTP processes, each )?\d+ predictor\(s\) x (\d+) thread\(s\), batch <= (\d+)[^\n]* "
                     r"listening on (http://127\.0\.0\.1:\d+)")
 
 

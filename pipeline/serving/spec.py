@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -217,7 +216,6 @@ def check_io(io_: iospec.IO, labels: list[str], text: bool, where: str, logits: 
 
 @dataclass(frozen=True)
 class Settings:
-    http_workers: int
     predictors: int
     threads: int
     max_batch_size: int
@@ -228,6 +226,7 @@ class Settings:
     max_json_depth: int
     max_image_pixels: int
     drain_s: float
+    http_workers: int = 1  # HTTP processes on the one port (pipeline/serving/workers.py)
 
 
 def load_package(path: Path) -> Spec:

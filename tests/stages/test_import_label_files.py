@@ -62,8 +62,11 @@ def test_import_measures_one_label_file_as_its_test_split(rec_file):
     assert m["metrics"]["parity_samples"] == 10
 
 
-def test_compress_calibrates_on_the_test_split_and_says_so(rec_file, cli, tmp_path):
+def test_compress_calibrates_on_the_test_split_and_says_so(rec_file, cli, tmp_path, monkeypatch):
     label, export, _ = rec_file
+    # the calibration split is tested, not int8's speed: where int8 saturates (no VNNI) compress refuses Paddle's
+    # int8 as slower than fp32 there, so the verdict is forced exact on either CPU class
+    monkeypatch.setenv("PIPE_INT8_CAPABILITY", "exact")
     code, stdout, err = cli("compress", export, "--int8", "--backend", "paddle", "--set", "compress.openvino=false",
                             "--set", "compress.max_drop=100", "--set", "compress.min_agreement=0",
                             "--set", "compress.latency_runs=2", "--set", "compress.throughput_runs=1",
