@@ -251,7 +251,8 @@ def _serve_flags(engine: str) -> Any:
     """What `spec.settings` reads flags from (pipe serve's): none given but the engine, so serving.yaml's batching and
     limits hold; predict's own --workers and --threads replace the server's predictors and threads."""
     unset = ("max_batch_size", "max_wait_ms", "queue_size", "timeout_s", "max_body_bytes", "drain_s")
-    return SimpleNamespace(**dict.fromkeys(unset), engine=engine, predictors=1, threads=1)
+    return SimpleNamespace(**dict.fromkeys(unset), engine=engine, http_workers=1, predictors=1,
+                           threads=1)
 
 
 class _Progress:

@@ -186,6 +186,14 @@ def start_server(package: Path, *flags: str, env: dict[str, str] | None = None, 
     return srv
 
 
+def until(cond: Callable[[], bool], timeout: float = 20.0) -> None:
+    """Poll `cond` every 20 ms until it holds; fail the test after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
 def wait_for(srv: Server, path: str, deadline: float) -> None:
     with httpx.Client(timeout=5) as c:
         while True:

@@ -560,14 +560,13 @@ def make_server(state: Any, sock: socket.socket, app: Any = None) -> Any:
                 self.should_exit = True
 
         async def on_tick(self, counter: int) -> bool:
-            if getattr(state, "board", None) is not None:
+            if state.board is not None:
                 state.publish()
             t = state.drain_started
             if t is not None and not self.should_exit:
                 # several HTTP processes drain together: one with nothing in flight keeps answering 503 "draining"
                 # while another finishes, rather than exiting with connections the shared socket gave it
-                board = getattr(state, "board", None)
-                busy = state.inflight if board is None else board.total("inflight")
+                busy = state.inflight if state.board is None else state.board.total("inflight")
                 if busy == 0 or time.monotonic() - t >= drain_s:
                     self.should_exit = True
             return await super().on_tick(counter)

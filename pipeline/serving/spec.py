@@ -300,7 +300,7 @@ def settings(cfg: Any, spec: Spec) -> Settings:
         return value
 
     cores = runtime.available_cores()
-    workers = pick("--http-workers", getattr(cfg, "http_workers", None), server["http_workers"], int, 0, 64)
+    workers = pick("--http-workers", cfg.http_workers, server["http_workers"], int, 0, 64)
     if workers == 0:  # one HTTP process per core, at most 4 (pipeline/serving/workers.py)
         from pipeline.serving import workers as workers_mod
 

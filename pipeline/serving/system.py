@@ -48,6 +48,8 @@ _OWN = ("pipe_requests", "pipe_request_duration_seconds", "pipe_inflight_request
 class SystemState:
     """The parts' states (`server.State` each) and what the server itself counts; drains them together."""
 
+    board = None  # one HTTP process: no board of several (pipeline/serving/workers.py)
+
     def __init__(self, system: Any, parts: dict[str, Any]):
         self.system, self.parts = system, parts
         self.s = parts["det"].s  # the detector's limits and drain time for /v1/ocr

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import errors
+from pipeline import artifacts, errors
 from pipeline.errors import PipeError
 from pipeline.serving import stats as stats_mod
 
@@ -56,7 +56,7 @@ _RESTARTS = 5  # a worker that keeps dying is not restarted forever: the server 
 
 def auto(cores: int) -> int:
     """`http_workers: 0`: one HTTP process per core, at most MAX_WORKERS (docs/benchmarks.md: on 2 cores two
-    beat one by 1.27-1.50x on digits at concurrency 16; three were no faster than two)."""
+    served 1.45x one's requests/s on digits at concurrency 16; three were no faster than two)."""
     return max(1, min(cores, MAX_WORKERS))
 
 
@@ -147,9 +147,8 @@ def die_with_parent() -> None:
 
 def write_failure(place: Place, e: PipeError) -> None:
     """A worker's error while loading, for the supervisor to say once (`failure`) instead of each worker."""
-    tmp = place.dir / f"failed-{place.index}.json.tmp"
-    tmp.write_text(json.dumps({"class": type(e).__name__, "message": str(e)}), encoding="utf-8")
-    os.replace(tmp, place.dir / f"failed-{place.index}.json")
+    artifacts.write_text_atomic(place.dir / f"failed-{place.index}.json",
+                                json.dumps({"class": type(e).__name__, "message": str(e)}))
 
 
 def failure(d: Path, index: int, code: int) -> PipeError:
@@ -164,9 +163,7 @@ def failure(d: Path, index: int, code: int) -> PipeError:
 
 def write_reference(place: Place, checked: dict[str, Any] | None) -> None:
     """Worker 0's reference check result for the others (`read_reference`), written whole or not at all."""
-    tmp = place.dir / "reference.json.tmp"
-    tmp.write_text(json.dumps({"checked": checked}), encoding="utf-8")
-    os.replace(tmp, place.dir / "reference.json")
+    artifacts.write_text_atomic(place.dir / "reference.json", json.dumps({"checked": checked}))
 
 
 def read_reference(place: Place, timeout: float) -> dict[str, Any] | None:
@@ -189,7 +186,7 @@ def supervise(sock: Any, n: int, predictors: int, max_batch: int, config: dict[s
     d = Path(tempfile.mkdtemp(prefix="pipe-serve-"))
     (d / "prometheus").mkdir()
     board = Board.at(d, n, predictors, max_batch, create=True)
-    procs: list[subprocess.Popen | None] = [None] * n
+    procs: list[subprocess.Popen] = []  # by worker index
     stopping = [0]
 
     def spawn(i: int) -> subprocess.Popen:
@@ -205,33 +202,31 @@ def supervise(sock: Any, n: int, predictors: int, max_batch: int, config: dict[s
     def forward(sig: int, frame: Any) -> None:  # [signal] the first drains every worker, a second stops them now
         stopping[0] += 1
         for p in procs:
-            if p is not None and p.poll() is None:
+            if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     restarts, announced = 0, False
     try:
-        for i in range(n):
-            procs[i] = spawn(i)
+        procs += [spawn(i) for i in range(n)]
         while True:
-            alive = [p for p in procs if p is not None and p.poll() is None]
-            if stopping[0] and not alive:
+            if stopping[0] and all(p.poll() is not None for p in procs):
                 break
             for i, p in enumerate(procs):
-                if p is None or p.poll() is None or stopping[0]:
+                if p.poll() is None or stopping[0]:
                     continue
                 if not announced:  # failed while loading: stop the others, say why once
                     forward(signal.SIGTERM, None)
                     _wait_all(procs, 10.0)
                     raise failure(d, i, p.returncode)
                 restarts += 1
-                print(f"pipe serve: HTTP worker {i} exited ({p.returncode}); "
-                      + ("restarting it" if restarts <= _RESTARTS else "stopping the server"), file=sys.stderr,
-                      flush=True)
                 if restarts > _RESTARTS:
                     forward(signal.SIGTERM, None)
                     _wait_all(procs, drain_s + 10.0)
-                    raise SystemExit(1)
+                    raise PipeError(f"HTTP worker {i} exited ({p.returncode}) after {_RESTARTS} restarts of workers: "
+                                    "stopping the server (their stderr is above)")
+                print(f"pipe serve: HTTP worker {i} exited ({p.returncode}); restarting it", file=sys.stderr,
+                      flush=True)
                 board.set_state(i, STARTING)
                 procs[i] = spawn(i)
             if not announced and board.loaded():
@@ -243,18 +238,16 @@ def supervise(sock: Any, n: int, predictors: int, max_batch: int, config: dict[s
         for s, h in previous.items():
             signal.signal(s, h)
         for p in procs:
-            if p is not None and p.poll() is None:
+            if p.poll() is None:
                 p.kill()
                 p.wait(10)
         del board
         shutil.rmtree(d, ignore_errors=True)
 
 
-def _wait_all(procs: list[subprocess.Popen | None], timeout: float) -> None:
+def _wait_all(procs: list[subprocess.Popen], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     for p in procs:
-        if p is None:
-            continue
         try:
             p.wait(max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 import numpy as np
@@ -36,7 +36,7 @@ from pipeline.bench import loadgen
 from pipeline.serving import batcher, predictor as predictor_mod, validate, wire
 from tests.conftest import arrays
 from tests.serving_helpers import (REPO, metric, package_predictor, packaged_run, serving_client_python, start_server,
-                                   wait_for)
+                                   until as _until, wait_for)
 
 CAP = 8 << 20  # the package's default body cap
 MARK = "zq-MARKER-71"  # put into bad requests: must never come back in an answer
@@ -86,13 +86,6 @@ def _error(r: httpx.Response, code: int, kind: str | None = None) -> dict[str, A
         assert body["error"]["type"] == kind, body
     assert MARK not in r.text and "Traceback" not in r.text and "/tmp" not in r.text
     return body["error"]
-
-
-def _until(cond: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
 
 
 def _png(img: np.ndarray, fmt: str = "PNG", meta: int = 0) -> str:

@@ -20,7 +20,6 @@ import concurrent.futures as cf
 import io
 import json
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ from tritonclient.utils import InferenceServerException
 from pipeline import data as data_mod
 from pipeline.serving import batcher, predictor as predictor_mod, wire
 from tests.multi_io_helpers import examples_importable, two_inputs_run
-from tests.serving_helpers import REPO, metric, serving_client_python, start_server
+from tests.serving_helpers import REPO, metric, serving_client_python, start_server, until as _until
 
 MODEL = "examples.two_inputs.model_build"  # serving.yaml's name: the model's factory, sanitised
 INFER = f"/v2/models/{MODEL}/infer"
@@ -334,13 +333,6 @@ def test_paddle_serving_client_two_feeds(server, run, ref, tmp_path):
 
 def _metrics(url: str) -> str:
     return httpx.get(url + "/metrics", timeout=10).text
-
-
-def _until(cond: Any, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
 
 
 @pytest.mark.slow

@@ -18,7 +18,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from pipeline import artifacts, data as data_mod
 from pipeline.serving import batcher, spec as spec_mod, wire
 from tests.serving_helpers import (REPO, client_config_class, metric, package_predictor, packaged_text_run,
-                                   serving_client_python, start_server, triton_model_config_class)
+                                   serving_client_python, start_server, triton_model_config_class, until as _until)
 
 MARK = "zq-MARKER-71"  # put into bad requests: must never come back in an answer
 JSON_HDR = {"content-type": "application/json"}
@@ -297,13 +296,6 @@ def held(run, tmp_path_factory):
 
 def _metrics(url: str) -> str:
     return httpx.get(url + "/metrics", timeout=10).text
-
-
-def _until(cond, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
 
 
 @pytest.mark.slow

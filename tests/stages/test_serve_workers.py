@@ -19,7 +19,7 @@ import pytest
 from pipeline import runtime
 from pipeline.serving import spec as spec_mod, workers
 from stages.serve import ServeConfig
-from tests.serving_helpers import metric, start_server
+from tests.serving_helpers import metric, start_server, until as _until
 from tests.stages.test_serve import digits, predictor, run  # noqa: F401 (fixtures)
 
 
@@ -110,13 +110,6 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
-
-
-def _until(cond, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.1)
 
 
 @pytest.mark.slow
