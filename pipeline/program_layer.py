@@ -11,7 +11,7 @@ gradient (234 of 234 None); training the loaded program in static graph works bu
 its own optimizer, data parallelism, AMP, checkpoints and resume. This layer runs the program's ops one by one
 as dygraph calls (`paddle.nn.functional`), with every persistable variable a parameter (a buffer for
 batch-norm statistics, which stay frozen: the program was saved with is_test, and its batches of a few lines
-would make poor statistics). So the one trainer (stages/train.py) trains it as any other `nn.Layer`:
+would make poor statistics). So the one trainer (pipeline/trainer.py) trains it as any other `nn.Layer`:
 DataParallel, auto_cast, the optimizer's state, state_dict checkpoints.
 
 The ops are the program's, read from its ProgramDesc with Paddle's generated protobuf module (as

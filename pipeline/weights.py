@@ -4,7 +4,7 @@
 
 A source is a `.safetensors` or `.pdparams` state dict, an earlier run's `train/` artifact (verified
 first, then its `model.safetensors`), or a `pipe import`'s export artifact (kind `program`: the imported
-program itself, legacy or PIR, becomes the model, pipeline/program_layer.py; stages/train.py builds it, not `apply`). Tensors are matched by name to the built model's `state_dict()`;
+program itself, legacy or PIR, becomes the model, pipeline/program_layer.py; pipeline/trainer.py builds it, not `apply`). Tensors are matched by name to the built model's `state_dict()`;
 one whose shape differs (a new classifier head for another class count), or whose dtype differs where
 either side is not floating point, keeps its fresh init. `model.init_strict` refuses any difference.
 

@@ -73,8 +73,7 @@ def _legacy_main(weights: str, prefix: str) -> None:
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray], dict[str, np.ndarray]]:
     """(dir with pir/ and legacy/ programs and their ONNX, the inputs, dygraph's outputs by public name)."""
-    from pipeline import runtime
-    from stages import package
+    from pipeline import runtime, triton_repo
 
     root = tmp_path_factory.mktemp("named")
     paddle = runtime.import_paddle(1)
@@ -95,7 +94,7 @@ def model(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray], dict[str, np.n
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0 and (root / "legacy/model.pdmodel").is_file(), proc.stderr[-2000:]
     for d, program in (("pir", "model.json"), ("legacy", "model.pdmodel")):
-        package._paddle2onnx(root / d / program, root / d / "model.pdiparams", root / d / "model.onnx", 1)
+        triton_repo.paddle2onnx(root / d / program, root / d / "model.pdiparams", root / d / "model.onnx", 1)
     return root, feeds, ref
 
 

@@ -205,10 +205,11 @@ def test_detection_readme_and_openapi():
 
 
 def test_triton_config_labels_only_on_logits():
+    from pipeline import triton_repo
     from stages import package as package_mod
 
     t = SimpleNamespace(name="heatmap", type="tensor(float)", shape=["N", 3, 16, 16])
     x = SimpleNamespace(name="image", type="tensor(float)", shape=["N", 3, 64, 64])
     cfg = package_mod.PackageConfig()
-    assert "label_filename" not in package_mod._triton_config("m", [x], [t], None, cfg)
-    assert 'label_filename: "labels.txt"' in package_mod._triton_config("m", [x], [t], "heatmap", cfg)
+    assert "label_filename" not in triton_repo.config("m", [x], [t], None, cfg)
+    assert 'label_filename: "labels.txt"' in triton_repo.config("m", [x], [t], "heatmap", cfg)

@@ -1,4 +1,4 @@
-"""pipe train shares an imported program's evaluation among the ranks (stages/train.py `_read_share`): each rank
+"""pipe train shares an imported program's evaluation among the ranks (pipeline/trainer.py `_read_share`): each rank
 reads every world-th batch of the split, and the whole split's scores from the shares are one process's, to the
 bit. Here two ranks are played in one process on a small real Paddle net over rendered lines; the real exchange
 between two launched processes (all_gather_object over gloo) runs in tests/stages/test_finetune.py."""
@@ -12,7 +12,7 @@ from pipeline import runtime, tasks
 from pipeline.errors import PipeError
 from pipeline.tasks import ocr_rec
 from pipeline.tasks.ocr_rec import data, text
-from stages import train
+from pipeline import trainer
 
 KEYS = tuple("abcdefgh")
 
@@ -51,7 +51,7 @@ def _trainer(paddle, rank: int, world: int, tmp_path, calls: list[int]):
         calls.append(len(feeds["x"]))
         return net(feeds["x"])
 
-    t = train._Trainer(train._Ctx(None, rank, world, print, paddle), tmp_path, tmp_path)
+    t = trainer.Trainer(trainer.Ctx(None, rank, world, print, paddle), tmp_path, tmp_path)
     t.net, t.call, t.task, t.info = Net(), call, ocr_rec, tasks.Info(KEYS, dict(ocr_rec.settings))
     return t
 
