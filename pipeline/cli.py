@@ -223,7 +223,9 @@ def serve(
                                                        "by us)."),
     http_workers: Optional[int] = typer.Option(None, "--http-workers", help="HTTP processes on the one port, each with "
                                                                            "its own predictors (0 = one per core, at most 4)."),
-    predictors: Optional[int] = typer.Option(None, "--predictors", help="Predictor processes in the pool (per HTTP process)."),
+    predictors: Optional[int] = typer.Option(None, "--predictors", help="Predictors in the pool (per HTTP process)."),
+    predictor_mode: Optional[str] = typer.Option(None, "--predictor-mode", help="auto (onnxruntime and OpenVINO in the "
+                                                 "HTTP process, Paddle Inference in child processes), process or in-process."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads per predictor (0 = the cores left by the "
                                                                    "HTTP processes, shared)."),
     max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help="Samples per run (package default)."),
@@ -237,7 +239,7 @@ def serve(
     from stages import serve as stage
 
     cfg = stage.ServeConfig(host=host, port=port, grpc_port=grpc_port, engine=engine or "", device=device, http_workers=http_workers,
-                            predictors=predictors,
+                            predictors=predictors, predictor_mode=predictor_mode,
                             threads=threads,
                             max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, queue_size=queue_size,
                             timeout_s=timeout_s, max_body_bytes=max_body_bytes, drain_s=drain_s)
@@ -264,6 +266,8 @@ def predict(
     engine: Optional[str] = typer.Option(None, "--engine", help="Run on this engine if it reads the package's files; "
                                                                 "default: the package's."),
     device: str = typer.Option("cpu", "--device", help="cpu, or gpu / gpu:N."),
+    predictor_mode: Optional[str] = typer.Option(None, "--predictor-mode", help="auto, process or in-process (as pipe "
+                                                                               "serve's); default: the package's."),
     ray: Optional[str] = typer.Option(None, "--ray", help="Run on a Ray cluster: local, auto or HOST:PORT (pip "
                                                           "install 'paddle-pipe[ray]'); inputs must be readable on "
                                                           "every node."),
@@ -273,7 +277,7 @@ def predict(
     from stages import predict as stage
 
     cfg = stage.PredictConfig(workers=workers, threads=threads, batch=batch, dpi=dpi, draw=draw, field=field,
-                              engine=engine or "", device=device, ray=ray or "")
+                              engine=engine or "", device=device, predictor_mode=predictor_mode or "", ray=ray or "")
     s = stage.run(cfg, package_dir, inputs, out_dir)
     if s["failed"] + s["previously_failed"]:
         raise stage.FailedItems(f"{s['failed'] + s['previously_failed']} of {s['items']} items failed; see "

@@ -65,6 +65,8 @@ class PredictConfig:
     """Run on this engine (paddle, onnxruntime, openvino) if it reads the package's files; '' = the package's."""
     device: str = "cpu"
     """cpu, or gpu / gpu:N (the same code path as pipe serve's; not run on a GPU by us)."""
+    predictor_mode: str = ""
+    """auto, process or in-process, as `pipe serve --predictor-mode`; '' = the package's serving.yaml (auto)."""
     ray: str = ""
     """Run the job on a Ray cluster: local, auto or HOST:PORT (`pipeline/predict/ray_job.py`)."""
 
@@ -223,7 +225,7 @@ def _load_package(cfg: PredictConfig, package_dir: Path) -> dict[str, Any]:
 
     if (package_dir / ocr_package.SYSTEM_FILE).is_file():
         system = ocr_package.load(package_dir)
-        scfg = _serve_flags(cfg.engine)
+        scfg = _serve_flags(cfg.engine, cfg.predictor_mode)
         settings = {role: part_settings(scfg, sp, len(system.parts)) for role, sp in system.parts.items()}
         engines = {role: engine_for(sp, cfg.engine) for role, sp in system.parts.items()}
         return {"system": system, "settings": settings, "engines": engines, "text": False, "task": "ocr_system",
@@ -231,7 +233,7 @@ def _load_package(cfg: PredictConfig, package_dir: Path) -> dict[str, Any]:
                 "precision": ",".join(f"{r}:{sp.precision}" for r, sp in system.parts.items())}
     spec = spec_mod.load_package(package_dir)
     engine = engine_for(spec, cfg.engine)
-    settings = spec_mod.settings(_serve_flags(cfg.engine), spec)
+    settings = spec_mod.settings(_serve_flags(cfg.engine, cfg.predictor_mode), spec)
     return {"spec": spec, "settings": settings, "text": spec.text is not None, "task": str(spec.task.name),
             "sha256": spec.manifest_sha256, "engine": engine, "precision": spec.precision}
 
@@ -247,12 +249,12 @@ def _start(cfg: PredictConfig, loaded: dict[str, Any], workers: int, threads: in
     return run_mod.Package(loaded["spec"], loaded["settings"], loaded["engine"], workers, threads, batch, cfg.device)
 
 
-def _serve_flags(engine: str) -> Any:
+def _serve_flags(engine: str, predictor_mode: str = "") -> Any:
     """What `spec.settings` reads flags from (pipe serve's): none given but the engine, so serving.yaml's batching and
     limits hold; predict's own --workers and --threads replace the server's predictors and threads."""
     unset = ("max_batch_size", "max_wait_ms", "queue_size", "timeout_s", "max_body_bytes", "drain_s")
     return SimpleNamespace(**dict.fromkeys(unset), engine=engine, http_workers=1, predictors=1,
-                           threads=1)
+                           threads=1, predictor_mode=predictor_mode or None)
 
 
 class _Progress:

@@ -100,7 +100,10 @@ class ServeConfig:
     """HTTP processes accepting on the one port, each with its own predictors (`pipeline/serving/workers.py`);
     0 = one per core the process may use, at most 4."""
     predictors: int | None = None
-    """Predictor processes in the pool (of each HTTP process), each running one engine instance."""
+    """Predictors in the pool (of each HTTP process), each running one engine instance."""
+    predictor_mode: str | None = None
+    """Where predictors run: auto (in the HTTP process for onnxruntime and OpenVINO, which release the GIL while
+    they run; a child process each for Paddle Inference), process, or in-process; None = serving.yaml's."""
     threads: int | None = None
     """CPU math threads per predictor; 0 = (cores - HTTP processes) / (HTTP processes x predictors), at least 1."""
     max_batch_size: int | None = None
@@ -157,7 +160,7 @@ def run(cfg: ServeConfig, package_dir: Path) -> None:
     preds: list[PredictorProcess] = []
     try:
         preds = start_predictors(spec, settings.predictors, settings.threads, settings.max_batch_size, engine,
-                                 cfg.device)
+                                 cfg.device, settings.predictor_mode)
         checked = reference_check(spec, settings, preds)
         state = State(spec, settings, preds, checked)
         state.grpc_address = (cfg.host, cfg.grpc_port) if cfg.grpc_port else None
@@ -178,7 +181,7 @@ def _banner(spec: Spec, s: Settings, engine: str, sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
     each = f"{s.http_workers} HTTP processes, each " if s.http_workers > 1 else ""
     return (f"pipe serve: {spec.name} ({engine} {spec.precision}, {each}{s.predictors} predictor(s) x {s.threads} "
-            f"thread(s), batch <= {s.max_batch_size}, wait {s.max_wait_ms:g} ms) listening on "
+            f"thread(s), batch <= {s.max_batch_size}, wait {s.max_wait_ms:g} ms, predictors {s.predictor_mode}) listening on "
             f"http://{url_host(host)}:{port}")
 
 
@@ -209,7 +212,8 @@ def _run_worker(cfg: ServeConfig, spec: Spec, s: Settings, engine: str, place: w
     previous = signal.signal(signal.SIGTERM, exit_while_loading)
     try:
         try:
-            preds = start_predictors(spec, s.predictors, s.threads, s.max_batch_size, engine, cfg.device)
+            preds = start_predictors(spec, s.predictors, s.threads, s.max_batch_size, engine, cfg.device,
+                                     s.predictor_mode)
             if place.index == 0:
                 checked = reference_check(spec, s, preds)
                 workers.write_reference(place, checked)

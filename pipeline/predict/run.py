@@ -89,7 +89,7 @@ def split(answer: dict[str, Any], i: int) -> dict[str, Any]:
 
 
 class Package:
-    """One package's predictors (`workers` processes) and how its items are decoded and answered."""
+    """One package's predictors (`workers` of them) and how its items are decoded and answered."""
 
     def __init__(self, spec: Any, settings: Any, engine: str, workers: int, threads: int, batch: int, device: str):
         from pipeline.serving import validate
@@ -109,7 +109,7 @@ class Package:
             self.mode = "images"
         self.text = self.mode == "text"
         self.max_pixels = settings.max_image_pixels
-        self.preds = start_predictors(spec, workers, threads, batch, engine, device)
+        self.preds = start_predictors(spec, workers, threads, batch, engine, device, settings.predictor_mode)
         self.engine = self.preds[0].engine
 
     def check(self) -> dict[str, Any] | None:
@@ -176,7 +176,7 @@ class OcrSystem:
         try:
             for role, sp in system.parts.items():
                 self.preds[role] = start_predictors(sp, workers, threads, settings[role].max_batch_size,
-                                                    engines[role], device)
+                                                    engines[role], device, settings[role].predictor_mode)
         except BaseException:
             self.close()
             raise

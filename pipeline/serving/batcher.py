@@ -1,4 +1,4 @@
-"""Dynamic batching in front of the predictor processes: one bounded queue, one thread per predictor.
+"""Dynamic batching in front of the predictors: one bounded queue, one thread per predictor.
 
 A thread takes the first waiting request, then whatever else is queued (waiting up to max_wait while
 admitted requests are still on their way) until max_batch_size samples, and runs them as one batch over
@@ -9,7 +9,8 @@ max_len, see `validate.canonical_ids`), so requests of different text lengths ba
 outputs they would get alone; a task with a dynamic input (ocr_rec's width buckets) sends requests of
 different shapes, and a batch holds one shape: a thread forming a batch sets requests of another shape aside
 (up to 64, in order) and keeps taking this shape behind them; the oldest set-aside request starts the next
-batch, with every set-aside request of its shape. A predictor process that dies fails its batch (500) and is restarted.
+batch, with every set-aside request of its shape. A predictor process that dies fails its batch (500) and is restarted;
+an in-process predictor (`predictor.mode_for`) is called on the thread itself, and its errors fail only their batch.
 
 Test hook: while the file named by PIPE_FAULT_HOLD_PREDICTOR exists, each predictor thread waits before
 its warm-up and, holding the request it just took, before forming a batch: tests can keep the server
@@ -202,10 +203,12 @@ class Batcher:
         t0 = time.perf_counter()
         try:
             ys = pred.run(feeds)
-        except (RuntimeError, EOFError, OSError, ValueError) as e:  # a 500 for this batch; the thread goes on
+        except Exception as e:  # a 500 for this batch; the thread goes on (an in-process engine's own errors too)
             log.error("pipe serve: predictor run failed: %s: %s", e.__class__.__name__, e)
             for j in batch:
                 j.loop.call_soon_threadsafe(settle, j.future, None, e)
+            if pred.proc is None:  # in-process: nothing died
+                return
             # The pipe closed: the child is exiting. A killed process closes its pipes before it can be reaped,
             # so poll() may still say "running" here, and without the wait the next batch failed too (a
             # fresh clone's make test: a second 500 after SIGKILL in test_a_dead_predictor_process_is_replaced).

@@ -1,11 +1,15 @@
-"""Engine predictors in child processes, `python -m pipeline.serving.predictor --predictor SPEC`.
+"""Engine predictors: in child processes (`python -m pipeline.serving.predictor --predictor SPEC`), or in the
+server's own process for an engine that releases the GIL while it runs (`mode_for`, `--predictor-mode`).
 
-Each child loads the package's model on its engine (`pipeline/engines/`: Paddle Inference, onnxruntime or
+Each predictor loads the package's model on its engine (`pipeline/engines/`: Paddle Inference, onnxruntime or
 OpenVINO; serving.yaml's `model.engine`, or `pipe serve --engine`) and runs the batches the server sends.
 Paddle Inference's Python `run()` holds the GIL for the whole inference on CPU (its binding releases it
 only for custom devices): predictors on threads would stall the HTTP event loop and each other. In a
-child process the predictor runs while the server waits on a pipe with the GIL released; the other
-engines run the same way, so the server has one model of a predictor. A batch is a dict of named
+child process the predictor runs while the server waits on a pipe with the GIL released. onnxruntime's and
+OpenVINO's `run` release the GIL: `--predictor-mode auto` (the default) runs them in the HTTP process, called by
+the batcher's threads (`InProcessPredictor`), with no pipe, no copy of the batch and no second process (on the
+digits package at concurrency 16: 10-27% less CPU per inference, docs/serve.md);
+a crash of the engine then takes its HTTP process down, as in Triton's onnxruntime backend. A batch is a dict of named
 arrays (the package's inputs by program name, `spec.io`, one batch size), answered with every output by
 program name. Frames on the child's stdin/stdout: 4-byte header length, JSON header (each tensor's
 [name, dtype, shape]), 8-byte payload length, the tensors' raw C-order bytes one after the other (`pack`:
@@ -104,6 +108,62 @@ class PredictorProcess:
             self.proc.wait(timeout)
 
 
+
+def bucketed(eng: Any, on: dict[str, str], fetch: list[tuple[str, str]], sizes: list[int]) -> Any:
+    """`eng.run` at the next bucket size (module docstring): named inputs (program names) -> every output by
+    program name, the padding's rows dropped."""
+    def infer(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        n = len(next(iter(feeds.values())))
+        size = next((b for b in sizes if b >= n), n)
+        if size > n:  # padded with copies of a real sample (a valid input for any model), outputs dropped
+            feeds = {k: np.concatenate([x, np.repeat(x[:1], size - n, axis=0)]) for k, x in feeds.items()}
+        ys = eng.run({on[k]: x for k, x in feeds.items()})
+        return {name: ys[real][:n] for name, real in fetch}
+
+    return infer
+
+
+def warm(infer: Any, doc: dict[str, Any]) -> None:
+    """oneDNN builds its kernels per input shape on first sight: every warm shape at every bucket, before /readyz."""
+    for shapes in doc["warm"]:
+        for n in doc["buckets"]:
+            infer({name: np.zeros((n, *shape), dtype) for name, dtype, shape in shapes})
+
+
+class InProcessPredictor:
+    """A predictor in this process, for an engine whose `run` releases the GIL (onnxruntime, OpenVINO): the
+    batcher's thread calls it directly, no pipe and no second process. The same interface as PredictorProcess."""
+
+    def __init__(self, spec: Spec, threads: int, max_batch: int, engine: str = "", device: str = "cpu"):
+        self.spec = spec
+        self.doc = {"package": str(spec.dir), "engine": engine_for(spec, engine), "device": device,
+                    "precision": spec.precision, "threads": threads, "warm": warm_shapes(spec), "buckets": buckets(max_batch)}
+        self.proc = None
+        self.engine: dict[str, Any] = {}
+        self.gc: list[list[float]] = []  # this process's collections are the server's own
+        self._infer: Any = None
+
+    def start(self) -> None:
+        d = self.doc
+        eng = load_engine(self.spec, d["engine"], d["threads"], cache_capacity=len(d["buckets"]) * len(d["warm"]),
+                          device=d["device"])
+        on = engines.names(eng, self.spec.io, str(self.spec.files[0]))
+        self._infer = bucketed(eng, on, [(t.name, on[t.name]) for t in self.spec.io.outputs], d["buckets"])
+        self.engine = eng.describe()
+
+    def hello(self, timeout: float) -> None:
+        pass
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._infer(feeds)
+
+    def warm_up(self) -> None:
+        warm(self._infer, self.doc)
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._infer = None
+
+
 def warm_shapes(spec: Spec) -> list[list[list[Any]]]:
     """The input shapes warm-up runs, each a [[name, dtype, per-sample shape], ...] for every input: the
     package's fixed shapes, or for a task with a dynamic input (ocr_rec's width) its `example_shapes`."""
@@ -121,11 +181,34 @@ def buckets(max_batch: int) -> list[int]:
     return [1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch] + [max_batch]
 
 
+MODES = ("auto", "process", "in-process")
+# Engines whose run releases the GIL: they can run on the batcher's threads, in the server's own process.
+_GIL_FREE = ("onnxruntime", "openvino")
+
+
+def mode_for(engine: str, mode: str = "auto") -> str:
+    """Where predictors run: "in-process" (the batcher's threads call the engine: no pipe, no second process;
+    onnxruntime and OpenVINO release the GIL while they run) or "process" (a child each: Paddle Inference holds
+    the GIL for a whole run on CPU, module docstring). "auto" picks by engine; "in-process" for Paddle Inference
+    is refused (InputError, one line)."""
+    if mode not in MODES:
+        raise InputError(f"--predictor-mode: one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "auto":
+        return "in-process" if engine in _GIL_FREE else "process"
+    if mode == "in-process" and engine not in _GIL_FREE:
+        raise InputError(f"--predictor-mode in-process: {engine} holds the GIL while it runs; it runs in predictor "
+                         "processes (--predictor-mode process or auto)")
+    return mode
+
+
 def start_predictors(spec: Spec, n: int, threads: int, max_batch: int, engine: str = "",
-                     device: str = "cpu") -> list[PredictorProcess]:
-    preds = [PredictorProcess(spec, threads, max_batch, engine, device) for _ in range(n)]
+                     device: str = "cpu", mode: str = "auto") -> list[Any]:
+    """`n` predictors of the package on `engine`, loaded (PipeError/InputError: why not), in processes or in this
+    process as `mode_for` says."""
+    kind = InProcessPredictor if mode_for(engine_for(spec, engine), mode) == "in-process" else PredictorProcess
+    preds = [kind(spec, threads, max_batch, engine, device) for _ in range(n)]
     try:
-        for pred in preds:  # started together: their paddle imports overlap
+        for pred in preds:  # processes start together: their paddle imports overlap
             pred.start()
         for pred in preds:
             pred.hello(START_S)
@@ -260,13 +343,7 @@ def _predictor_main(doc: dict[str, Any]) -> int:
     fetch = [(t.name, on[t.name]) for t in io_.outputs]
     pauses = gcpause.Pauses()
 
-    def infer(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        n = len(next(iter(feeds.values())))
-        size = next((b for b in doc["buckets"] if b >= n), n)
-        if size > n:  # padded with copies of a real sample (a valid input for any model), outputs dropped
-            feeds = {k: np.concatenate([x, np.repeat(x[:1], size - n, axis=0)]) for k, x in feeds.items()}
-        ys = eng.run({on[k]: x for k, x in feeds.items()})
-        return {name: ys[real][:n] for name, real in fetch}
+    infer = bucketed(eng, on, fetch, doc["buckets"])
 
     write_frame(channel, {"ok": True, "engine": eng.describe()})
     while True:
@@ -277,9 +354,7 @@ def _predictor_main(doc: dict[str, Any]) -> int:
         try:
             if head["op"] == "warm":
                 # oneDNN builds its kernels per input shape on first sight: pay it before /readyz.
-                for shapes in doc["warm"]:
-                    for n in doc["buckets"]:
-                        infer({name: np.zeros((n, *shape), dtype) for name, dtype, shape in shapes})
+                warm(infer, doc)
                 gcpause.settle()  # loaded and warm: nothing of start-up is walked by a collection again
                 write_frame(channel, {"ok": True})
             else:

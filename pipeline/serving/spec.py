@@ -47,7 +47,7 @@ REFERENCE_FILE = "reference.safetensors"  # inputs and their fp32 outputs (pipel
 SERVING_SCHEMA = 1
 # Server defaults written into serving.yaml; `pipe serve` flags override them.
 SERVER_DEFAULTS = {
-    "http_workers": 0, "predictors": 1, "threads": 0, "queue_size": 64, "timeout_s": 30.0, "max_body_bytes": 8 << 20,
+    "http_workers": 0, "predictors": 1, "predictor_mode": "auto", "threads": 0, "queue_size": 64, "timeout_s": 30.0, "max_body_bytes": 8 << 20,
     "max_json_depth": 32, "max_image_pixels": 4096 * 4096, "drain_s": 30.0,
 }
 # The text keys of serving.yaml's `text:` section (from the export's preprocessing).
@@ -227,6 +227,7 @@ class Settings:
     max_image_pixels: int
     drain_s: float
     http_workers: int = 1  # HTTP processes on the one port (pipeline/serving/workers.py)
+    predictor_mode: str = "process"  # "process" or "in-process" (pipeline/serving/predictor.py `mode_for`)
 
 
 def load_package(path: Path) -> Spec:
@@ -306,12 +307,17 @@ def settings(cfg: Any, spec: Spec) -> Settings:
 
         workers = workers_mod.auto(cores)
     predictors = pick("--predictors", cfg.predictors, server["predictors"], int, 1, 64)
+    from pipeline.serving import predictor as predictor_mod
+
+    mode = predictor_mod.mode_for(predictor_mod.engine_for(spec, getattr(cfg, "engine", "")),
+                                  getattr(cfg, "predictor_mode", None) or str(server["predictor_mode"]))
     threads = pick("--threads", cfg.threads, server["threads"], int, 0, 256)
     if threads == 0:  # the cores but one per HTTP process, shared by every predictor
         threads = max(1, (cores - workers) // (workers * predictors))
     return Settings(
         http_workers=workers,
         predictors=predictors,
+        predictor_mode=mode,
         threads=threads,
         max_batch_size=pick("--max-batch-size", cfg.max_batch_size, batching.get("max_batch_size", 32), int, 1, 4096),
         max_wait_ms=pick("--max-wait-ms", cfg.max_wait_ms, batching.get("max_wait_ms", 2.0), float, 0, 1000),

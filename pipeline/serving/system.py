@@ -249,7 +249,8 @@ def run(cfg: Any, package_dir: Any) -> None:
         parts = {}
         for role, sp in system.parts.items():
             s = settings[role]
-            preds[role] = start_predictors(sp, s.predictors, s.threads, s.max_batch_size, engines[role], cfg.device)
+            preds[role] = start_predictors(sp, s.predictors, s.threads, s.max_batch_size, engines[role], cfg.device,
+                                           s.predictor_mode)
             checked = serve_mod.reference_check(sp, s, preds[role])
             parts[role] = serve_mod.State(sp, s, preds[role], checked)
         state = SystemState(system, parts)
