@@ -181,8 +181,8 @@ def _banner(spec: Spec, s: Settings, engine: str, sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
     each = f"{s.http_workers} HTTP processes, each " if s.http_workers > 1 else ""
     return (f"pipe serve: {spec.name} ({engine} {spec.precision}, {each}{s.predictors} predictor(s) x {s.threads} "
-            f"thread(s), batch <= {s.max_batch_size}, wait {s.max_wait_ms:g} ms, predictors {s.predictor_mode}) listening on "
-            f"http://{url_host(host)}:{port}")
+            f"thread(s), batch <= {s.max_batch_size}, wait {s.max_wait_ms:g} ms, predictors {s.predictor_mode}) "
+            f"listening on http://{url_host(host)}:{port}")
 
 
 def _stopped(handled: int, left: int, s: Settings) -> None:

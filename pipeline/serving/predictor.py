@@ -137,7 +137,8 @@ class InProcessPredictor:
     def __init__(self, spec: Spec, threads: int, max_batch: int, engine: str = "", device: str = "cpu"):
         self.spec = spec
         self.doc = {"package": str(spec.dir), "engine": engine_for(spec, engine), "device": device,
-                    "precision": spec.precision, "threads": threads, "warm": warm_shapes(spec), "buckets": buckets(max_batch)}
+                    "precision": spec.precision, "threads": threads, "warm": warm_shapes(spec),
+                    "buckets": buckets(max_batch)}
         self.proc = None
         self.engine: dict[str, Any] = {}
         self.gc: list[list[float]] = []  # this process's collections are the server's own

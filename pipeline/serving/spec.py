@@ -47,8 +47,8 @@ REFERENCE_FILE = "reference.safetensors"  # inputs and their fp32 outputs (pipel
 SERVING_SCHEMA = 1
 # Server defaults written into serving.yaml; `pipe serve` flags override them.
 SERVER_DEFAULTS = {
-    "http_workers": 0, "predictors": 1, "predictor_mode": "auto", "threads": 0, "queue_size": 64, "timeout_s": 30.0, "max_body_bytes": 8 << 20,
-    "max_json_depth": 32, "max_image_pixels": 4096 * 4096, "drain_s": 30.0,
+    "http_workers": 0, "predictors": 1, "predictor_mode": "auto", "threads": 0, "queue_size": 64, "timeout_s": 30.0,
+    "max_body_bytes": 8 << 20, "max_json_depth": 32, "max_image_pixels": 4096 * 4096, "drain_s": 30.0,
 }
 # The text keys of serving.yaml's `text:` section (from the export's preprocessing).
 TEXT_KEYS = ("tokenizer", "max_len", "pad_id", "unk_id", "vocab_file", "vocab_size")

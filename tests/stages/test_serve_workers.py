@@ -33,7 +33,8 @@ def test_http_workers_and_threads_follow_the_cores_the_process_may_use(monkeypat
     """0 (the default) = one HTTP process per core, at most 4; threads = the cores the HTTP processes leave,
     shared by every predictor; a flag overrides either."""
     monkeypatch.setattr(runtime, "available_cores", lambda: cores)
-    s = spec_mod.settings(ServeConfig(http_workers=given, predictors=predictors), SimpleNamespace(doc={}))
+    package = SimpleNamespace(doc={}, engine="paddle_inference")  # what settings reads of a package
+    s = spec_mod.settings(ServeConfig(http_workers=given, predictors=predictors), package)
     assert (s.http_workers, s.predictors, s.threads) == want
 
 
@@ -41,8 +42,9 @@ def test_http_workers_out_of_range_is_one_line(monkeypatch):
     from pipeline.errors import InputError
 
     with pytest.raises(InputError, match=r"--http-workers: must be 0\.\.64, got 65"):
-        spec_mod.settings(ServeConfig(http_workers=65), SimpleNamespace(doc={}))
-    s = spec_mod.settings(ServeConfig(), SimpleNamespace(doc={"server": {"http_workers": 3}}))
+        spec_mod.settings(ServeConfig(http_workers=65), SimpleNamespace(doc={}, engine="paddle_inference"))
+    s = spec_mod.settings(ServeConfig(), SimpleNamespace(doc={"server": {"http_workers": 3}},
+                                                          engine="paddle_inference"))
     assert s.http_workers == 3  # serving.yaml's server.http_workers, under the flag
 
 
