@@ -108,7 +108,6 @@ class PredictorProcess:
             self.proc.wait(timeout)
 
 
-
 def bucketed(eng: Any, on: dict[str, str], fetch: list[tuple[str, str]], sizes: list[int]) -> Any:
     """`eng.run` at the next bucket size (module docstring): named inputs (program names) -> every output by
     program name, the padding's rows dropped."""

@@ -309,8 +309,8 @@ def settings(cfg: Any, spec: Spec) -> Settings:
     predictors = pick("--predictors", cfg.predictors, server["predictors"], int, 1, 64)
     from pipeline.serving import predictor as predictor_mod
 
-    mode = predictor_mod.mode_for(predictor_mod.engine_for(spec, getattr(cfg, "engine", "")),
-                                  getattr(cfg, "predictor_mode", None) or str(server["predictor_mode"]))
+    mode = predictor_mod.mode_for(predictor_mod.engine_for(spec, cfg.engine),
+                                  cfg.predictor_mode or str(server["predictor_mode"]))
     threads = pick("--threads", cfg.threads, server["threads"], int, 0, 256)
     if threads == 0:  # the cores but one per HTTP process, shared by every predictor
         threads = max(1, (cores - workers) // (workers * predictors))
