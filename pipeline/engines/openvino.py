@@ -33,8 +33,11 @@ NAME = "openvino"
 # program, one shape takes some 25-40 entries (a cap of 300 stopped the growth after ~10 new shapes, 1,000 after
 # ~30); with no cache at all a page took within the noise of a cached one. So the cache is capped per shape: 50
 # entries (300 for det's 6 shapes) against 200 left det and rec predictors still growing by 40-80 MB over 800 pages
-# of interleaved sizes, and gave the same pages/s within the noise (with `few_malloc_arenas`, predict/run.py).
-RUNTIME_CACHE_PER_SHAPE = 50
+# of interleaved sizes, with the same pages/s within the noise (with `few_malloc_arenas`, predict/run.py). 20 against
+# 50 (2026-12-07, pipe predict in-process, EPYC, 2 cores): over 1,000 mixed pages the job grew +7.6% after page 200
+# against +11.2% (still rising to page ~400 at 50) and ran 210-260 MB lower; over 300 pages, 3 alternated runs
+# each, 4.30 against 4.53 pages/s (-5%); no cache at all, +5.9% but 4.24 pages/s on the 1,000.
+RUNTIME_CACHE_PER_SHAPE = 20
 FORMATS = ("onnx", "legacy", "ir")  # what it reads: model.onnx, model.pdmodel + model.pdiparams, or its own
 # model.xml + model.bin (what `pipe compress` writes for a model NNCF quantized)
 
