@@ -313,11 +313,11 @@ def check_here(package: Path, engine: str = "") -> tuple[dict[str, Any] | None, 
     max_batch_size), every tensor fed and fetched by name (`engines.names`)."""
     from pipeline import engines, runtime
     from pipeline.errors import PipeError
-    from pipeline.serving import predictor, spec as spec_mod
+    from pipeline.serving import spec as spec_mod
 
     sp = spec_mod.load_package(Path(package))
     settings = spec_mod.settings(_NoFlags(), sp)
-    name = predictor.engine_for(sp, engine)
+    name = spec_mod.engine_for(sp, engine)
     if sp.precision == "bf16" and runtime.bf16_unsupported():
         raise InputError(f"{sp.dir}: a bf16 package, but {runtime.bf16_unsupported()}; package the "
                          "model with --precision fp32")

@@ -76,9 +76,9 @@ from pathlib import Path
 from pipeline import runtime
 from pipeline.errors import InputError, PipeError
 from pipeline.serving import spec as spec_mod, validate, workers
-from pipeline.serving.predictor import START_S, PredictorProcess, engine_for, start_predictors
+from pipeline.serving.predictor import START_S, PredictorProcess, start_predictors
 from pipeline.serving.server import State, bind, exit_while_loading, make_server, reference_check, url_host
-from pipeline.serving.spec import Settings, Spec
+from pipeline.serving.spec import Settings, Spec, engine_for
 
 
 @dataclass(frozen=True)

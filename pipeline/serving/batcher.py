@@ -10,7 +10,7 @@ outputs they would get alone; a task with a dynamic input (ocr_rec's width bucke
 different shapes, and a batch holds one shape: a thread forming a batch sets requests of another shape aside
 (up to 64, in order) and keeps taking this shape behind them; the oldest set-aside request starts the next
 batch, with every set-aside request of its shape. A predictor process that dies fails its batch (500) and is restarted;
-an in-process predictor (`predictor.mode_for`) is called on the thread itself, and its errors fail only their batch.
+an in-process predictor (`spec.mode_for`) is called on the thread itself, and its errors fail only their batch.
 
 Test hook: while the file named by PIPE_FAULT_HOLD_PREDICTOR exists, each predictor thread waits before
 its warm-up and, holding the request it just took, before forming a batch: tests can keep the server

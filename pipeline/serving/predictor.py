@@ -1,5 +1,5 @@
 """Engine predictors: in child processes (`python -m pipeline.serving.predictor --predictor SPEC`), or in the
-server's own process for an engine that releases the GIL while it runs (`mode_for`, `--predictor-mode`).
+server's own process for an engine that releases the GIL while it runs (`spec.mode_for`, `--predictor-mode`).
 
 Each predictor loads the package's model on its engine (`pipeline/engines/`: Paddle Inference, onnxruntime or
 OpenVINO; serving.yaml's `model.engine`, or `pipe serve --engine`) and runs the batches the server sends.
@@ -44,7 +44,7 @@ import numpy as np
 from pipeline import engines, runtime, tasks
 from pipeline.errors import InputError, PipeError
 from pipeline.serving import gcpause
-from pipeline.serving.spec import Spec
+from pipeline.serving.spec import Spec, engine_for, mode_for
 
 START_S = 600.0  # a big program on a busy machine can take minutes to load
 
@@ -181,26 +181,6 @@ def buckets(max_batch: int) -> list[int]:
     return [1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch] + [max_batch]
 
 
-MODES = ("auto", "process", "in-process")
-# Engines whose run releases the GIL: they can run on the batcher's threads, in the server's own process.
-_GIL_FREE = ("onnxruntime", "openvino")
-
-
-def mode_for(engine: str, mode: str = "auto") -> str:
-    """Where predictors run: "in-process" (the batcher's threads call the engine: no pipe, no second process;
-    onnxruntime and OpenVINO release the GIL while they run) or "process" (a child each: Paddle Inference holds
-    the GIL for a whole run on CPU, module docstring). "auto" picks by engine; "in-process" for Paddle Inference
-    is refused (InputError, one line)."""
-    if mode not in MODES:
-        raise InputError(f"--predictor-mode: one of {', '.join(MODES)}, got {mode!r}")
-    if mode == "auto":
-        return "in-process" if engine in _GIL_FREE else "process"
-    if mode == "in-process" and engine not in _GIL_FREE:
-        raise InputError(f"--predictor-mode in-process: {engine} holds the GIL while it runs; it runs in predictor "
-                         "processes (--predictor-mode process or auto)")
-    return mode
-
-
 def start_predictors(spec: Spec, n: int, threads: int, max_batch: int, engine: str = "",
                      device: str = "cpu", mode: str = "auto") -> list[Any]:
     """`n` predictors of the package on `engine`, loaded (PipeError/InputError: why not), in processes or in this
@@ -265,30 +245,6 @@ def read_frame(f: Any) -> tuple[dict[str, Any], bytes]:
     head = json.loads(_read_exact(f, n))
     (m,) = struct.unpack("<Q", _read_exact(f, 8))
     return head, _read_exact(f, m) if m else b""
-
-
-# What each engine runs of a package: formats and precisions (OpenVINO cannot read PaddleSlim's int8 program:
-# its scales are stored with other dims than the program declares, facts note section 13).
-_RUNS = {"paddle_inference": {"pir": ("fp32", "bf16"), "legacy": ("fp32", "int8")},
-         "onnxruntime": {"onnx": ("fp32", "int8")},
-         "openvino": {"onnx": ("fp32", "int8"), "legacy": ("fp32",), "ir": ("fp32", "int8")}}
-
-
-def engine_for(spec: Spec, override: str = "") -> str:
-    """The engine to serve `spec` with: the package's, or `--engine` when it runs the package's files.
-    InputError (one line) for an unknown engine, a missing library, or files the engine cannot run."""
-    if not override or override == "auto":
-        return spec.engine
-    name = engines.resolve(override)
-    if spec.precision not in _RUNS[name].get(spec.fmt, ()):
-        held = ", ".join(p.name for p in spec.files)
-        can = [e for e, fmts in _RUNS.items() if spec.precision in fmts.get(spec.fmt, ())]
-        raise InputError(f"--engine {override}: {spec.dir} holds {held} ({spec.fmt} {spec.precision}), which "
-                         f"{name} does not run; it runs on {', '.join(can)}")
-    lib = engines.missing(name)
-    if lib:
-        raise InputError(f"--engine {override}: {lib}")
-    return name
 
 
 def load_engine(spec: Spec, engine: str, threads: int, cache_capacity: int = 0, device: str = "cpu") -> Any:

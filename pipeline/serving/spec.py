@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from pipeline import artifacts, data as data_mod, iospec, runtime, tasks
+from pipeline import artifacts, data as data_mod, engines, iospec, runtime, tasks
 from pipeline.errors import InputError
 
 PRECISIONS = ("fp32", "bf16", "int8")
@@ -227,7 +227,7 @@ class Settings:
     max_image_pixels: int
     drain_s: float
     http_workers: int = 1  # HTTP processes on the one port (pipeline/serving/workers.py)
-    predictor_mode: str = "process"  # "process" or "in-process" (pipeline/serving/predictor.py `mode_for`)
+    predictor_mode: str = "process"  # "process" or "in-process" (`mode_for`)
 
 
 def load_package(path: Path) -> Spec:
@@ -285,6 +285,50 @@ def load_package(path: Path) -> Spec:
                 doc["preprocessing"], doc, art.manifest_sha256, text, task, info)
 
 
+MODES = ("auto", "process", "in-process")
+# Engines whose run releases the GIL: they can run on the batcher's threads, in the server's own process.
+_GIL_FREE = ("onnxruntime", "openvino")
+
+
+def mode_for(engine: str, mode: str = "auto") -> str:
+    """Where predictors run: "in-process" (the batcher's threads call the engine: no pipe, no second process;
+    onnxruntime and OpenVINO release the GIL while they run) or "process" (a child each: Paddle Inference holds
+    the GIL for a whole run on CPU: pipeline/serving/predictor.py's docstring). "auto" picks by engine;
+    "in-process" for Paddle Inference is refused (InputError, one line)."""
+    if mode not in MODES:
+        raise InputError(f"--predictor-mode: one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "auto":
+        return "in-process" if engine in _GIL_FREE else "process"
+    if mode == "in-process" and engine not in _GIL_FREE:
+        raise InputError(f"--predictor-mode in-process: {engine} holds the GIL while it runs; it runs in predictor "
+                         "processes (--predictor-mode process or auto)")
+    return mode
+
+
+# What each engine runs of a package: formats and precisions (OpenVINO cannot read PaddleSlim's int8 program:
+# its scales are stored with other dims than the program declares, facts note section 13).
+_RUNS = {"paddle_inference": {"pir": ("fp32", "bf16"), "legacy": ("fp32", "int8")},
+         "onnxruntime": {"onnx": ("fp32", "int8")},
+         "openvino": {"onnx": ("fp32", "int8"), "legacy": ("fp32",), "ir": ("fp32", "int8")}}
+
+
+def engine_for(spec: Spec, override: str = "") -> str:
+    """The engine to serve `spec` with: the package's, or `--engine` when it runs the package's files.
+    InputError (one line) for an unknown engine, a missing library, or files the engine cannot run."""
+    if not override or override == "auto":
+        return spec.engine
+    name = engines.resolve(override)
+    if spec.precision not in _RUNS[name].get(spec.fmt, ()):
+        held = ", ".join(p.name for p in spec.files)
+        can = [e for e, fmts in _RUNS.items() if spec.precision in fmts.get(spec.fmt, ())]
+        raise InputError(f"--engine {override}: {spec.dir} holds {held} ({spec.fmt} {spec.precision}), which "
+                         f"{name} does not run; it runs on {', '.join(can)}")
+    lib = engines.missing(name)
+    if lib:
+        raise InputError(f"--engine {override}: {lib}")
+    return name
+
+
 def settings(cfg: Any, spec: Spec) -> Settings:
     """`pipe serve` flags (a ServeConfig; None = the package's value) over serving.yaml, range-checked."""
     server = {**SERVER_DEFAULTS, **(spec.doc.get("server") or {})}
@@ -307,10 +351,7 @@ def settings(cfg: Any, spec: Spec) -> Settings:
 
         workers = workers_mod.auto(cores)
     predictors = pick("--predictors", cfg.predictors, server["predictors"], int, 1, 64)
-    from pipeline.serving import predictor as predictor_mod
-
-    mode = predictor_mod.mode_for(predictor_mod.engine_for(spec, cfg.engine),
-                                  cfg.predictor_mode or str(server["predictor_mode"]))
+    mode = mode_for(engine_for(spec, cfg.engine), cfg.predictor_mode or str(server["predictor_mode"]))
     threads = pick("--threads", cfg.threads, server["threads"], int, 0, 256)
     if threads == 0:  # the cores but one per HTTP process, shared by every predictor
         threads = max(1, (cores - workers) // (workers * predictors))

@@ -223,7 +223,8 @@ def run(cfg: Any, package_dir: Any) -> None:
     until SIGTERM/SIGINT, drain, return."""
     from pipeline import ocr_package, runtime
     from pipeline.serving import server as serve_mod
-    from pipeline.serving.predictor import PredictorProcess, engine_for, start_predictors
+    from pipeline.serving.predictor import PredictorProcess, start_predictors
+    from pipeline.serving.spec import engine_for
 
     system = ocr_package.load(package_dir)
     if cfg.grpc_port:

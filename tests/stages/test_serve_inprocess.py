@@ -1,5 +1,5 @@
 """`--predictor-mode`: onnxruntime and OpenVINO predictors run in the HTTP process (they release the GIL while
-they run), Paddle Inference's in child processes (`pipeline/serving/predictor.py` `mode_for`). A real onnxruntime
+they run), Paddle Inference's in child processes (`pipeline/serving/spec.py` `mode_for`). A real onnxruntime
 package of the digits run, served both ways by real `pipe serve` processes and run by `pipe predict`: the same
 answers, no predictor process in-process, and an engine error in-process fails only its batch."""
 
@@ -25,15 +25,15 @@ pytestmark = pytest.mark.slow(reason="packages the digits export for onnxruntime
 
 
 def test_the_mode_by_engine():
-    assert predictor_mod.mode_for("onnxruntime") == "in-process"
-    assert predictor_mod.mode_for("openvino") == "in-process"
-    assert predictor_mod.mode_for("paddle_inference") == "process"
-    assert predictor_mod.mode_for("onnxruntime", "process") == "process"
-    assert predictor_mod.mode_for("openvino", "in-process") == "in-process"
+    assert spec_mod.mode_for("onnxruntime") == "in-process"
+    assert spec_mod.mode_for("openvino") == "in-process"
+    assert spec_mod.mode_for("paddle_inference") == "process"
+    assert spec_mod.mode_for("onnxruntime", "process") == "process"
+    assert spec_mod.mode_for("openvino", "in-process") == "in-process"
     with pytest.raises(InputError, match=r"--predictor-mode in-process: paddle_inference holds the GIL"):
-        predictor_mod.mode_for("paddle_inference", "in-process")
+        spec_mod.mode_for("paddle_inference", "in-process")
     with pytest.raises(InputError, match=r"--predictor-mode: one of auto, process, in-process, got 'threads'"):
-        predictor_mod.mode_for("onnxruntime", "threads")
+        spec_mod.mode_for("onnxruntime", "threads")
 
 
 @pytest.fixture(scope="module")
