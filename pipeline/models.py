@@ -72,12 +72,12 @@ def build(name: str, num_classes: int, input_shape: tuple[int, ...], vocab_size:
         return _digits_cnn(num_classes, input_shape[0])
     if name == "mlp":
         return _mlp(num_classes, input_shape)
-    if name == "centernet_tiny":  # detection (model.task detection): three raw heads, pipeline/detector.py
+    if name == "centernet_tiny":  # detection (model.task detection): three raw heads, tasks/detection/detector.py
         c, h, w = input_shape
         if h % 16 or w % 16:
             raise InputError(f"--model {name}: needs image sides that are multiples of 16, data is {c}x{h}x{w} "
                              "(set data.image_size)")
-        from pipeline import detector
+        from pipeline.tasks.detection import detector
 
         return detector.centernet_tiny(num_classes, c)
     if name in ("resnet18", "mobilenet_v3_small"):

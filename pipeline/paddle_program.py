@@ -268,8 +268,8 @@ def translate_to_pir(paddle: Any, legacy: Path, prefix: Path, upsample_as_tile: 
 def _upsample_as_tile(paddle: Any, program: Any) -> int:
     """Each nearest upsampling by whole factors (NCHW, no size inputs: PP-OCRv4 det's FPN, x2/x4/x8) as
     unsqueeze + tile + flatten, the same values (nearest with integer scales repeats each pixel), as pipe's
-    own detector upsamples (pipeline/detector.py, facts §16). Why: the translation stores the op's `scale` as
-    float64, which Paddle Inference 3.3.1 cannot run with oneDNN ("ConvertPirAttribute2RuntimeAttribute not
+    own detector upsamples (pipeline/tasks/detection/detector.py, facts §16). Why: the translation stores the op's
+    `scale` as float64, which Paddle Inference 3.3.1 cannot run with oneDNN ("ConvertPirAttribute2RuntimeAttribute not
     support [pir::ArrayAttribute<pir::DoubleAttribute>]", open PaddlePaddle/Paddle#79749; float32 fails PIR's
     verifier); rewritten, the program runs with oneDNN as fast as the legacy one (PP-OCRv4 det: 214 vs 241
     ms/page, outputs within 2e-10) instead of without its op placement (pipeline/engines/paddle.py: 2.4x slower)."""

@@ -1,4 +1,4 @@
-"""pipeline/coco.py: the seeded shapes generator, the COCO reader, its cache and its one-line errors."""
+"""pipeline/tasks/detection/coco.py: the seeded shapes generator, the COCO reader, its cache and its one-line errors."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline import coco
+from pipeline.tasks.detection import coco
 from pipeline.errors import InputError
 
 CATS = [{"id": 1, "name": "rectangle"}, {"id": 2, "name": "ellipse"}, {"id": 3, "name": "triangle"}]

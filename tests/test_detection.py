@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import coco, data, quantize
+from pipeline import data, quantize
+from pipeline.tasks.detection import coco
 from pipeline.config import DataConfig
 from tests.conftest import REPO
 

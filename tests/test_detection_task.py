@@ -1,4 +1,4 @@
-"""The detection task (pipeline/tasks/detection.py) and the built-in CenterNet (pipeline/detector.py): targets,
+"""The detection task (pipeline/tasks/detection/) and its built-in CenterNet (detector.py there): targets,
 decoding of perfect heads back to the boxes, COCO mAP, NMS, answers in original pixels, the loss learning a
 fixed batch, and the model's size, shapes and jit.save round trip."""
 
@@ -142,7 +142,7 @@ def _images(y: np.ndarray) -> np.ndarray:
 
 
 def test_loss_finite_and_decreasing(paddle):
-    from pipeline.detector import centernet_tiny
+    from pipeline.tasks.detection.detector import centernet_tiny
 
     paddle.seed(0)
     net = centernet_tiny(3)
@@ -172,7 +172,7 @@ def test_loss_is_small_for_perfect_heads(paddle):
 
 
 def test_model_size_shapes_and_jit_round_trip(paddle, tmp_path):
-    from pipeline.detector import centernet_tiny
+    from pipeline.tasks.detection.detector import centernet_tiny
 
     paddle.seed(0)
     net = centernet_tiny(3)

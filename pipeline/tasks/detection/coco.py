@@ -21,7 +21,7 @@ a negative or non-finite size, an unknown image or category.
 Ids are unique per file (image and annotation ids may repeat across split files; file names may not).
 Sizes in messages are width x height.
 
-    python -c "from pathlib import Path; from pipeline import coco; coco.generate(Path('shapes'))"
+    python -c "from pathlib import Path; from pipeline.tasks.detection import coco; coco.generate(Path('shapes'))"
 
 No paddle here: numpy, PIL and json only.
 """

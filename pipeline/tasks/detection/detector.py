@@ -1,7 +1,7 @@
 """The built-in detector: a tiny CenterNet (Zhou et al., "Objects as Points", 2019) for `model.task: detection`.
 
 conv-BN-ReLU down to stride 16, nearest 2x upsampling with lateral adds back to stride 4, and one small head
-per output at stride 4. `forward(image)` returns the three raw heads by name (`pipeline/tasks/detection.py`
+per output at stride 4. `forward(image)` returns the three raw heads by name (`pipeline/tasks/detection/__init__.py`
 decodes them in numpy, after the engine):
 
     heatmap  [N, K, H/4, W/4]  class-centre logits (no sigmoid in the graph: it breaks the legacy export)

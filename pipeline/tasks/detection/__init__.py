@@ -1,5 +1,5 @@
 """Detection, CenterNet-style (Zhou et al., "Objects as Points", 2019): the task contract (pipeline/tasks/__init__.py)
-for a model returning three raw heads at stride 4 (`pipeline/detector.py`):
+for a model returning three raw heads at stride 4 (`pipeline/tasks/detection/detector.py`):
 
     heatmap [N, K, h, w] class-centre logits; size [N, 2, h, w] box (width, height) in cells (input px / 4);
     offset [N, 2, h, w] the centre's (x, y) inside its cell, in cells
