@@ -12,13 +12,14 @@ Sources (`data.source`):
 - `shapes`: a generated object-detection set (pipeline/tasks/detection/coco.py: rectangles, ellipses and triangles on
   textured 64x64 backgrounds, 1-4 per image; `data.shapes_images` training images, 15% as many each for
   val and test), written once as a COCO folder under the cache directory;
-- a COCO folder: detection data, images resized to `data.image_size` (0 keeps them, all one size), a
-  missing val/test carved out of train. Layouts (pipeline/tasks/detection/coco.py `LAYOUTS`):
+- a COCO folder: detection data, images resized to `data.image_size` (0 keeps them, all one size), a missing
+  val/test carved out of train. Layouts (pipeline/tasks/detection/coco.py `LAYOUTS`):
   `annotations/instances_{train,val,test}.json` + `images/`; COCO 2017
   (`annotations/instances_{train,val}2017.json` + `train2017/`, `val2017/`); Roboflow's export
-  (`{train,valid,test}/_annotations.coco.json` beside the images); a json beside each split folder (`train.json` + `train/`); or explicit paths (`data.coco_{train,val,test}_json`
-  and `_images`). A detection task always reads a folder as COCO; any other task reads it as COCO only
-  when it is unmistakably one (class folders stay class folders even with a `train.json` beside them);
+  (`{train,valid,test}/_annotations.coco.json` beside the images); a json beside each split folder (`train.json` +
+  `train/`); or explicit paths (`data.coco_{train,val,test}_json` and `_images`). A detection task always reads a
+  folder as COCO; any other task reads it as COCO only when it is unmistakably one (class folders stay class
+  folders even with a `train.json` beside them);
 - `package.module:factory`, a callable taking the DataConfig and returning
   `{"train": (x, y), "val": (x, y), "test": (x, y), "labels": [...]}`.
 
