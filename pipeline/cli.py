@@ -201,7 +201,7 @@ def package(
                               name=name or "", max_batch_size=max_batch_size,
                               max_wait_ms=max_wait_ms, triton=triton)
     if len(model_dirs) > 1:
-        from pipeline import ocr_package
+        from pipeline.ocr_system import package as ocr_package
 
         _summary(ocr_package.compose(cfg, model_dirs, _stage_out(model_dirs[0], out_dir, ocr_package.STAGE),
                                      stage.run, drop_score))
@@ -382,7 +382,8 @@ def inspect(
 
         reference.verify_here(art.path)
     if verify and art.manifest.get("stage") == "ocr_system":  # every part's, as pipe serve checks them
-        from pipeline import ocr_package, reference
+        from pipeline import reference
+        from pipeline.ocr_system import package as ocr_package
 
         for role in ocr_package.load(art.path).parts:
             out.print(f"{role}:")

@@ -81,9 +81,10 @@ def run_all(cfg: RunConfig, run_dir: Path, resume: str | None = None, force: str
 def _run_system(cfg: RunConfig, run_dir: Path, resume: str | None, force: str | None,
                 say: Callable[[str], None], on_stage: Callable[[StageResult], None]) -> list[StageResult]:
     """`system:` set: each part's config (`system.det`, `.cls`, `.rec`) run as its own chain in RUN/<role> (cached,
-    reported and gated as any run), then its three packages composed into RUN/ocr_system (`pipeline/ocr_package.py`),
-    reused while the parts' packages and drop_score are the same."""
-    from pipeline import config as config_mod, ocr_package
+    reported and gated as any run), then its three packages composed into RUN/ocr_system
+    (`pipeline/ocr_system/package.py`), reused while the parts' packages and drop_score are the same."""
+    from pipeline import config as config_mod
+    from pipeline.ocr_system import package as ocr_package
     from stages import package
 
     if resume:
@@ -136,7 +137,7 @@ def _run_part(role: str, part: RunConfig, part_dir: Path, force: str | None, say
 
 def _same_system(out: Path, packages: list[Path], drop_score: float) -> bool:
     """Whether `out` is a verified system of exactly these packages (by their manifests) and drop_score."""
-    from pipeline import ocr_package
+    from pipeline.ocr_system import package as ocr_package
 
     if not out.exists():
         return False

@@ -218,10 +218,10 @@ def _interrupt(sig: int, frame: Any) -> None:
 
 def _load_package(cfg: PredictConfig, package_dir: Path) -> dict[str, Any]:
     """The package verified (as `pipe serve` verifies it), its engine resolved, what the fingerprint names."""
-    from pipeline import ocr_package
+    from pipeline.ocr_system import package as ocr_package
+    from pipeline.ocr_system.serving import part_settings
     from pipeline.serving import spec as spec_mod
     from pipeline.serving.spec import engine_for
-    from pipeline.serving.system import part_settings
 
     if (package_dir / ocr_package.SYSTEM_FILE).is_file():
         system = ocr_package.load(package_dir)

@@ -122,15 +122,15 @@ class ServeConfig:
 
 def run(cfg: ServeConfig, package_dir: Path) -> None:
     """Verify the package, load the predictors, serve until SIGTERM/SIGINT, drain, return (exit 0). An OCR system
-    package (`pipeline/ocr_package.py`) is served by `pipeline/serving/system.py`."""
-    from pipeline import ocr_package
+    package (`pipeline/ocr_system/package.py`) is served by `pipeline/ocr_system/serving.py`."""
+    from pipeline.ocr_system import package as ocr_package
 
     place = workers.current()
     if place is not None:  # one HTTP process of several: the supervisor's flags (pipeline/serving/workers.py)
         workers.die_with_parent()
         cfg = ServeConfig(**place.config)
     if (Path(package_dir) / ocr_package.SYSTEM_FILE).is_file():
-        from pipeline.serving import system
+        from pipeline.ocr_system import serving as system
 
         return system.run(cfg, Path(package_dir))
     spec = spec_mod.load_package(Path(package_dir))

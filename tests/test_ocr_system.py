@@ -1,4 +1,4 @@
-"""The OCR system (pipeline/ocr_system.py): upstream's reading order, crops and line filter by hand, the end-to-end
+"""The OCR system (pipeline/ocr_system/): upstream's reading order, crops and line filter by hand, the end-to-end
 metric by hand, and the real PP-OCRv4 det + cls + rec (the session's imports, Paddle Inference on their PIR
 programs) reading generated pages: every line found and most read exactly, the same answers page by page as all
 pages together, and pages upside down read only with the classifier."""

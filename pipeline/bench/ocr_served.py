@@ -158,7 +158,7 @@ def _served(package: Path, bodies: list[bytes], log_path: Path) -> dict[str, Any
 
 def _parts(package: Path) -> str:
     """What the system package shipped per part (`ocr_package.describe`), e.g. `det int8 (openvino-int8 on openvino)`."""
-    from pipeline import ocr_package
+    from pipeline.ocr_system import package as ocr_package
 
     return ocr_package.describe(ocr_package.load(package))
 

@@ -1,5 +1,5 @@
 """OCR system rows: the real PP-OCRv4 det, ch_ppocr_mobile_v2 cls and PP-OCRv4 rec imported (`pipe import`) and
-chained by pipeline/ocr_system.py, in-process, against RapidOCR 1.4.4 whole (rapidocr-onnxruntime: the same
+chained by pipeline/ocr_system/__init__.py, in-process, against RapidOCR 1.4.4 whole (rapidocr-onnxruntime: the same
 weights as ONNX, on onnxruntime, its default settings), in-process too, on the same generated pages in this one
 run. Not served: pipe's /v1/ocr endpoint is not built yet, so these rows compare the two systems' logic and
 engines, page by page (concurrency 1), not servers.

@@ -114,7 +114,7 @@ def install_ocr(app: Any, det: Spec, s: Settings, drop_score: float) -> None:
 
 
 def ocr(det: Spec, s: Settings, drop_score: float) -> dict[str, Any]:
-    """POST /v1/ocr (pipeline/serving/system.py): pages as base64 PNG/JPEG -> per page its lines."""
+    """POST /v1/ocr (pipeline/ocr_system/serving.py): pages as base64 PNG/JPEG -> per page its lines."""
     request = {"type": "object", "required": ["images"], "additionalProperties": False, "properties": {
         "images": {"type": "array", "minItems": 1, "maxItems": s.max_batch_size,
                    "description": f"pages, PNG or JPEG of at most {s.max_image_pixels} pixels each, any size",

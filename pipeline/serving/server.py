@@ -1,7 +1,7 @@
 """One model's HTTP server, as `pipe serve` runs it in each HTTP process (`stages/serve.py`): the state (the
 predictors' batcher, statistics, metrics, readiness, drain), the FastAPI application with its inference
 endpoints dispatched past the router, uvicorn with lingering close, and the reference check before any of it
-listens. The OCR system's server (`pipeline/serving/system.py`) is built from the same parts, one state per
+listens. The OCR system's server (`pipeline/ocr_system/serving.py`) is built from the same parts, one state per
 part. The endpoints, limits and signals are described in `stages/serve.py`."""
 
 import asyncio

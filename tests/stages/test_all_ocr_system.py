@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import artifacts, ocr_package
+from pipeline import artifacts
 from pipeline.cli import main
+from pipeline.ocr_system import package as ocr_package
 
 
 def _configs(tmp: Path, rec: bool = True) -> Path:

@@ -13,9 +13,10 @@ import httpx
 import pytest
 import yaml
 
-from pipeline import artifacts, cpu, ocr_package, ocr_system
-from pipeline.engines import openvino as ov_engine
+from pipeline import artifacts, cpu, ocr_system
 from pipeline.cli import main
+from pipeline.engines import openvino as ov_engine
+from pipeline.ocr_system import package as ocr_package
 from tests.serving_helpers import png_b64 as _png, start_server
 from tests.stages.test_serve_ocr_system import _same
 

@@ -1,7 +1,7 @@
 """The OCR system as one package and one server, on the real PP-OCRv4 det, cls and rec (the session's imports):
 `pipe package DET CLS REC` composes them (each packaged, the system measured end to end on the detector's test
 pages: the figures recorded are what an in-process read of the exports gives); `pipe serve` answers /v1/ocr with
-what the in-process system reads (`pipeline/ocr_system.py` on the exports themselves), alone and with several
+what the in-process system reads (`pipeline/ocr_system/__init__.py` on the exports themselves), alone and with several
 clients at once; each part still answers on its own endpoints; per-stage metrics; bad input and bad
 compositions get one line."""
 
@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline import artifacts, config as config_mod, engines, iospec, ocr_package, ocr_system
+from pipeline import artifacts, config as config_mod, engines, iospec, ocr_system
 from pipeline.cli import main
 from pipeline.engines import paddle as paddle_engine
+from pipeline.ocr_system import package as ocr_package
 from pipeline.tasks import ocr_cls, ocr_det, ocr_rec
 from tests.serving_helpers import metric, png_b64 as _png, start_server
 
@@ -300,7 +301,7 @@ def test_openapi_states_v1_ocr_and_the_answers_match_it(server, system):
 
 
 def test_automatic_threads_share_the_cores_among_the_parts(package, monkeypatch):
-    from pipeline.serving import system as system_mod
+    from pipeline.ocr_system import serving as system_mod
     from stages.serve import ServeConfig
 
     spec = ocr_package.load(package)

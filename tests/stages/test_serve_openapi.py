@@ -276,7 +276,7 @@ def test_every_error_type_is_documented():
     """Each ApiError(code, "type") in the server's sources is in openapi.ERRORS (bar the docs' 404)."""
     found = set()
     for path in ("pipeline/serving/validate.py", "pipeline/serving/wire.py", "pipeline/serving/v2.py",
-                 "pipeline/serving/server.py", "pipeline/serving/system.py"):
+                 "pipeline/serving/server.py", "pipeline/ocr_system/serving.py"):
         found |= {(int(c), k) for c, k in re.findall(r'ApiError\((\d+), "(\w+)"', (REPO / path).read_text())}
     documented = {(c, k) for c, kinds in openapi.ERRORS.items() for k in kinds}
     assert found - {(404, "not_found")} <= documented, found - documented

@@ -19,7 +19,7 @@ and `pipe serve` call for a dynamic input (pipeline/tasks/__init__.py): `sample_
 REFERENCE_SIDE square), `reference_digest` (the map, float16) and `reference_agreement` (how alike two
 runs' boxes are, at the metric's IoU); `max_batch`, the pages a package runs at once by default; and what
 `pipe compress` calls (pipeline/compress_owned.py): `subset`, `timing_batch`, `unit`, `nncf_model_type`,
-`calib_max`; and for the OCR system (pipeline/ocr_system.py), `system_info`: the settings it decodes a page
+`calib_max`; and for the OCR system (pipeline/ocr_system/__init__.py), `system_info`: the settings it decodes a page
 with before cutting its lines out for the recognizer (boxes grown by `system_unclip_ratio`, 2.0, instead of
 `unclip_ratio`, 1.5).
 """

@@ -23,6 +23,10 @@ RapidOCR pad each batch of 6 to its widest line instead: a line's score then mov
 ocr_det's metric (IoU 0.5, one-to-one, "###" don't care), and `e2e_acc`, the share of the ground-truth lines
 (don't-care aside) whose matched line reads exactly their text (compared as ocr_rec's metric compares:
 spaces ignored by default).
+
+This folder holds the system whole: its composition (here), its package (`package.py`: `pipe package DET CLS REC`
+and loading the system package) and its server (`serving.py`: /v1/ocr and the Open Inference Protocol on the three
+parts' predictors). Nothing here imports `stages/`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`pipe serve` on an OCR system package (`pipeline/ocr_package.py`): one server, every part's predictors.
+"""`pipe serve` on an OCR system package (`pipeline/ocr_system/package.py`): one server, every part's predictors.
 
     pipe serve runs/ocr_system
 
@@ -9,7 +9,7 @@ start-up), behind one HTTP server:
     POST /v1/ocr                        {"images": [base64 PNG/JPEG, ...]} (1..the detector's max_batch_size
                                         pages) -> {"pages": [[{"points": [[x, y] x 4], "text", "score"}, ...]]}:
                                         per page its lines in reading order, in the page's own pixels
-                                        (`pipeline/ocr_system.py`'s steps, as PaddleOCR's TextSystem);
+                                        (`pipeline/ocr_system/__init__.py`'s steps, as PaddleOCR's TextSystem);
                                         a page without text -> []
     POST /v1/models/ROLE/predict        each part's own /v1/predict (ROLE: det, cls, rec)
     POST /v2/models/NAME/infer          each part's Open Inference Protocol endpoint (NAME: its package's name),
@@ -221,7 +221,8 @@ def part_settings(cfg: Any, spec: Any, parts: int) -> spec_mod.Settings:
 def run(cfg: Any, package_dir: Any) -> None:
     """Verify the system package, start every part's predictors (each checked on its reference set), serve
     until SIGTERM/SIGINT, drain, return."""
-    from pipeline import ocr_package, runtime
+    from pipeline import runtime
+    from pipeline.ocr_system import package as ocr_package
     from pipeline.serving import server as serve_mod
     from pipeline.serving.predictor import PredictorProcess, start_predictors
     from pipeline.serving.spec import engine_for

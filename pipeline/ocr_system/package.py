@@ -1,6 +1,6 @@
 """The OCR system as one package: `pipe package DET [CLS] REC` composes a text detector (ocr_det), an optional
 text-line orientation classifier (ocr_cls) and a recognizer (ocr_rec) into one directory that `pipe serve` runs as
-one server answering `/v1/ocr` (`pipeline/serving/system.py`).
+one server answering `/v1/ocr` (`pipeline/ocr_system/serving.py`).
 
     runs/ocr/
       det/  cls/  rec/     each a whole package (`pipe package`: its own manifest, engine, reference set, README)
