@@ -5,15 +5,15 @@
     pipe package runs/exp1/compress --variant int8-paddle --max-batch-size 64
     pipe package runs/exp1/export                          # its fastest fp32 engine, measured here (once)
 
-Reads a verified `export/` (fp32, or bf16: the same PIR program run with oneDNN bf16) or `compress/`
-artifact. From an export with `--engine auto` at fp32, the fp32 engines it has files for are measured here
-on the reference set and `pipeline/choose.py` picks among them as after compress (`pipeline/export_engines.py`:
-the measurement is recorded in `metrics.engine_measurement` and cached by the export's manifest sha256, so a
-second package of the same export measures nothing). From a compress artifact the variant is `--variant`, or
-the one `pipeline/choose.py` picks from the manifest's `metrics.variants` (measured on this machine, every
-engine) for `--engine auto|paddle|onnxruntime|openvino`, `--precision` and `--optimize`; variants with
-`source: export` point back to the export through the manifest's input lineage. Writes `package/`, copied
-from an allowlist (inference-format files only, never a pickle):
+Reads a verified `export/` (fp32, or bf16: the same PIR program run with oneDNN bf16) or `compress/` artifact.
+Which model ships is `pipeline/package_source.py`'s: from an export with `--engine auto` at fp32, the fp32
+engines it has files for are measured here on the reference set and `pipeline/choose.py` picks among them as
+after compress (`pipeline/export_engines.py`: the measurement is recorded in `metrics.engine_measurement` and
+cached by the export's manifest sha256, so a second package of the same export measures nothing). From a
+compress artifact the variant is `--variant`, or the one `pipeline/choose.py` picks from the manifest's
+`metrics.variants` (measured on this machine, every engine) for `--engine auto|paddle|onnxruntime|openvino`,
+`--precision` and `--optimize`; variants with `source: export` point back to the export through the manifest's
+input lineage. Writes `package/`, copied from an allowlist (inference-format files only, never a pickle):
 
     model.json | model.pdmodel, model.pdiparams   the model the chosen engine runs (Paddle Inference: the
     | model.onnx                                  PIR or legacy program; onnxruntime: the ONNX; OpenVINO:
@@ -67,10 +67,9 @@ from typing import Any, Callable
 import numpy as np
 import yaml
 
-from pipeline import artifacts, choose, config as config_mod, cpu, engines, fidelity, iospec, reference, runtime, \
-    tasks, triton_repo
+from pipeline import artifacts, choose, cpu, engines, iospec, package_source, reference, runtime, tasks, triton_repo
 from pipeline.config import CompressConfig
-from pipeline.engines import openvino as ov_engine, paddle as paddle_engine
+from pipeline.engines import paddle as paddle_engine
 from pipeline.errors import GateError, InputError, PipeError
 from pipeline.serving import readme, spec as serving_spec
 
@@ -83,10 +82,6 @@ _CHECK_BATCH = 8
 DEFAULT_MAX_BATCH = 32  # PackageConfig.max_batch_size 0: the task's `max_batch`, else this
 _CHECK_SEED = 0
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-# The Triton ONNX of a Paddle package, by precision, in order of preference (compress variant names).
-_ONNX_VARIANTS = {"fp32": ("onnx-fp32",), "bf16": ("onnx-fp32",), "int8": ("int8-onnx", "onnx-fp32")}
-
-
 @dataclass(frozen=True)
 class PackageConfig:
     """What `pipe package` was asked for (recorded in the manifest under `config.package`)."""
@@ -113,35 +108,12 @@ class PackageConfig:
     """paddle2onnx gate: ONNX vs Paddle max|diff| allowed, relative to max|logit|."""
 
 
-@dataclass
-class _Source:
-    """The model chosen for the package, the engine that runs it, and where its fp32 program and ONNX come from."""
-
-    files: list[Path]  # [program, params] (pir, legacy) or [model.onnx]
-    format: str
-    engine: str
-    precision: str
-    variant: str
-    interface: dict[str, Any]
-    fp32_program: Path
-    fp32_params: Path
-    why: str = ""
-    onnx: Path | None = None
-    onnx_variant: str = ""
-    onnx_precision: str = ""
-    variant_metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
-    vocab: Path | None = None  # text models: the export's vocabulary file
-    measure: bool = False  # an export with --engine auto: its fp32 engines are measured (`_measured`)
-    measurement: dict[str, Any] | None = None  # what `_measured` found (pipeline/export_engines.py)
-    reference_set: tuple[dict[str, np.ndarray], Any] | None = None  # the set `_measured` ran, drawn once
-
-
 def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
     """Package the export or compress artifact `in_dir` into `out_dir`."""
     out_dir = Path(out_dir)
     _check_config(cfg)
     src = artifacts.verify(in_dir, ("export", "compress"))
-    source = _select(src, cfg)
+    source = package_source.select(src, cfg)
     iface = source.interface
     desc, task, info = _io(src, iface)  # by the export's (PIR) program names
     if not cfg.max_batch_size:
@@ -154,7 +126,7 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
     fp32 = _load(paddle_engine.NAME, [source.fp32_program, source.fp32_params], threads, "fp32")
     fp32_run = _runner(fp32, desc, source.fp32_program)
     if source.measure:
-        source = _measured(src, source, cfg, text, desc, task, info, threads)
+        source = package_source.measured(src, source, cfg, text, desc, task, info, threads)
     print(f"package: {source.variant} on {source.engine} ({source.why})")
     y_refs = [fp32_run(feeds) for feeds in checks]
     packaged = _packaged_engine(source, fp32, threads)
@@ -199,7 +171,7 @@ def run(cfg: PackageConfig, in_dir: Path, out_dir: Path) -> Path:
     return out_dir
 
 
-# ------------------------------------------------------------------ choosing the model
+# ------------------------------------------------------------------ the request and the interface
 
 
 def _check_config(cfg: PackageConfig) -> None:
@@ -227,162 +199,7 @@ def _sanitise(name: str) -> str:
     return clean if clean and _NAME_RE.match(clean) else "model"
 
 
-def _select(src: artifacts.Artifact, cfg: PackageConfig) -> _Source:
-    engine = "" if cfg.engine == "auto" else engines.resolve(cfg.engine)
-    if src.stage == "export":
-        if cfg.precision == "int8":
-            raise InputError(f"{src.path}: --precision int8 needs a compress artifact (pipe compress "
-                             f"{src.path} --int8), this is an export")
-        if cfg.variant:
-            raise InputError(f"--variant {cfg.variant}: names a compress variant; {src.path} is an export")
-        return _from_export(src, cfg.precision or "fp32", engine)
-    return _from_compress(src, cfg, engine)
-
-
-def _from_export(exp: artifacts.Artifact, precision: str, engine: str) -> _Source:
-    """`auto` at fp32: the fp32 engines the export has files for are measured once the model loads (`_measured`);
-    bf16 runs on Paddle Inference; another engine runs what it can read (OpenVINO the legacy program, onnxruntime
-    the `pipe export --onnx` or `pipe import` file)."""
-    if exp.manifest.get("format") != "pir":
-        raise InputError(f"{exp.path / artifacts.MANIFEST}: format {exp.manifest.get('format')!r}, "
-                         "expected a PIR export (model.json)")
-    program, params = exp.file("model.json"), exp.file("model.pdiparams")
-    onnx = exp.file("model.onnx") if "model.onnx" in exp.manifest["files"] else None
-    base = dict(interface=exp.manifest["interface"], fp32_program=program, fp32_params=params, vocab=_vocab_file(exp))
-    if engine and engine != paddle_engine.NAME and precision != "fp32":
-        raise InputError(f"--engine {engine} --precision {precision}: only Paddle Inference runs bf16")
-    if engine in ("", paddle_engine.NAME):
-        why = "--engine paddle" if engine else "only Paddle Inference runs bf16"
-        source = _Source([program, params], "pir", paddle_engine.NAME, precision, f"export-{precision}", why=why,
-                         measure=not engine and precision == "fp32", **base)
-    elif engine == ov_engine.NAME and (exp.manifest.get("legacy") or {}).get("available", True) \
-            and "legacy" in exp.manifest:
-        leg = exp.manifest["legacy"]
-        source = _Source([exp.file(leg["model"]), exp.file(leg["params"])], "legacy", engine, "fp32", "export-legacy",
-                         why="--engine openvino: the export's legacy program", **base)
-    elif onnx is not None:
-        source = _Source([onnx], "onnx", engine, "fp32", "export-onnx", why=f"--engine {engine}: the export's ONNX",
-                         **base)
-    else:
-        raise InputError(f"--engine {engine}: {exp.path} holds no file it runs (it reads "
-                         f"{', '.join(engines.FORMATS[engine])}); pipe compress {exp.path} --int8 writes them, or "
-                         f"pipe export --onnx")
-    if onnx is not None:  # `pipe export --onnx`: already parity-gated there
-        source.onnx, source.onnx_variant, source.onnx_precision = onnx, "export", "fp32"
-    return source
-
-
-def _measured(exp: artifacts.Artifact, source: _Source, cfg: PackageConfig, text: dict[str, Any] | None,
-              desc: iospec.IO, task: Any, info: tasks.Info, threads: int) -> _Source:
-    """An export's fp32 engines measured on the reference set (`pipeline/export_engines.py`: this machine's
-    measurement, cached by the export's manifest sha256) and the one `pipeline/choose.py` picks, as after
-    compress."""
-    from pipeline import export_engines
-
-    x, targets = _reference_set(exp, source, text, desc, task, info)
-    ccfg = (exp.manifest.get("config") or {}).get("compress") or {}
-    budget = CompressConfig(**{k: float(ccfg.get(k, getattr(CompressConfig, k)))
-                               for k in ("max_drop", "min_agreement", "min_sqnr_db")})
-    found = export_engines.measured(exp, desc, task, info, x, targets, budget, threads, cfg.max_batch_size)
-    variants = found["variants"]
-    chosen = choose.pick(variants, ref_accuracy=variants["fp32"]["accuracy"], ref_name="fp32",
-                         max_drop=budget.max_drop, optimize=cfg.optimize, where=f"package: {exp.path}",
-                         maximize=task.maximize)
-    v = variants[chosen.variant]
-    files = [exp.file(f) for f in v["files"]] or source.files
-    said = "measured here" if found["measured_here"] else \
-        f"this machine's measurement of the export, from {found['cache']}"
-    picked = dataclasses.replace(source, files=files, format=v["format"], engine=v["engine"],
-                                 variant=f"export-{'fp32' if v['format'] == 'pir' else v['format']}",
-                                 why=f"{said}: {chosen.why}", measure=False, reference_set=(x, targets),
-                                 variant_metrics={k: v[k] for k in ("latency_ms_p50_bs1", "latency_ms_p99_bs1",
-                                                                    "items_per_s_bs32", "speedup_bs1", "speedup_bs32",
-                                                                    "throughput_batch")},
-                                 measurement={k: found[k] for k in ("measured_here", "cache", "variants")}
-                                 | {"chosen": chosen.variant})
-    return picked
-
-
-def _from_compress(comp: artifacts.Artifact, cfg: PackageConfig, engine: str) -> _Source:
-    """A compress variant: `--variant`, or the one `pipeline/choose.py` picks from what compress measured here."""
-    where = comp.path / artifacts.MANIFEST
-    metrics = comp.manifest.get("metrics") or {}
-    if not isinstance(metrics.get("variants"), dict) or not metrics["variants"]:
-        raise InputError(f"{where}: metrics.variants is missing; not a compress artifact this pipe reads")
-    ccfg = (comp.manifest.get("config") or {}).get("compress") or {}
-    maximize = tasks.from_interface(comp.manifest["interface"], iospec.IO.from_interface(
-        comp.manifest["interface"]))[0].maximize
-    variants = fidelity.verdicts(metrics, ccfg, maximize)  # compress's verdicts, as stored (or as of an old manifest)
-    exp = _lineage_export(comp)
-    if cfg.variant:
-        name, why = cfg.variant, f"--variant {cfg.variant}"
-        if name not in variants:
-            raise InputError(f"--variant {name}: {where} has {', '.join(sorted(variants))}")
-    else:
-        ref, ref_name = (variants.get("fp32") or {}).get("accuracy"), "fp32"
-        if "distill" in metrics:
-            ref, ref_name = metrics["distill"]["teacher_test_acc"], f"teacher {metrics['distill']['teacher_model']}"
-        chosen = choose.pick(variants, ref_accuracy=ref, ref_name=ref_name, max_drop=float(ccfg.get("max_drop", 1.0)),
-                             optimize=cfg.optimize, engine=engine, precision=cfg.precision, where=f"package: {where}",
-                             maximize=maximize)
-        name, why = chosen.variant, chosen.why
-    var = variants[name]
-    if not isinstance(var, dict):
-        raise InputError(f"{where}: metrics.variants.{name} must be a mapping")
-    if var.get("supported") is False:
-        raise InputError(f"{where}: the {name} variant could not run where it was made "
-                         f"({var.get('reason') or 'unsupported'}); pick another")
-    if str(var.get("status", "")).startswith(("below budget", fidelity.OVER)):  # compress's verdict: never shipped
-        raise GateError(f"{where}: the {name} variant is {var['status']}; pick another")
-    if str(var.get("status", "")).startswith("unreliable"):
-        print(f"package: note: {name} was measured {var['status']}")
-    var_engine = str(var.get("engine") or paddle_engine.NAME)
-    for flag, asked, got in (("--engine", engine, var_engine), ("--precision", cfg.precision, var.get("precision"))):
-        if asked and asked != got:
-            raise InputError(f"{flag} {asked}: variant {name} runs {var_engine} {var.get('precision')}")
-    files, fmt = var.get("files") or [], str(var.get("format") or "")
-    if fmt not in MODEL_FILES:
-        raise InputError(f"{where}: metrics.variants.{name} has format {fmt!r}; expected {', '.join(MODEL_FILES)}")
-    if var.get("source") == "export":
-        paths = [exp.file(str(f)) for f in files] or [exp.file("model.json"), exp.file("model.pdiparams")]
-    else:
-        paths = [comp.file(str(f)) for f in files]
-    if [p.suffix for p in paths] != [Path(f).suffix for f in MODEL_FILES[fmt]]:
-        raise InputError(f"{where}: metrics.variants.{name} must list {' and '.join(MODEL_FILES[fmt])}-like files")
-    source = _Source(paths, fmt, var_engine, str(var.get("precision")), name, exp.manifest["interface"],
-                     exp.file("model.json"), exp.file("model.pdiparams"), why=why, vocab=_vocab_file(exp))
-    source.variant_metrics = {k: v for k, v in var.items()
-                              if k not in ("files", "format", "engine", "source", "inputs", "outputs")}
-    if fmt == "onnx":  # Triton serves the very file the package serves
-        source.onnx, source.onnx_variant, source.onnx_precision = paths[0], f"compress:{name}", source.precision
-    elif cfg.triton:
-        # an int8 ONNX below budget (e.g. onnxruntime's on PP-OCRv4 rec) is never what Triton serves
-        onnx_name = next((n for n in _ONNX_VARIANTS[source.precision] if isinstance(variants.get(n), dict)
-                          and variants[n].get("supported") is not False and variants[n].get("shippable") is not False),
-                         None)
-        if onnx_name is not None:
-            onnx_files = [f for f in variants[onnx_name].get("files") or [] if str(f).endswith(".onnx")]
-            if len(onnx_files) != 1:
-                raise InputError(f"{where}: metrics.variants.{onnx_name} must list one .onnx file")
-            held = exp if variants[onnx_name].get("source") == "export" else comp  # the export's model.onnx
-            source.onnx, source.onnx_variant = held.file(str(onnx_files[0])), f"compress:{onnx_name}"
-            source.onnx_precision = "int8" if onnx_name.startswith("int8") else "fp32"
-    return source
-
-
-def _vocab_file(exp: artifacts.Artifact) -> Path | None:
-    """A text export's vocabulary (verified with the rest of the export), or None for other models."""
-    pre = (exp.manifest.get("interface") or {}).get("preprocessing") or {}
-    if pre.get("kind") != "text":
-        return None
-    name = pre.get("vocab_file")
-    if not isinstance(name, str) or name not in exp.manifest["files"]:
-        raise InputError(f"{exp.path / artifacts.MANIFEST}: a text model, but the export lists no vocabulary "
-                         f"file {name!r}")
-    return exp.file(name)
-
-
-def _text(src: artifacts.Artifact, source: _Source, iface: dict[str, Any]) -> dict[str, Any] | None:
+def _text(src: artifacts.Artifact, source: package_source.Source, iface: dict[str, Any]) -> dict[str, Any] | None:
     """A text model's `text:` section for serving.yaml (tokenizer, max_len, pad/unk ids, vocabulary),
     with the vocabulary file checked against it; None for other models."""
     pre = iface["preprocessing"]
@@ -393,17 +210,6 @@ def _text(src: artifacts.Artifact, source: _Source, iface: dict[str, Any]) -> di
         raise InputError(f"{src.path / artifacts.MANIFEST}: a text model without a vocabulary file")
     serving_spec.check_vocab(source.vocab, text)
     return {**text, "padding": "right, with pad_id, to max_len", "truncation": "max_len"}
-
-
-def _lineage_export(comp: artifacts.Artifact) -> artifacts.Artifact:
-    ref = comp.manifest.get("input") or {}
-    if ref.get("stage") != "export":
-        raise InputError(f"{comp.path / artifacts.MANIFEST}: input is not an export artifact")
-    exp = artifacts.verify((comp.path / ref["path"]).resolve(), ("export",))
-    if exp.manifest_sha256 != ref.get("manifest_sha256"):
-        raise InputError(f"{exp.path / artifacts.MANIFEST}: changed since {comp.path} was made from it "
-                         "(re-run pipe compress)")
-    return exp
 
 
 def _io(src: artifacts.Artifact, iface: dict[str, Any]) -> tuple[iospec.IO, Any, tasks.Info]:
@@ -485,7 +291,7 @@ def _runner(eng: Any, desc: iospec.IO, where: Path) -> Callable[[dict[str, np.nd
     return run_
 
 
-def _packaged_engine(source: _Source, fp32: Any, threads: int) -> Any | None:
+def _packaged_engine(source: package_source.Source, fp32: Any, threads: int) -> Any | None:
     """The packaged files on their engine at their precision; None for bf16 on a CPU without bf16 kernels."""
     if source.files[0] == source.fp32_program and source.precision == "fp32" and source.engine == paddle_engine.NAME:
         return fp32
@@ -494,7 +300,7 @@ def _packaged_engine(source: _Source, fp32: Any, threads: int) -> Any | None:
     return _load(source.engine, source.files, threads, source.precision)
 
 
-def _reference(src: artifacts.Artifact, source: _Source, cfg: PackageConfig, text: dict[str, Any] | None,
+def _reference(src: artifacts.Artifact, source: package_source.Source, cfg: PackageConfig, text: dict[str, Any] | None,
                desc: iospec.IO, fp32: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
                packaged: tuple[Any, Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]] | None,
                task: Any, info: tasks.Info
@@ -505,8 +311,8 @@ def _reference(src: artifacts.Artifact, source: _Source, cfg: PackageConfig, tex
     the logits under compress.min_agreement, or another float output under compress.min_sqnr_db: every float
     output of a task without logits) nothing is written (exit 4): a package never ships what fails its own
     check. The task's metrics on the set's targets (fp32 and packaged) are recorded, not gated."""
-    exp = src if src.stage == "export" else _lineage_export(src)
-    x, targets = source.reference_set or _reference_set(exp, source, text, desc, task, info)
+    exp = src if src.stage == "export" else package_source.lineage_export(src)
+    x, targets = source.reference_set or package_source.reference_set(exp, source, text, desc, task, info)
     ccfg = (src.manifest.get("config") or {}).get("compress") or {}
     # configs recorded before compress.min_sqnr_db existed get its default
     budget = float(ccfg.get("min_agreement", 0.99))
@@ -539,16 +345,6 @@ def _reference(src: artifacts.Artifact, source: _Source, cfg: PackageConfig, tex
     return x, y, out, digest
 
 
-def _reference_set(exp: artifacts.Artifact, source: _Source, text: dict[str, Any] | None, desc: iospec.IO, task: Any,
-                   info: tasks.Info) -> tuple[dict[str, np.ndarray], Any]:
-    """The reference set's inputs (by the interface's input names) and targets, drawn from the export's data."""
-    vocab = serving_spec.check_vocab(source.vocab, text) if text is not None else None
-    if tasks.dynamic(task):  # the task's own lines, prepared as served, one tensor
-        arr, targets = task.reference_set(config_mod.from_dict(exp.manifest["config"]).data, info, reference.SAMPLES)
-        return {desc.inputs[0].name: arr}, targets
-    return reference.draw_set(exp.manifest["config"], exp.manifest["interface"], vocab)
-
-
 def _copy_model(src: Path, dest: Path) -> None:
     """Copy a model file, refusing anything that looks like a pickle (protocol 2+ starts with 0x80)."""
     with open(src, "rb") as f:
@@ -561,7 +357,7 @@ def _copy_model(src: Path, dest: Path) -> None:
 # ------------------------------------------------------------------ documents
 
 
-def _serving_spec(name: str, source: _Source, served: iospec.IO,
+def _serving_spec(name: str, source: package_source.Source, served: iospec.IO,
                   iface: dict[str, Any], cfg: PackageConfig, triton: dict[str, Any] | None,
                   text: dict[str, Any] | None, ref_check: dict[str, Any]) -> dict[str, Any]:
     files = MODEL_FILES[source.format]
