@@ -25,8 +25,8 @@ from pipeline.config import CompressConfig
 from pipeline.engines import openvino as ov_engine, paddle as paddle_engine
 from pipeline.errors import GateError, InputError
 from pipeline.serving import spec as serving_spec
+from pipeline.serving.spec import MODEL_FILES
 
-MODEL_FILES = serving_spec.MODEL_FILES
 # The Triton ONNX of a Paddle package, by precision, in order of preference (compress variant names).
 _ONNX_VARIANTS = {"fp32": ("onnx-fp32",), "bf16": ("onnx-fp32",), "int8": ("int8-onnx", "onnx-fp32")}
 
