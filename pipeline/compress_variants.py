@@ -31,7 +31,7 @@ VARIANT_FILES = {
 
 
 def load(src: artifacts.Artifact, cdir: Path, io: dict[str, Any], backends: tuple[str, ...],
-             skipped: dict[str, str], threads: int) -> dict[str, dict[str, Any]]:
+         skipped: dict[str, str], threads: int) -> dict[str, dict[str, Any]]:
     """name -> {run: feeds -> outputs (`runner`), describe, format, precision, engine, files, source, inputs,
     outputs} for every variant, each loaded through its engine (`pipeline/engines/`).
 
@@ -77,7 +77,7 @@ def load(src: artifacts.Artifact, cdir: Path, io: dict[str, Any], backends: tupl
 
 
 def openvino(src: artifacts.Artifact, cdir: Path, io: dict[str, Any], built: dict[str, dict[str, Any]],
-              threads: int) -> dict[str, dict[str, Any]]:
+             threads: int) -> dict[str, dict[str, Any]]:
     """OpenVINO on files the other routes made: fp32 on the export's legacy program (it does not read PIR;
     facts note section 13: faster than from paddle2onnx's ONNX on mobilenet_v3_small, 6.6x vs 4.6x fp32 at
     batch 1), else, or when its Paddle frontend cannot read that program (e.g. "No creator found for
@@ -109,7 +109,8 @@ def openvino(src: artifacts.Artifact, cdir: Path, io: dict[str, Any], built: dic
 
 
 def metrics(variants: dict[str, dict[str, Any]], parity: dict[str, Any], ccfg: CompressConfig,
-             calib: dict[str, np.ndarray], n_test: int, threads: int, io: dict[str, Any], cap: dict[str, Any]) -> dict[str, Any]:
+            calib: dict[str, np.ndarray], n_test: int, threads: int, io: dict[str, Any],
+            cap: dict[str, Any]) -> dict[str, Any]:
     base = variants["fp32"]
     int8 = fidelity.int8_names(variants)
     best = fidelity.best_int8(variants, io["task"].maximize)  # None when none is within budget

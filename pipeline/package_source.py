@@ -101,7 +101,7 @@ def _from_export(exp: artifacts.Artifact, precision: str, engine: str) -> Source
 
 
 def measured(exp: artifacts.Artifact, source: Source, cfg: Any, text: dict[str, Any] | None,
-              desc: iospec.IO, task: Any, info: tasks.Info, threads: int) -> Source:
+             desc: iospec.IO, task: Any, info: tasks.Info, threads: int) -> Source:
     """An export's fp32 engines measured on the reference set (`pipeline/export_engines.py`: this machine's
     measurement, cached by the export's manifest sha256) and the one `pipeline/choose.py` picks, as after
     compress."""
@@ -222,7 +222,7 @@ def lineage_export(comp: artifacts.Artifact) -> artifacts.Artifact:
 
 
 def reference_set(exp: artifacts.Artifact, source: Source, text: dict[str, Any] | None, desc: iospec.IO, task: Any,
-                   info: tasks.Info) -> tuple[dict[str, np.ndarray], Any]:
+                  info: tasks.Info) -> tuple[dict[str, np.ndarray], Any]:
     """The reference set's inputs (by the interface's input names) and targets, drawn from the export's data."""
     vocab = serving_spec.check_vocab(source.vocab, text) if text is not None else None
     if tasks.dynamic(task):  # the task's own lines, prepared as served, one tensor
