@@ -109,7 +109,7 @@ def run(cfg: PredictConfig, package_dir: Path, inputs: list[str], out_dir: Path)
         on_rows = _drawer(cfg, loaded, out, model.max_pixels)
         t0 = time.perf_counter()
         with _Progress(inputs, text, cfg.field) as progress:
-            job = run_mod.Job(model, out, workers, model.batch, cfg.dpi, loaders=max(2, workers * 2),
+            job = run_mod.Job(model, out, workers, model.batch, cfg.dpi, loaders=run_mod.loaders_for(workers),
                               progress=progress.advance, on_rows=on_rows)
             counts = job.run(items)
         summary = _summary(counts, t_start, t0, cfg, loaded, package_dir, out, workers, threads, model.batch)
