@@ -4,7 +4,7 @@
     pick(variants, ..., engine="openvino")                                           # the best OpenVINO one
 
 `variants` is compress's `metrics.variants` (measured on this machine: accuracy, agreement, p50 at batch 1,
-items/s at batch 32, each against Paddle fp32 as `speedup_bs1` / `speedup_bs32`, and `shippable`; a task
+items/s at batch 32, each against Paddle fp32 as `speedup_bs1` / `speedup_batch`, and `shippable`; a task
 that times another throughput batch, e.g. ocr_det's 4 pages, keeps these names and says the batch in each
 variant's `throughput_batch`, and the reasons below say it too). A
 candidate is shippable and runnable here (its engine's library imports). Shippable is compress's one
@@ -51,12 +51,12 @@ class Pick:
 
 
 def score(v: dict[str, Any], optimize: str) -> float:
-    s1, s32 = float(v.get("speedup_bs1") or 0), float(v.get("speedup_bs32") or 0)
+    s1, s32 = float(v.get("speedup_bs1") or 0), float(v.get("speedup_batch") or 0)
     return {"balanced": math.sqrt(s1 * s32), "latency": s1, "throughput": s32}[optimize]
 
 
 def _not_slower(v: dict[str, Any], optimize: str) -> bool:
-    s1, s32 = float(v.get("speedup_bs1") or 0), float(v.get("speedup_bs32") or 0)
+    s1, s32 = float(v.get("speedup_bs1") or 0), float(v.get("speedup_batch") or 0)
     need = {"balanced": (s1, s32), "latency": (s32,), "throughput": (s1,)}[optimize]
     return all(s >= 1 / FASTER for s in need)
 
@@ -68,7 +68,7 @@ def criterion(optimize: str, batch: int = 32) -> str:
 
 
 def throughput_batch(variants: dict[str, Any]) -> int:
-    """The batch the variants' `items_per_s_bs32` / `speedup_bs32` were measured at: their `throughput_batch`
+    """The batch the variants' `items_per_s_batch` / `speedup_batch` were measured at: their `throughput_batch`
     (compress of a task that owns its data), else 32 (every other compress, and manifests before the field)."""
     return next((int(v["throughput_batch"]) for v in variants.values()
                  if isinstance(v, dict) and v.get("throughput_batch")), 32)
@@ -139,7 +139,7 @@ def _fastest(within: dict[str, tuple[dict[str, Any], float]], optimize: str, ask
     def said(n: str) -> str:
         v = within[n][0]
         rest = ", ".join(f"{m} {score(within[m][0], optimize):.2f}" for m in ranked if m != n)
-        return (f"{v.get('speedup_bs1', 0):.2f}x at batch 1, {v.get('speedup_bs32', 0):.2f}x at batch {batch} "
+        return (f"{v.get('speedup_bs1', 0):.2f}x at batch 1, {v.get('speedup_batch', 0):.2f}x at batch {batch} "
                 f"(score {score(v, optimize):.2f}" + (f"; others {rest})" if rest else ")"))
 
     if asked:

@@ -412,8 +412,11 @@ def _fmt(v: Any) -> str:
 
 
 def _summary(path: Path, prefix: str = "") -> None:
+    from pipeline import artifacts
+
     m = json.loads((Path(path) / "manifest.json").read_text())
-    shown = {k: v for k, v in m["metrics"].items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
+    shown = {k: v for k, v in artifacts.current_names(m["metrics"]).items()
+             if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
     out.print(f"{prefix}[green]{m['stage']}[/green] -> {path}  " + "  ".join(f"{k}={_fmt(v)}" for k, v in list(shown.items())[:6]))
 
 

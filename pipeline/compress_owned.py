@@ -36,9 +36,10 @@ compress.min_agreement: never shipped; the same on the task's reference items th
 packaged variant on, `reference_agreement`), and timed interleaved (pipeline/timing.py)
 at batch 1 and at the task's `timing_batch` (ocr_rec 32; ocr_det 4, its package's max_batch: a page is ~0.25 s)
 on the first test items of one shape (ocr_rec: real lines at the first served width, `_timing_batches`). The
-`*_bs32` fields (`items_per_s_bs32`, `speedup_bs32`, `fastest_bs32`) keep every compress's names, which
-pipeline/choose.py ranks on and older manifests carry: they hold items/s at the task's timing batch, which
-`metrics.timing.batch` records. The gate is every compress's: an int8 variant within budget or exit 4, nothing
+`*_batch` fields (`items_per_s_batch`, `speedup_batch`, `fastest_batch`, every compress's names, which
+pipeline/choose.py ranks on) hold items/s at the task's timing batch, which each variant's `throughput_batch`
+and `metrics.timing.batch` record (manifests written before were `*_bs32`: `artifacts.verify` reads them as
+`*_batch`). The gate is every compress's: an int8 variant within budget or exit 4, nothing
 written.
 """
 
@@ -297,7 +298,7 @@ def _measure(built: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: Pa
     # the reference set `pipe package` checks the packaged variant on (the task's few items, against fp32's):
     # held here too, so compress never calls shippable what package would refuse
     ref_x, _ = task.reference_set(config_mod.from_dict(src.manifest["config"]).data, info, reference.SAMPLES)
-    ref_feeds = {desc_input(src): ref_x}
+    ref_feeds = {image_input_name(src): ref_x}
     ref_digest = task.reference_digest(live["fp32"]["run"](ref_feeds), info)
     ref_agree = {n: float(task.reference_agreement(task.reference_digest(e["run"](ref_feeds), info), ref_digest, info))
                  for n, e in live.items()}
@@ -314,13 +315,13 @@ def _measure(built: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: Pa
             else [cdir / f for f in v["files"]]
         v["size_bytes"] = sum(p.stat().st_size for p in paths) if v["files"] or v["source"] == "export" else None
         v.update(metric=task.monitor, top1_agreement=None, max_abs_diff=None, fidelity=None,
-                 throughput_batch=task.timing_batch)  # what items_per_s_bs32 / speedup_bs32 were timed at
+                 throughput_batch=task.timing_batch)  # what items_per_s_batch / speedup_batch were timed at
         if name not in live:
             out[name] = {**v, "supported": False, "reason": e["reason"], "accuracy": None, "metrics": None,
                          "val_metrics": None, "char_agreement": None, "agreement_samples": None,
                          "reference_agreement": None, "reference_samples": None,
-                         "latency_ms_p50_bs1": None, "latency_ms_p99_bs1": None, "items_per_s_bs32": None,
-                         "speedup_bs1": None, "speedup_bs32": None, "faster_than_fp32": None, "note": e["reason"],
+                         "latency_ms_p50_bs1": None, "latency_ms_p99_bs1": None, "items_per_s_batch": None,
+                         "speedup_bs1": None, "speedup_batch": None, "faster_than_fp32": None, "note": e["reason"],
                          "status": f"unsupported: {e['reason']}", "shippable": False}
             continue
         agree, n = _agreement(evals[name], ref, task, info, ("val", "test"))
@@ -337,7 +338,7 @@ def _measure(built: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: Pa
     return out, [int(d) for d in next(iter(x32.values())).shape]
 
 
-def desc_input(src: artifacts.Artifact) -> str:
+def image_input_name(src: artifacts.Artifact) -> str:
     """The name the export's one image input goes by (a dynamic task's input)."""
     return iospec.IO.from_interface(src.manifest["interface"]).inputs[0].name
 
@@ -385,7 +386,7 @@ def _metrics(variants: dict[str, dict[str, Any]], ccfg: CompressConfig, task: An
         "int8_vs_own_fp32": (own := fidelity.int8_vs_own_fp32(variants)),
         "int8_pays": any(o["faster"] for o in own.values()),
         "fastest_bs1": min(live, key=lambda n: variants[n]["latency_ms_p50_bs1"]),
-        "fastest_bs32": max(live, key=lambda n: variants[n]["items_per_s_bs32"]),
+        "fastest_batch": max(live, key=lambda n: variants[n]["items_per_s_batch"]),
         "test_samples": n_test,
         "threads": threads,
         "calibration": {"split": "train", "lines": int(len(rows)), "unit": unit, "of": n_train, "batches": len(calib),
@@ -417,7 +418,7 @@ def _print(variants: dict[str, dict[str, Any]], task: Any, n: int, metrics: dict
             continue
         drop = (base["accuracy"] - v["accuracy"]) * 100 * (1 if task.maximize else -1)
         print(f"  {name:<14} {v['accuracy']:>7.2%} {drop:>6.2f} {v['char_agreement']:>6.3f} "
-              f"{v['latency_ms_p50_bs1']:>7.1f} {v['items_per_s_bs32']:>12.1f}  {v['status']}"
+              f"{v['latency_ms_p50_bs1']:>7.1f} {v['items_per_s_batch']:>12.1f}  {v['status']}"
               + (f"; {v['note']}" if v["note"] else ""))
     s = metrics["openvino_search"]
     if s:

@@ -157,7 +157,7 @@ def metrics(variants: dict[str, dict[str, Any]], parity: dict[str, Any], ccfg: C
         "int8_unsupported": {n: v["reason"] for n, v in variants.items() if v["precision"] == "int8"
                              and not v["supported"]},
         "fastest_bs1": min(live, key=lambda n: variants[n]["latency_ms_p50_bs1"]),
-        "fastest_bs32": max(live, key=lambda n: variants[n]["items_per_s_bs32"]),
+        "fastest_batch": max(live, key=lambda n: variants[n]["items_per_s_batch"]),
         "test_samples": n_test,
         "threads": threads,
         **parity,

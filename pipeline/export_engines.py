@@ -43,7 +43,7 @@ LATENCY_RUNS, THROUGHPUT_RUNS, WARMUP, BLOCK_WARMUP = 8, 3, 1, 1
 SCHEMA = 1
 _KEPT = ("format", "precision", "engine", "files", "source", "supported", "reason", "metric", "accuracy",
          "reference_agreement", "reference_samples", "fidelity", "latency_ms_p50_bs1", "latency_ms_p99_bs1",
-         "items_per_s_bs32", "throughput_batch", "speedup_bs1", "speedup_bs32", "faster_than_fp32", "note",
+         "items_per_s_batch", "throughput_batch", "speedup_bs1", "speedup_batch", "faster_than_fp32", "note",
          "status", "shippable", "drop_points", "engine_info")
 
 
@@ -126,7 +126,7 @@ def _measure(exp: artifacts.Artifact, desc: iospec.IO, task: Any, info: Any, x: 
         v.update(engine_info=e.get("describe"), metric=task.monitor, throughput_batch=timing_batch)
         if name not in live:
             out[name] = {**v, "supported": False, "reason": e["reason"], "accuracy": None, "note": e["reason"],
-                         "speedup_bs1": None, "speedup_bs32": None, "faster_than_fp32": None}
+                         "speedup_bs1": None, "speedup_batch": None, "faster_than_fp32": None}
             continue
         res = reference.compare(got[name], ref, desc, budget.min_sqnr_db, logits=info.logits, task=task, info=info)
         agree = res.get("top1_agreement")

@@ -101,7 +101,7 @@ def verdict(name: str, v: dict[str, Any], base: dict[str, Any], ccfg: CompressCo
     if paddle_int8 and exact is False and (over or not v["faster_than_fp32"]):
         return (f"unreliable on this CPU: oneDNN int8 matmul saturates without VNNI, so fc/matmul ran in fp32; "
                 f"then {'agreement ' + _num(agree, '.4f') + ', ' if agree is not None else ''}drop {drop:.2f} points, "
-                f"{v['speedup_bs1']:.2f}x fp32 at batch 1 and {v['speedup_bs32']:.2f}x at batch 32: not both within "
+                f"{v['speedup_bs1']:.2f}x fp32 at batch 1 and {v['speedup_batch']:.2f}x at batch 32: not both within "
                 "budget and faster")
     if over:
         return f"{OVER}: {v.get('metric') or 'acc'} drop {drop:.2f} points > compress.max_drop {ccfg.max_drop:g}"
@@ -154,15 +154,15 @@ def timing_fields(lat: list[float], thr: list[float], batch: int) -> dict[str, f
     """A variant's p50/p99 ms at batch 1 and items/s at `batch` from its interleaved timings (seconds a call)."""
     return {"latency_ms_p50_bs1": float(np.percentile(lat, 50) * 1e3),
             "latency_ms_p99_bs1": float(np.percentile(lat, 99) * 1e3),
-            "items_per_s_bs32": float(batch / np.median(thr))}
+            "items_per_s_batch": float(batch / np.median(thr))}
 
 
 def speed_fields(name: str, v: dict[str, Any], base: dict[str, Any], batch: int = 32) -> dict[str, Any]:
     """A measured variant's speed against fp32 (`base`): the two speedups, whether it is faster, the note
     (`batch`: the batch its items/s was timed at, 32 but for a task's own `timing_batch`)."""
     s1 = base["latency_ms_p50_bs1"] / v["latency_ms_p50_bs1"]
-    s32 = v["items_per_s_bs32"] / base["items_per_s_bs32"]
-    return {"speedup_bs1": s1, "speedup_bs32": s32,
+    s32 = v["items_per_s_batch"] / base["items_per_s_batch"]
+    return {"speedup_bs1": s1, "speedup_batch": s32,
             "faster_than_fp32": None if name == "fp32" else bool(min(s1, s32) >= SPEED_MARGIN),
             "note": "" if name == "fp32" else speed_note(s1, s32, batch)}
 
@@ -200,8 +200,8 @@ def int8_vs_own_fp32(variants: dict[str, dict[str, Any]]) -> dict[str, dict[str,
         if not (v and o and v["supported"] and o["supported"]):
             continue
         s1 = o["latency_ms_p50_bs1"] / v["latency_ms_p50_bs1"]
-        s32 = v["items_per_s_bs32"] / o["items_per_s_bs32"]
-        out[name] = {"own_fp32": own, "speedup_bs1": s1, "speedup_bs32": s32,
+        s32 = v["items_per_s_batch"] / o["items_per_s_batch"]
+        out[name] = {"own_fp32": own, "speedup_bs1": s1, "speedup_batch": s32,
                      "faster": bool(min(s1, s32) >= SPEED_MARGIN)}
     return out
 
@@ -238,8 +238,8 @@ def print_table(variants: dict[str, dict[str, Any]], n: int, io: dict[str, Any],
         t.add_row(name, f"{v['accuracy']:.2%}" if metric == "acc" else f"{v['accuracy']:.4f}", f"{drop:.2f}",
                   _num(v["top1_agreement"], ".3f"), f"{v['max_abs_diff']:.3g}",
                   *("exact" if d is None else f"{d:.1f}" for d in db), size, f"{v['latency_ms_p50_bs1']:.3f}",
-                  f"{v['latency_ms_p99_bs1']:.3f}", f"{v['items_per_s_bs32']:.0f}",
-                  f"{v['speedup_bs1']:.2f}x / {v['speedup_bs32']:.2f}x",
+                  f"{v['latency_ms_p99_bs1']:.3f}", f"{v['items_per_s_batch']:.0f}",
+                  f"{v['speedup_bs1']:.2f}x / {v['speedup_batch']:.2f}x",
                   _verdict(name, v) if v["status"] == "ok" else f"[red]{v['status'].split(':')[0]}[/red] (below)")
     console.print(f"CPU: {cpu.summary(cap)}", markup=False)
     console.print(t)
@@ -260,19 +260,19 @@ def print_table(variants: dict[str, dict[str, Any]], n: int, io: dict[str, Any],
     if own and not any(o["faster"] for o in own.values()):
         console.print("[bold yellow]int8 does not pay on this model[/bold yellow]: no int8 variant is faster than fp32 "
                       "on its own engine (" + "; ".join(f"{k} vs {o['own_fp32']}: {o['speedup_bs1']:.2f}x at batch 1, "
-                                                        f"{o['speedup_bs32']:.2f}x at batch 32" for k, o in own.items())
+                                                        f"{o['speedup_batch']:.2f}x at batch 32" for k, o in own.items())
                       + ")")
 
 
 def _verdict(name: str, v: dict[str, Any]) -> str:
     if name == "fp32":
         return "baseline"
-    s1, s32 = v["speedup_bs1"] >= SPEED_MARGIN, v["speedup_bs32"] >= SPEED_MARGIN
+    s1, s32 = v["speedup_bs1"] >= SPEED_MARGIN, v["speedup_batch"] >= SPEED_MARGIN
     if s1 and s32:
         return "faster"
     if s1 or s32:
         return f"faster at bs{1 if s1 else 32} only"
-    slower = max(v["speedup_bs1"], v["speedup_bs32"]) <= 1 / SPEED_MARGIN
+    slower = max(v["speedup_bs1"], v["speedup_batch"]) <= 1 / SPEED_MARGIN
     return "[red]SLOWER[/red]" if slower else "[yellow]not faster[/yellow]"
 
 

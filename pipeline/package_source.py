@@ -124,7 +124,7 @@ def measured(exp: artifacts.Artifact, source: Source, cfg: Any, text: dict[str, 
                                  variant=f"export-{'fp32' if v['format'] == 'pir' else v['format']}",
                                  why=f"{said}: {chosen.why}", measure=False, reference_set=(x, targets),
                                  variant_metrics={k: v[k] for k in ("latency_ms_p50_bs1", "latency_ms_p99_bs1",
-                                                                    "items_per_s_bs32", "speedup_bs1", "speedup_bs32",
+                                                                    "items_per_s_batch", "speedup_bs1", "speedup_batch",
                                                                     "throughput_batch")},
                                  measurement={k: found[k] for k in ("measured_here", "cache", "variants")}
                                  | {"chosen": chosen.variant})

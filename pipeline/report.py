@@ -143,6 +143,8 @@ def _load(path: Path, stage: str) -> Stage | None:
         raw = (path / artifacts.MANIFEST).read_bytes()
         manifest = json.loads(raw)
         sha = hashlib.sha256(raw).hexdigest()
+        if isinstance(manifest, dict) and "metrics" in manifest:
+            manifest["metrics"] = artifacts.current_names(manifest["metrics"])
     except (OSError, json.JSONDecodeError, UnicodeDecodeError):
         manifest, sha = {}, ""
     return Stage(stage, path, manifest if isinstance(manifest, dict) else {}, sha, status)
@@ -366,7 +368,7 @@ def _variant_rows(stages: dict[str, Stage], task: Task) -> tuple[list[tuple[str,
             "metrics": {k: v.get("accuracy") if k == task.monitor else every.get(k) for k in task.metrics},
             "size_mb": size / _MB if isinstance(size, (int, float)) else None,
             "p50": v.get("latency_ms_p50_bs1"), "p99": v.get("latency_ms_p99_bs1"),
-            "items_s": v.get("items_per_s_bs32"), "note": v.get("note", "") if supported else ""}))
+            "items_s": v.get("items_per_s_batch"), "note": v.get("note", "") if supported else ""}))
     timing = _get(comp.manifest, "metrics", "timing", default={})
     cm = _get(comp.manifest, "metrics", default={})
     cap = cm.get("cpu")
@@ -569,7 +571,7 @@ def _packaged(stages: dict[str, Stage], picked: dict[str, Any], task: Task) -> S
                       f"{task.fmt(task.monitor, pm.get('variant_accuracy'))}, size "
                       f"{_num(_mb(pm.get('variant_size_bytes')), '.3f')} MB, "
                       f"p50 {_num(pm.get('variant_latency_ms_p50_bs1'), '.3f')} ms at batch 1, "
-                      f"{_num(pm.get('variant_items_per_s_bs32'), ',.0f')} items/s at batch "
+                      f"{_num(pm.get('variant_items_per_s_batch'), ',.0f')} items/s at batch "
                       f"{_throughput_batch(stages)}. "
                       + (f"Triton ONNX: {pm['onnx_source']} ({pm.get('onnx_precision', '?')})."
                          if pm.get("onnx_source") else ""))

@@ -442,7 +442,7 @@ def _measure(engines: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: 
             out[name] = {**v, "supported": False, "reason": e["reason"], "accuracy": None, "top1_agreement": None,
                          "max_abs_diff": None, "agreement_samples": None, "test_top1_agreement": None,
                          "fidelity": None, "latency_ms_p50_bs1": None,
-                         "latency_ms_p99_bs1": None, "items_per_s_bs32": None, "metric": io["task"].monitor,
+                         "latency_ms_p99_bs1": None, "items_per_s_batch": None, "metric": io["task"].monitor,
                          "metrics": None}
             continue
         f = fid[name]
@@ -459,14 +459,14 @@ def _measure(engines: dict[str, dict[str, Any]], src: artifacts.Artifact, cdir: 
     base = out["fp32"]
     for name, v in out.items():
         if not v["supported"]:
-            v.update(speedup_bs1=None, speedup_bs32=None, faster_than_fp32=None, note=v["reason"])
+            v.update(speedup_bs1=None, speedup_batch=None, faster_than_fp32=None, note=v["reason"])
             continue
         v.update(fidelity.speed_fields(name, v, base))
     fidelity.judge(out, ccfg, logits or None, io["task"].maximize)
     if "int8-onnx" in out and "onnx-fp32" in out and out["int8-onnx"]["supported"]:  # int8 on its own engine
         own, v = out["onnx-fp32"], out["int8-onnx"]
         s1 = own["latency_ms_p50_bs1"] / v["latency_ms_p50_bs1"]
-        s32 = v["items_per_s_bs32"] / own["items_per_s_bs32"]
+        s32 = v["items_per_s_batch"] / own["items_per_s_batch"]
         v["note"] += f" (vs onnx-fp32: {s1:.2f}x at batch 1, {s32:.2f}x at batch 32)"
     return out
 

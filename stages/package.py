@@ -371,7 +371,7 @@ def _serving_spec(name: str, source: package_source.Source, served: iospec.IO,
         "engine": {"name": source.engine, "precision": source.precision, "chosen": cfg.engine,
                    "optimize": cfg.optimize, "why": source.why,
                    "measured": {k: source.variant_metrics.get(k) for k in
-                                ("latency_ms_p50_bs1", "items_per_s_bs32", "speedup_bs1", "speedup_bs32")
+                                ("latency_ms_p50_bs1", "items_per_s_batch", "speedup_bs1", "speedup_batch")
                                 if source.variant_metrics.get(k) is not None}},
         "inputs": serving_spec.entries(served.inputs),
         "outputs": serving_spec.entries(served.outputs),

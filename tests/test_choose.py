@@ -10,9 +10,9 @@ from pipeline import choose, fidelity
 
 def _variants(**extra) -> dict[str, dict]:
     base = {"engine": "paddle_inference", "supported": True, "shippable": True, "metric": "hmean", **extra}
-    return {"fp32": {**base, "precision": "fp32", "accuracy": 1.0, "speedup_bs1": 1.0, "speedup_bs32": 1.0},
+    return {"fp32": {**base, "precision": "fp32", "accuracy": 1.0, "speedup_bs1": 1.0, "speedup_batch": 1.0},
             "int8-paddle": {**base, "precision": "int8", "accuracy": 0.998, "speedup_bs1": 1.8,
-                            "speedup_bs32": 2.2}}
+                            "speedup_batch": 2.2}}
 
 
 @pytest.mark.parametrize("optimize", choose.OPTIMIZE)
@@ -35,8 +35,8 @@ def test_a_manifest_without_throughput_batch_reads_as_32():
 
 
 def test_speed_note_says_the_batch_it_is_given():
-    v = {"latency_ms_p50_bs1": 5.0, "items_per_s_bs32": 40.0}
-    base = {"latency_ms_p50_bs1": 10.0, "items_per_s_bs32": 10.0}
+    v = {"latency_ms_p50_bs1": 5.0, "items_per_s_batch": 40.0}
+    base = {"latency_ms_p50_bs1": 10.0, "items_per_s_batch": 10.0}
     assert fidelity.speed_fields("x", v, base, 4)["note"] == ("2.00x faster than fp32 at batch 1; 4.00x faster "
                                                                "than fp32 at batch 4")
     assert fidelity.speed_fields("x", v, base)["note"].endswith("4.00x faster than fp32 at batch 32")

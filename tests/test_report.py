@@ -110,7 +110,7 @@ def test_md_has_a_row_per_variant_equal_to_the_manifest(reported):
         assert r["size MB"] == f"{v['size_bytes'] / 1e6:.3f}"
         assert r["p50 ms bs1"] == f"{v['latency_ms_p50_bs1']:.3f}"
         assert r["p99 ms bs1"] == f"{v['latency_ms_p99_bs1']:.3f}"
-        assert r["items/s bs32"] == f"{v['items_per_s_bs32']:,.0f}"
+        assert r["items/s bs32"] == f"{v['items_per_s_batch']:,.0f}"
     html = (reported / "report.html").read_text(encoding="utf-8")
     for name, v in variants.items():  # the same table in the HTML
         assert f"<td>{name}</td>" in html
@@ -255,6 +255,25 @@ def test_missing_optional_fields_and_unsupported_variants(full_run, tmp_path):
     assert "missing file metrics.csv" in by_stage["train"]["verified"]
     assert "digits_cnn (train): no metrics.csv." in md
     assert f"variant **{pkg['precision']}** ({pkg['precision']}, format {pkg['format']}, engine paddle_inference)" in md
+
+
+def test_an_older_pipes_bs32_names_read_as_this_pipes(full_run, tmp_path):
+    """A compress manifest an older pipe wrote (`items_per_s_bs32`, `speedup_bs32`, `fastest_bs32`: items/s at
+    the variant's throughput batch, 32 or not) reads under this pipe's names: verify gives `*_batch` with the same
+    values, and the report's variant table is the one the current names give."""
+    from pipeline import artifacts
+
+    run = tmp_path / "run"
+    shutil.copytree(full_run, run)
+    now = _variant_table(report.write(run)[0].read_text(encoding="utf-8"))
+    current = artifacts.verify(run / "compress", ("compress",)).manifest["metrics"]
+    text = (run / "compress" / "manifest.json").read_text()
+    old = re.sub(r'"(items_per_s|speedup|fastest)_batch"', r'"\1_bs32"', text)
+    assert old.count("_bs32") >= 2 * len(current["variants"]) and "_batch\"" in old  # throughput_batch stays
+    (run / "compress" / "manifest.json").write_text(old)
+    read = artifacts.verify(run / "compress", ("compress",)).manifest["metrics"]
+    assert read == current and "_bs32" not in json.dumps(read)
+    assert _variant_table(report.write(run)[0].read_text(encoding="utf-8")) == now
 
 
 def test_the_throughput_batch_is_the_compress_records(full_run, tmp_path):

@@ -206,7 +206,7 @@ def _median(runs: list[dict[str, Any]], key: str, field: str) -> tuple[float, st
 
 def speed_rows(name: str, runs: list[dict[str, Any]], lost: dict[str, str], samples: str) -> list[Row]:
     v = runs[0]["variants"]  # which variants ran, and their accuracy: the same in every run
-    thr = {k: _median(runs, k, "items_per_s_bs32")[0] for k, x in v.items() if x["supported"]}
+    thr = {k: _median(runs, k, "items_per_s_batch")[0] for k, x in v.items() if x["supported"]}
     lat = {k: _median(runs, k, "latency_ms_p50_bs1")[0] for k in thr}
     out: list[Row] = [(f"{name}: Paddle fp32 (oneDNN), the baseline of every ratio",
                        f"{thr['fp32']:.0f} items/s bs32, {lat['fp32']:.2f} ms p50 bs1", "", "")]
@@ -218,7 +218,7 @@ def speed_rows(name: str, runs: list[dict[str, Any]], lost: dict[str, str], samp
             continue
         tag = f" [{int8_tag(runs[0], key)}]" if x["precision"] == "int8" or x["engine"] == "openvino" else ""
         out.append((f"{name}: {label} items/s bs32 vs Paddle fp32{tag}",
-                    *_ratio(*_median(runs, key, "speedup_bs32"), f"{thr[key]:.0f} items/s")))
+                    *_ratio(*_median(runs, key, "speedup_batch"), f"{thr[key]:.0f} items/s")))
         out.append((f"{name}: {label} speed-up at bs1 (fp32 p50 / its p50){tag}",
                     *_ratio(*_median(runs, key, "speedup_bs1"), f"{lat[key]:.2f} ms")))
         if x.get("status", "ok") != "ok":
@@ -296,7 +296,7 @@ def _goal_names() -> list[tuple[str, str]]:
 def _goal_rows(name: str, runs: list[dict[str, Any]]) -> list[Row]:
     (int8_what, int8_goal), (bf16_what, bf16_goal) = _goal_names()
     v = runs[0]["variants"]
-    int8 = {k: _median(runs, k, "speedup_bs32") for k in _INT8 if v.get(k, {}).get("supported")}
+    int8 = {k: _median(runs, k, "speedup_batch") for k in _INT8 if v.get(k, {}).get("supported")}
     out: list[Row] = []
     if int8:
         best = max(int8, key=lambda k: int8[k][0])
@@ -305,7 +305,7 @@ def _goal_rows(name: str, runs: list[dict[str, Any]]) -> list[Row]:
     else:
         out.append((f"{name} goal: {int8_what}", "no int8 variant measured", int8_goal, "**missed**"))
     if v.get("bf16", {}).get("supported"):
-        s, spread = _median(runs, "bf16", "speedup_bs32")
+        s, spread = _median(runs, "bf16", "speedup_batch")
         out.append((f"{name} goal: {bf16_what}", f"{s:.2f}x (bf16{spread})", bf16_goal,
                     _status(s >= _GOAL_BF16)))
     else:

@@ -28,13 +28,13 @@ EXPECTED_FILES = {
 VARIANT_KEYS = {
     "format", "precision", "engine", "files", "source", "inputs", "outputs", "size_bytes", "supported",
     "accuracy", "top1_agreement", "max_abs_diff", "latency_ms_p50_bs1", "latency_ms_p99_bs1",
-    "items_per_s_bs32", "speedup_bs1", "speedup_bs32", "faster_than_fp32", "note",
+    "items_per_s_batch", "speedup_bs1", "speedup_batch", "faster_than_fp32", "note",
     "engine_info", "agreement_samples", "test_top1_agreement", "status", "shippable", "fidelity",
     "metric", "metrics",  # the task's monitored metric (its value is `accuracy`) and all its metrics
     "drop_points",  # the drop against fp32 its verdict (`status`) judged
 }
 MEASURED = ("accuracy", "top1_agreement", "max_abs_diff", "latency_ms_p50_bs1", "latency_ms_p99_bs1",
-            "items_per_s_bs32", "speedup_bs1", "speedup_bs32")
+            "items_per_s_batch", "speedup_bs1", "speedup_batch")
 
 
 def _files(root: Path) -> set[str]:
@@ -162,7 +162,7 @@ def test_numbers_present_and_int8_drop_within_one_point(compressed):
             continue
         assert all(isinstance(v[k], float) and np.isfinite(v[k]) for k in MEASURED), name
         assert 0.0 < v["latency_ms_p50_bs1"] <= v["latency_ms_p99_bs1"], name
-        assert v["items_per_s_bs32"] > 0 and v["size_bytes"] > 0, name
+        assert v["items_per_s_batch"] > 0 and v["size_bytes"] > 0, name
     if _cpu_has_bf16():
         assert variants["bf16"]["supported"] and variants["bf16"]["top1_agreement"] >= 0.98
     else:
@@ -197,7 +197,7 @@ def test_table_and_plain_speed_verdict(compressed):
     for name, v in m["variants"].items():
         if name == "fp32" or not v["supported"]:
             continue
-        assert v["faster_than_fp32"] == (min(v["speedup_bs1"], v["speedup_bs32"]) >= margin), name
+        assert v["faster_than_fp32"] == (min(v["speedup_bs1"], v["speedup_batch"]) >= margin), name
         assert f"{name}: {v['note']}" in proc.stdout
     int8_fast = [k for k in ("int8-paddle", "int8-onnx") if m["variants"][k]["faster_than_fp32"]]
     assert m["int8_faster_than_fp32"] == bool(int8_fast)

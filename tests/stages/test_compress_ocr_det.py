@@ -36,7 +36,7 @@ def test_openvino_int8_holds_hmean_within_a_point_timed_at_four_pages(compressed
     assert m["calibration"]["lines"] == m["calibration"]["max"] == 40 and m["calibration"]["unit"] == "pages"
     assert not m["calibration"]["thin"]  # 40 pages is the task's default, not thin
     assert "at batch 4" in ov8["note"] and "batch 32" not in ov8["note"]
-    for name, x in v.items():  # the batch items_per_s_bs32 / speedup_bs32 were timed at, read by choose.py
+    for name, x in v.items():  # the batch items_per_s_batch / speedup_batch were timed at, read by choose.py
         assert x["throughput_batch"] == 4, name
         assert "batch 32" not in (x["note"] or ""), (name, x["note"])
     assert not any(k.startswith(("int8-onnx", "int8-paddle")) for k in v)  # --backend openvino: its route only

@@ -129,7 +129,7 @@ def test_text_int8_manifest_has_both_routes_with_numbers(cnn_compressed):
         v = variants[name]
         assert v["supported"] and v["precision"] == "int8", name
         for k in ("accuracy", "top1_agreement", "max_abs_diff", "latency_ms_p50_bs1", "latency_ms_p99_bs1",
-                  "items_per_s_bs32", "speedup_bs1", "speedup_bs32"):
+                  "items_per_s_batch", "speedup_bs1", "speedup_batch"):
             assert isinstance(v[k], float) and np.isfinite(v[k]), (name, k)
         drop = (met["fp32_accuracy"] - v["accuracy"]) * 100
         assert drop <= MAX_DROP_POINTS, f"{name} drops {drop:.2f} points on {n} texts"
@@ -150,10 +150,10 @@ def test_text_int8_manifest_has_both_routes_with_numbers(cnn_compressed):
     own = met["int8_vs_own_fp32"]
     assert {k: o["own_fp32"] for k, o in own.items()} == {"int8-paddle": "fp32", "int8-onnx": "onnx-fp32",
                                                         "openvino-int8": "openvino-fp32"}
-    assert own["int8-onnx"]["speedup_bs32"] == pytest.approx(
-        variants["int8-onnx"]["items_per_s_bs32"] / variants["onnx-fp32"]["items_per_s_bs32"])
+    assert own["int8-onnx"]["speedup_batch"] == pytest.approx(
+        variants["int8-onnx"]["items_per_s_batch"] / variants["onnx-fp32"]["items_per_s_batch"])
     assert own["int8-paddle"]["speedup_bs1"] == pytest.approx(variants["int8-paddle"]["speedup_bs1"])
-    assert met["int8_pays"] == any(min(o["speedup_bs1"], o["speedup_bs32"]) >= 1.05 for o in own.values())
+    assert met["int8_pays"] == any(min(o["speedup_bs1"], o["speedup_batch"]) >= 1.05 for o in own.values())
     assert ("int8 does not pay on this model" in proc.stdout) == (not met["int8_pays"])
 
 
