@@ -374,7 +374,7 @@ def inspect(
         out.print(f"labels {len(iface['labels'])}: {', '.join(iface['labels'][:12])}")
     for item, _ in chain:  # a fine-tuned training's starting weights (model.init)
         if item is not None and item.manifest.get("init"):
-            from pipeline import weights
+            from pipeline.nets import weights
 
             print(weights.describe(item.manifest["init"], check=verify))  # plain print: [status] brackets
     if verify and art.manifest.get("stage") == "package":  # its numbers on this CPU, as pipe serve checks them

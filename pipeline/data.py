@@ -366,7 +366,7 @@ def _from_npz(path: Path, cfg: DataConfig) -> Dataset:
 
 
 def _from_factory(spec: str, cfg: DataConfig) -> Dataset:
-    from pipeline.models import import_factory  # no paddle: models imports it inside build()
+    from pipeline.nets.models import import_factory  # no paddle: models imports it inside build()
 
     out = import_factory(spec, "--data")(cfg)
     if (not isinstance(out, dict) or any(k not in out for k in _SPLIT_DIRS)
@@ -474,13 +474,13 @@ def _from_texts(texts: list[str], labels: list[str], cfg: DataConfig, where: str
 
 def text_inputs(ids: np.ndarray, pre: dict[str, Any]) -> dict[str, np.ndarray]:
     """The model's inputs made from a text's ids (N, max_len) by the rule `data.text_inputs` recorded in the
-    preprocessing: one input `x`, or ERNIE's `input_ids` + `token_type_ids` (pipeline/ernie.py). Training,
+    preprocessing: one input `x`, or ERNIE's `input_ids` + `token_type_ids` (pipeline/nets/ernie.py). Training,
     export, compress and the server's tokenizer all go through here."""
     rule = pre.get("text_inputs", "ids")
     if rule == "ids":
         return {"x": ids}
     if rule == "ernie":
-        from pipeline import ernie
+        from pipeline.nets import ernie
 
         return ernie.text_feeds(ids)
     raise InputError(f"text preprocessing: unknown text_inputs {rule!r} (ids or ernie)")
@@ -490,7 +490,7 @@ def text_id_limits(pre: dict[str, Any], vocab_size: int) -> dict[str, int]:
     """Each input the text rule makes -> how many ids it has (values 0..n-1): the character vocabulary, and
     for ERNIE's token_type_ids its segment vocabulary (an id past an embedding table is out of bounds)."""
     if pre.get("text_inputs", "ids") == "ernie":
-        from pipeline import ernie
+        from pipeline.nets import ernie
 
         return {"input_ids": vocab_size, "token_type_ids": ernie.TYPE_VOCAB_SIZE}
     return {"x": vocab_size}

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import models
+from pipeline.nets import models
 from pipeline.config import DistillConfig
 from pipeline.errors import InputError
 

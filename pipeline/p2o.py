@@ -70,7 +70,8 @@ def _f32_interp_scales(model: Path, params: Path, scratch: Path) -> tuple[Path, 
     """The program paddle2onnx can read: (program, params, scales changed). One with an interpolation op is
     first translated to PIR if legacy (as paddle2onnx would, into `scratch`), then its interpolations' float64
     `scale` entries are written as float32 into a copy in `scratch`; any other program is returned as given."""
-    from pipeline import paddle_program, runtime
+    from pipeline import runtime
+    from pipeline.nets import paddle_program
 
     prog = paddle_program.Program(model, params)
     if prog.format == "legacy":

@@ -4,7 +4,7 @@ process, else in each rank that `python -m paddle.distributed.launch` starts (st
     worker(cfg, out_dir, ckpt_dir, resume_from, emit)   # build, resume, fit; rank 0 writes the artifact
 
 The stage (stages/train.py) checks the config, takes the run's lock, resolves `--resume` and launches the ranks;
-everything a rank does is here: the model (built, or an imported program as a layer: pipeline/program_layer.py),
+everything a rank does is here: the model (built, or an imported program as a layer: pipeline/nets/program_layer.py),
 its data loader, AMP and loss scaling, the steps, evaluation, early stopping, crash-safe checkpoints
 (pipeline/checkpoint.py), and rank 0's metrics, curves and manifest. Test hooks: PIPE_FAULT_NAN_STEPS,
 PIPE_FAULT_NAN_PARAMS_AT_STEP and PIPE_FAULT_CRASH_AFTER_STEP (comma-separated steps).
@@ -28,7 +28,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from pipeline import (artifacts, batches, checkpoint, config as config_mod, data as data_mod, distillation, iospec, job,
-                      models, program_layer, runtime, tasks, trainlog, weights)
+                      runtime, tasks, trainlog)
+from pipeline.nets import models, program_layer, weights
 from pipeline.config import RunConfig
 from pipeline.errors import DivergedError, GateError, InputError, PipeError
 from pipeline.progress import Emit
@@ -228,7 +229,7 @@ class Trainer:
         )
 
     def _build_program(self, init: weights.Source) -> None:
-        """A pipe import's program as the model (pipeline/program_layer.py), on its task's own data (ocr_rec: line
+        """A pipe import's program as the model (pipeline/nets/program_layer.py), on its task's own data (ocr_rec: line
         images of any width, batched by the task), with the finetune section's guard: finetune.general's val lines
         measured every epoch against the pretrained model's score on them, its train lines mixed into batches."""
         paddle, cfg, ctx = self.p, self.cfg, self.ctx

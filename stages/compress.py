@@ -193,7 +193,7 @@ def _distill(cfg: RunConfig, teacher: artifacts.Artifact, run_dir: Path) -> tupl
 def _check_student(teacher: artifacts.Artifact, student: str) -> None:
     """A built-in student must take the teacher's kind of input, and a built-in image model takes one input
     (before anything is trained; `pipe train` feeds a factory student every named input)."""
-    from pipeline import models
+    from pipeline.nets import models
 
     iface = teacher.manifest.get("interface", {})
     pre = iface.get("preprocessing", {})

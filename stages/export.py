@@ -44,7 +44,8 @@ from typing import Any, Iterator
 import numpy as np
 import yaml
 
-from pipeline import artifacts, config as config_mod, data as data_mod, iospec, models, p2o, runtime, tasks
+from pipeline import artifacts, config as config_mod, data as data_mod, iospec, p2o, runtime, tasks
+from pipeline.nets import models
 from pipeline.config import ExportConfig, RunConfig
 from pipeline.errors import InputError, ParityError, PipeError
 
@@ -135,13 +136,13 @@ def run(cfg: RunConfig, in_dir: Path, out_dir: Path, onnx: bool = False) -> Path
 
 def _export_program(cfg: RunConfig, src: artifacts.Artifact, train_cfg: RunConfig, out_dir: Path, onnx: bool) -> Path:
     """A fine-tuned import (`pipe train --init IMPORT`): the pretrained program as it was imported, its
-    `.pdiparams` rewritten with the trained weights (pipeline/program_layer.py), taken through `pipe import`'s
+    `.pdiparams` rewritten with the trained weights (pipeline/nets/program_layer.py), taken through `pipe import`'s
     own path (PIR translation, ONNX, parity, the task's metrics on the training data's val and test splits), so the
     artifact is an import's. Its lineage names both the pretrained source (its files' sha256) and the train run.
     ONNX as the import made it (`--onnx` also asks for it)."""
     import tempfile
 
-    from pipeline import paddle_program, program_layer, weights
+    from pipeline.nets import paddle_program, program_layer, weights
     from stages import import_
 
     init = src.manifest["init"]

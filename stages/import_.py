@@ -13,7 +13,7 @@ wrote one (parsed as data: the task and its settings, e.g. `PostProcess: CTCLabe
 `--task`/`--keys` can be left out). A task that cannot read its model from a program (no `from_program`:
 classification, detection) is refused.
 Nothing else in SRC is opened: not the `.pdiparams.info` pickle beside the params, not a Python file. Before any engine loads the params, the file
-is walked tensor by tensor against the program's persistable variables (pipeline/paddle_program.py).
+is walked tensor by tensor against the program's persistable variables (pipeline/nets/paddle_program.py).
 
 Writes `RUN/export/` as `pipe export` does, so compress, package, serve and `pipe all` take it unchanged:
 `model.json` + `model.pdiparams` (PIR; a legacy program is translated, as Paddle 3 serves), `legacy/`
@@ -48,7 +48,8 @@ from typing import Any, Callable
 import numpy as np
 import yaml
 
-from pipeline import artifacts, engines, iospec, p2o, paddle_program, pretrained, runtime, tasks
+from pipeline import artifacts, engines, iospec, p2o, pretrained, runtime, tasks
+from pipeline.nets import paddle_program
 from pipeline.engines import paddle as paddle_engine
 from pipeline.config import DataConfig, RunConfig
 from pipeline.errors import InputError, ParityError, PipeError

@@ -29,7 +29,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterator
 
-from pipeline import artifacts, checkpoint, config as config_mod, job, runtime, tasks, trainer, weights
+from pipeline import artifacts, checkpoint, config as config_mod, job, runtime, tasks, trainer
+from pipeline.nets import weights
 from pipeline.config import RunConfig
 from pipeline.errors import DivergedError, InputError, PipeError
 from pipeline.progress import Emit, Tail, View, file_emitter

@@ -93,7 +93,7 @@ def test_factories_resolve_from_the_working_directory(tmp_path):
 @pytest.mark.parametrize("shape", [(3, 16, 16), (1, 8, 8)])
 def test_model_factory_maps_a_batch_to_logits(shape, monkeypatch):
     monkeypatch.syspath_prepend(str(REPO))
-    from pipeline import models
+    from pipeline.nets import models
 
     from pipeline.runtime import import_paddle
 

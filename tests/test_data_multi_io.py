@@ -1,6 +1,6 @@
 """Several named inputs in the data layer: a factory's mapping of inputs, an .npz with `x.<name>` keys, each
 input's preprocessing, `feeds`, the interface; malformed sources refused in one line. And how models are
-called and their outputs named (pipeline/models.py)."""
+called and their outputs named (pipeline/nets/models.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import data, iospec, models
+from pipeline import data, iospec
+from pipeline.nets import models
 from pipeline.config import DataConfig
 from pipeline.errors import InputError
 from tests.conftest import arrays

@@ -1,4 +1,4 @@
-"""ernie_tiny (pipeline/ernie.py): two named int64 inputs through every export route, by name.
+"""ernie_tiny (pipeline/nets/ernie.py): two named int64 inputs through every export route, by name.
 
 A randomly initialised instance of the shipped size and a small one trained for a few steps on a rule
 that needs both inputs: dygraph shapes and padding invariance; the PIR program (dynamic batch and
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import ernie
+from pipeline.nets import ernie
 from pipeline.errors import InputError
 from pipeline.runtime import import_paddle
 
@@ -33,7 +33,7 @@ SIZES = {"random": dict(vocab_size=300, num_classes=2, max_len=32),
 MARK = 7  # ids 7, 8, 9 mark the classes (see _batch)
 
 # The legacy child: paddle imported with PIR off, the model rebuilt from its module path (as
-# stages/export.py's `_legacy_main` rebuilds it through pipeline.models).
+# stages/export.py's `_legacy_main` rebuilds it through pipeline.nets.models).
 _CHILD = """
 import importlib, json, sys
 from pathlib import Path
@@ -169,7 +169,7 @@ def test_text_feeds_is_the_two_input_text_rule():
 
 
 def test_importing_the_module_leaves_paddle_out():
-    code = "import sys, pipeline.ernie; assert 'paddle' not in sys.modules"
+    code = "import sys, pipeline.nets.ernie; assert 'paddle' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO, check=False).returncode == 0
 
 
@@ -228,7 +228,7 @@ def test_pir_program_in_paddle_inference(model, paddle, pir_dir, feeds_at):
 def test_legacy_program_in_paddle_inference(model, paddle, feeds_at):
     _, _, kwargs, d = model
     prefix = d / "legacy" / "model"
-    spec = {"factory": "pipeline.ernie:build_ernie_tiny", "kwargs": kwargs,
+    spec = {"factory": "pipeline.nets.ernie:build_ernie_tiny", "kwargs": kwargs,
             "weights": str(d / "model.safetensors"), "prefix": str(prefix)}
     env = dict(os.environ, FLAGS_enable_pir_api="0", GLOG_minloglevel="2", OMP_NUM_THREADS="1",
                PYTHONPATH=str(REPO))

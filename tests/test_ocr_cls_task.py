@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import config as config_mod, iospec, paddle_program, tasks
+from pipeline import config as config_mod, iospec, tasks
+from pipeline.nets import paddle_program
 from pipeline.errors import InputError
 from pipeline.tasks import ocr_cls
 from pipeline.tasks.ocr_cls import data

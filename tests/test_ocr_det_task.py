@@ -433,7 +433,8 @@ def test_a_bad_label_file_in_a_list_is_named(tmp_path, body, needle):
 
 
 def test_settings_from_inference_yml_and_refusals():
-    from pipeline import iospec, paddle_program
+    from pipeline import iospec
+    from pipeline.nets import paddle_program
 
     x = iospec.Tensor("x", "float32", (-1, 3, -1, -1))
     det = paddle_program.ProgramIO((x,), (iospec.Tensor("s", "float32", (-1, 1, -1, -1)),), (), frozenset())

@@ -1,4 +1,4 @@
-"""pipeline/program_layer.py on the real PP-OCRv4 recognizer: the exported program run op by op as a dygraph layer
+"""pipeline/nets/program_layer.py on the real PP-OCRv4 recognizer: the exported program run op by op as a dygraph layer
 matches Paddle Inference on the same program, every weight gets a gradient, and the weights go back into a params
 file Paddle Inference loads (byte for byte the source when nothing changed)."""
 
@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import paddle_program, program_layer, runtime
+from pipeline import runtime
+from pipeline.nets import paddle_program, program_layer
 from pipeline.engines import paddle as paddle_engine
 from pipeline.errors import InputError
 
@@ -140,7 +141,7 @@ def test_a_pir_op_it_cannot_run_is_refused_in_one_line(rec_pir_src, tmp_path):
     assert text.count('"#":"1.swish"') + text.count('"#": "1.swish"') > 0
     (src / "inference.json").write_text(text.replace('"1.swish"', '"1.gelu"'))  # a program using an op not covered
     with pytest.raises(InputError, match=r"^\S+inference.json: pipe train cannot run op\(s\) pd_op.gelu of this program "
-                                         r"\(it runs \d+ pd_op types: pipeline/program_layer.py\)$"):
+                                         r"\(it runs \d+ pd_op types: pipeline/nets/program_layer.py\)$"):
         program_layer.build(paddle, src / "inference")
 
 

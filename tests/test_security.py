@@ -18,10 +18,10 @@ _UNSAFE = re.compile(r"^\s*(import pickle|from pickle import)|\bpickle\.(loads?|
                      r"allow_pickle\s*=\s*True|\byaml\.load\(|(?<![\w.])eval\(|(?<![\w.])exec\(")
 
 
-# The one exception: pipeline/weights.py imports pickle for its restricted unpickler of `.pdparams`
+# The one exception: pipeline/nets/weights.py imports pickle for its restricted unpickler of `.pdparams`
 # (model.init), whose find_class admits only the numpy globals of a state dict; it is used as
 # `_Restricted(f, path).load()`, and tests/stages/test_init.py proves a crafted pickle is refused unrun.
-_ALLOWED = {("pipeline/weights.py", "import pickle  # for _Restricted only: the one unpickler in pipe "
+_ALLOWED = {("pipeline/nets/weights.py", "import pickle  # for _Restricted only: the one unpickler in pipe "
                                     "(tests/test_security.py)")}
 
 
@@ -36,7 +36,7 @@ def test_no_unpickling_or_eval_in_pipe():
 
 
 def test_the_one_unpickler_is_restricted():
-    from pipeline import weights
+    from pipeline.nets import weights
 
     assert weights._Restricted.find_class is not pickle.Unpickler.find_class
     assert weights._ALLOWED_GLOBALS == {("numpy.core.multiarray", "_reconstruct"),

@@ -120,7 +120,8 @@ def test_text_export_takes_int64_ids_of_any_length(tmp_path, cli, model, legacy)
 
 
 def _fasttext(vocab_size: int = 50):
-    from pipeline import models, runtime
+    from pipeline import runtime
+    from pipeline.nets import models
 
     paddle = runtime.import_paddle()
     paddle.seed(0)
@@ -143,7 +144,7 @@ def test_fasttext_takes_any_length_and_ignores_trailing_padding():
 
 def test_fasttext_bigram_hashing_is_exact_in_int64():
     """Bigram ids are computed in the graph; ids from a vocabulary of 1e6 must not overflow or round."""
-    from pipeline import models
+    from pipeline.nets import models
 
     paddle, _ = _fasttext()
     x = np.array([[999_999, 999_998, 5, 0, 0], [1, 2, 3, 4, 0]], np.int64)

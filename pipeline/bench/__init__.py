@@ -119,7 +119,8 @@ def _cli_startup(repeats: int) -> list[tuple[str, str, str, str]]:
 
 
 def _train_throughput(repeats: int) -> list[tuple[str, str, str, str]]:
-    from pipeline import batches, data as data_mod, models, runtime
+    from pipeline import batches, data as data_mod, runtime
+    from pipeline.nets import models
 
     paddle = runtime.import_paddle()
     from stages import train as train_stage

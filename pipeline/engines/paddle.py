@@ -101,7 +101,7 @@ def f64_interp_scales(program: Path) -> bool:
     raw = program.read_bytes()
     if b'_interp"' not in raw:  # most programs: no need to parse
         return False
-    from pipeline import paddle_program
+    from pipeline.nets import paddle_program
 
     return bool(paddle_program.f64_interp_scales(json.loads(raw)))
 

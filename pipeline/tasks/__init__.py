@@ -73,7 +73,7 @@ def get(spec: str) -> Any:
         return importlib.import_module(BUILT_IN[spec])
     if ":" not in spec:
         raise InputError(f"model.task {spec!r}: expected {', '.join(BUILT_IN)} or package.module:Task")
-    from pipeline.models import import_object  # resolved from the working directory, as model factories are
+    from pipeline.nets.models import import_object  # resolved from the working directory, as model factories are
 
     obj = import_object(spec, "model.task")
     if isinstance(obj, type):

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import artifacts, paddle_program, program_layer, runtime
+from pipeline import artifacts, runtime
+from pipeline.nets import paddle_program, program_layer
 from tests.conftest import REPO
 
 PIPE = [sys.executable, "-m", "pipeline.cli"]

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import artifacts, paddle_program, pretrained
+from pipeline import artifacts, pretrained
+from pipeline.nets import paddle_program
 from pipeline.tasks import ocr_rec
 from tests.conftest import OCR_LINES, direct_answers, tree_hash
 

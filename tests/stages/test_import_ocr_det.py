@@ -48,7 +48,7 @@ def test_import_writes_an_export_artifact(imported, det_src):
     # PIR and ONNX against the source program on the 6 test pages, every box the same
     assert met["parity_samples"] == 6 and met["parity_rel"] <= 1e-3 and met["onnx_parity_rel"] <= 1e-3
     assert met["parity_box_agreement"] == met["onnx_parity_box_agreement"] == 1.0
-    # the PIR program's 6 upsamplings as tiles (oneDNN runs it: pipeline/paddle_program.py); paddle2onnx needed
+    # the PIR program's 6 upsamplings as tiles (oneDNN runs it: pipeline/nets/paddle_program.py); paddle2onnx needed
     # the 12 float64 nearest_interp scales as float32 (pipeline/p2o.py), no Concat repair
     assert met["pir_upsample_as_tile"] == 6 and not paddle_engine.f64_interp_scales(imported / "model.json")
     assert met["onnx_repaired_interp_scales"] == 12 and met["onnx_repaired_concat_inputs"] == 0
@@ -74,7 +74,8 @@ def test_a_pir_source_with_inference_yml_needs_no_task(imported, tmp_path, cli):
     thresholds): the task and its settings come from the yml; the PIR program, as translated with its
     nearest_interp ops (float64 scales) and copied as given, runs in Paddle Inference without oneDNN's op
     placement (pipeline/engines/paddle.py)."""
-    from pipeline import paddle_program, runtime
+    from pipeline import runtime
+    from pipeline.nets import paddle_program
 
     src = tmp_path / "PP-OCRv4_det_pir"
     src.mkdir()

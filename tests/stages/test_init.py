@@ -219,7 +219,7 @@ def test_a_crafted_pdparams_is_refused_and_never_runs(tmp_path, cli, source, how
 
 
 def test_protocol_2_bytes_are_decoded_as_latin1_only(tmp_path):
-    from pipeline import weights
+    from pipeline.nets import weights
 
     good = pickle.dumps({"w": np.arange(3, dtype=np.float32)}, protocol=2)
     assert b"_codecs" in good

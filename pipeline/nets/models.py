@@ -477,7 +477,7 @@ def _text_fasttext(vocab_size: int, num_classes: int, max_len: int) -> Any:
 
 
 def _ernie_tiny(vocab_size: int, num_classes: int, max_len: int) -> Any:
-    from pipeline import ernie
+    from pipeline.nets import ernie
 
     return ernie.build_ernie_tiny(vocab_size, num_classes, max_len)
 

@@ -1,7 +1,7 @@
 """ernie_tiny: a small encoder of ERNIE's shape with two named int64 inputs, and the text feature rule
 that feeds it. No paddle import at module level (STYLE §11): `build_ernie_tiny` imports it.
 
-    from pipeline import ernie
+    from pipeline.nets import ernie
     net = ernie.build_ernie_tiny(vocab_size=3648, num_classes=2, max_len=160)
     feeds = ernie.text_feeds(ids)                      # ids: (N, L) int64 from data.encode_texts, 0 = [PAD]
     logits = net(**{k: paddle.to_tensor(v) for k, v in feeds.items()})    # (N, num_classes)

@@ -4,7 +4,7 @@
 
 A source is a `.safetensors` or `.pdparams` state dict, an earlier run's `train/` artifact (verified
 first, then its `model.safetensors`), or a `pipe import`'s export artifact (kind `program`: the imported
-program itself, legacy or PIR, becomes the model, pipeline/program_layer.py; pipeline/trainer.py builds it, not `apply`). Tensors are matched by name to the built model's `state_dict()`;
+program itself, legacy or PIR, becomes the model, pipeline/nets/program_layer.py; pipeline/trainer.py builds it, not `apply`). Tensors are matched by name to the built model's `state_dict()`;
 one whose shape differs (a new classifier head for another class count), or whose dtype differs where
 either side is not floating point, keeps its fresh init. `model.init_strict` refuses any difference.
 
@@ -68,7 +68,7 @@ def source(spec: str) -> Source:
 
 def _program(art: artifacts.Artifact) -> Source:
     """An export artifact as `model.init`: a pipe import (someone's exported program, e.g. PP-OCRv4 rec) whose
-    program, legacy or PIR (`program_files`), pipe train runs as a layer (pipeline/program_layer.py). pipe's own
+    program, legacy or PIR (`program_files`), pipe train runs as a layer (pipeline/nets/program_layer.py). pipe's own
     exports are refused: their train artifact is the better start."""
     where = f"model.init {art.path}"
     lineage = art.manifest.get("source") or {}

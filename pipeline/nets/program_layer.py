@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pipeline import paddle_program
+from pipeline.nets import paddle_program
 from pipeline.errors import InputError
 
 _ATTR_FIELDS = {0: "i", 1: "f", 2: "s", 3: "ints", 4: "floats", 5: "strings", 6: "b", 7: "bools", 9: "l",
@@ -179,7 +179,7 @@ def read_pir_ops(path: Path) -> tuple[list[Op], list[str], list[str], dict[str, 
                          f"{len(ops) + len(feeds) + len(fetches) + len(params) + len(unknown) + 1})") from None
     if unknown:
         raise InputError(f"{path}: pipe train cannot run op(s) {', '.join(sorted(unknown))} of this program "
-                         f"(it runs {len(_PIR_NAMES)} pd_op types: pipeline/program_layer.py)")
+                         f"(it runs {len(_PIR_NAMES)} pd_op types: pipeline/nets/program_layer.py)")
     return ops, [n for _, n in sorted(feeds)], [n for _, n in sorted(fetches)], params
 
 
@@ -275,7 +275,7 @@ def build(paddle: Any, prefix: Path) -> Any:
     unknown = sorted({o.type for o in ops} - set(_OPS))
     if unknown:
         raise InputError(f"{prog.program}: pipe train cannot run op(s) {', '.join(unknown)} of this program "
-                         f"(it runs {len(_OPS)} op types: pipeline/program_layer.py)")
+                         f"(it runs {len(_OPS)} op types: pipeline/nets/program_layer.py)")
     values = read_params(prog, io_)
     stats = {a for o in ops if o.type == "batch_norm" for s in _STATS for a in o.ins.get(s, [])}
     return _layer_class(paddle)(ops, feeds, fetches, values, stats)
@@ -402,7 +402,7 @@ def _dropout(paddle: Any, op: Op, env: dict[str, Any], training: bool) -> None:
 def _fill_constant(paddle: Any, op: Op, env: dict[str, Any], training: bool) -> None:
     if op.ins.get("ShapeTensor") or op.ins.get("ShapeTensorList") or op.ins.get("ValueTensor"):
         raise InputError(f"fill_constant {op.out()}: a tensor-valued shape or value is not supported")
-    from pipeline.paddle_program import _PROTO_DTYPES
+    from pipeline.nets.paddle_program import _PROTO_DTYPES
 
     dtype = _PROTO_DTYPES[int(op.attrs.get("dtype", 5))][0]
     env[op.out()] = np.full(list(op.attrs.get("shape", [1])), op.attrs.get("value", 0.0), dtype=dtype)
