@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.nets import models
 from pipeline.config import DistillConfig
 from pipeline.errors import InputError
+from pipeline.nets import models
 
 
 def teacher_logits(paddle: Any, teacher: Any, student_call: models.Call, call: models.Call,

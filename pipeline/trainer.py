@@ -29,9 +29,9 @@ import numpy as np
 
 from pipeline import (artifacts, batches, checkpoint, config as config_mod, data as data_mod, distillation, iospec, job,
                       runtime, tasks, trainlog)
-from pipeline.nets import models, program_layer, weights
 from pipeline.config import RunConfig
 from pipeline.errors import DivergedError, GateError, InputError, PipeError
+from pipeline.nets import models, program_layer, weights
 from pipeline.progress import Emit
 
 

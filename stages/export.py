@@ -45,9 +45,9 @@ import numpy as np
 import yaml
 
 from pipeline import artifacts, config as config_mod, data as data_mod, iospec, p2o, runtime, tasks
-from pipeline.nets import models
 from pipeline.config import ExportConfig, RunConfig
 from pipeline.errors import InputError, ParityError, PipeError
+from pipeline.nets import models
 
 _SHIPPED = {"model.json", "model.pdiparams", "preprocess.yaml"}
 _LEGACY = {"legacy/model.pdmodel", "legacy/model.pdiparams"}

@@ -49,10 +49,10 @@ import numpy as np
 import yaml
 
 from pipeline import artifacts, engines, iospec, p2o, pretrained, runtime, tasks
-from pipeline.nets import paddle_program
 from pipeline.engines import paddle as paddle_engine
 from pipeline.config import DataConfig, RunConfig
 from pipeline.errors import InputError, ParityError, PipeError
+from pipeline.nets import paddle_program
 
 _ONNX_OPSET = 14  # PP-OCRv4's recognizer converts at 14 (facts §17); 13 is what export uses for pipe's own
 _PARITY_ROWS = 4  # samples per parity batch (see _parity_lines)

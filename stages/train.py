@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from pipeline import artifacts, checkpoint, config as config_mod, job, runtime, tasks, trainer
-from pipeline.nets import weights
 from pipeline.config import RunConfig
 from pipeline.errors import DivergedError, InputError, PipeError
+from pipeline.nets import weights
 from pipeline.progress import Emit, Tail, View, file_emitter
 
 # Keys that may change between a checkpoint and its resumption; any other change alters the model,

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from pipeline import data, iospec
-from pipeline.nets import models
 from pipeline.config import DataConfig
 from pipeline.errors import InputError
+from pipeline.nets import models
 from tests.conftest import arrays
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.nets import ernie
 from pipeline.errors import InputError
+from pipeline.nets import ernie
 from pipeline.runtime import import_paddle
 
 REPO = Path(__file__).resolve().parent.parent

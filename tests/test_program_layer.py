@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from pipeline import runtime
-from pipeline.nets import paddle_program, program_layer
 from pipeline.engines import paddle as paddle_engine
 from pipeline.errors import InputError
+from pipeline.nets import paddle_program, program_layer
 
 
 pytestmark = pytest.mark.slow(reason="runs the real PP-OCRv4 recognizer's program")

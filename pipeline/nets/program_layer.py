@@ -39,8 +39,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pipeline.nets import paddle_program
 from pipeline.errors import InputError
+from pipeline.nets import paddle_program
 
 _ATTR_FIELDS = {0: "i", 1: "f", 2: "s", 3: "ints", 4: "floats", 5: "strings", 6: "b", 7: "bools", 9: "l",
                 11: "longs", 12: "float64s", 15: "float64"}
