@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from pipeline import config as config_mod, iospec, tasks
-from pipeline.nets import paddle_program
 from pipeline.errors import InputError
+from pipeline.nets import paddle_program
 from pipeline.tasks import ocr_cls
 from pipeline.tasks.ocr_cls import data
 from pipeline.tasks.ocr_rec import data as rec_data
@@ -275,3 +275,23 @@ def test_a_test_file_alone_a_label_file_or_several_and_a_bad_label_named_in_the_
     (root / "bad.txt").write_bytes(b"000003.png\t90\n")
     with pytest.raises(InputError, match=f"{root / 'bad.txt'}:1: label '90': ocr_cls takes"):
         _load(f"{root / 'test.txt'},{root / 'bad.txt'}")
+
+
+# ------------------------------------------------------------------ what pipe compress calls
+
+
+def test_reference_agreement_is_the_share_of_lines_given_the_same_label():
+    info = ocr_cls.info_of({"labels": list(ocr_cls.LABELS)})
+    ref = ocr_cls.reference_digest({"probs": np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.3, 0.7]], np.float32)},
+                                   info)
+    assert set(ref) == {"probs"} and ref["probs"].dtype == np.float32 and ref["probs"].shape == (4, 2)
+    same = {"probs": ref["probs"] * 0.9 + 0.05}  # other scores, the same argmax on every line
+    assert ocr_cls.reference_agreement(same, ref, info) == 1.0
+    one_flipped = {"probs": ref["probs"][:, ::-1] * [[0], [0], [0], [1]] + ref["probs"] * [[1], [1], [1], [0]]}
+    assert ocr_cls.reference_agreement(one_flipped, ref, info) == 0.75
+
+
+def test_subset_keeps_the_rows_asked_for_in_that_order():
+    split = data.Lines([np.full((40, 10 * (i + 1), 3), i, np.uint8) for i in range(5)], ["0", "180", "0", "180", "0"])
+    sub = ocr_cls.subset(split, [3, 0])
+    assert sub.texts == ["180", "0"] and [im.shape[1] for im in sub.images] == [40, 10]

@@ -41,9 +41,10 @@ oneDNN; legacy 2.1), 0.9 in onnxruntime; at batch 1 6.6, 6.3 and 1.0 ms.
 
 Beyond the common contract (pipeline/tasks/__init__.py) it supplies what `pipe import` calls for a task that
 owns its data (`from_program`, `default_source`, `load_data`, `batches`, `decode`, `score`, `files`,
-`output_roles`), and what `pipe package` and `pipe serve` call for an input whose dims the task prepares
-(`sample_limits`, `example_shapes`, `prepare_images`, `reference_set`); not what `pipe compress` calls
-(`subset`, `reference_agreement`). The default max_batch (32) fits: a line is 110 kB of input.
+`output_roles`), what `pipe package` and `pipe serve` call for an input whose dims the task prepares
+(`sample_limits`, `example_shapes`, `prepare_images`, `reference_set`), and what `pipe compress` calls
+(`subset`, `reference_digest`, `reference_agreement`, `timing_batch`: int8 judged by line accuracy, agreement
+the share of lines given fp32's label). The default max_batch (32) fits: a line is 110 kB of input.
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ LABELS = ("0", "180")  # PaddleOCR's label_list
 WIDTH = 192  # cls_image_shape 3, 48, 192
 OUTPUT = "probs"
 REFERENCE_LINES = 16  # a package's reference set: 16 lines of [3, 48, 192] float32 are 1.8 MB
+timing_batch = 32  # compress's throughput batch, lines
+unit = "lines"  # what compress's messages count
+nncf_model_type = None  # PP-LCNet is a plain CNN: NNCF's default preset
 
 
 # ------------------------------------------------------------------ the common contract
@@ -245,6 +249,26 @@ def reference_set(cfg: Any, info: Any, n: int) -> tuple[np.ndarray, list[str]]:
     if not pool:
         raise InputError(f"reference set: data.source {cfg.source!r} has no val or test lines")
     return collate([prepare(sp.images[i]) for sp, i in pool]), [sp.texts[i] for sp, i in pool]
+
+
+# ------------------------------------------------------------------ what pipe compress calls
+
+
+def reference_digest(outputs: dict[str, np.ndarray], info: Any) -> dict[str, np.ndarray]:
+    """What a reference set keeps of a batch's outputs: the class probabilities themselves ([N, 2], as small as
+    an answer)."""
+    return {"probs": np.asarray(_probs(outputs, "reference set"), np.float32)}
+
+
+def reference_agreement(got: dict[str, np.ndarray], ref: dict[str, np.ndarray], info: Any) -> float:
+    """The share of lines `got` gives the label `ref` gives (top-1 agreement, as for any classifier)."""
+    a, b = np.asarray(got["probs"]).argmax(-1), np.asarray(ref["probs"]).argmax(-1)
+    return float(np.mean(a == b)) if len(b) else 1.0
+
+
+def subset(split: data_mod.Lines, rows: Sequence[int]) -> data_mod.Lines:
+    """The lines at `rows`, in that order (what the int8 search scores a part of the val split on)."""
+    return data_mod.Lines([split.images[i] for i in rows], [split.texts[i] for i in rows])
 
 
 def _probs(outputs: dict[str, np.ndarray], where: str) -> np.ndarray:
