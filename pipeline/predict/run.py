@@ -55,9 +55,9 @@ def plan(cores: int, workers: int | None, threads: int | None) -> tuple[int, int
 
 
 def loaders_for(workers: int) -> int:
-    """Loader threads: one per worker. Measured on 2 cores (2026-12-07, EPYC; 3 alternated runs each): the
-    PP-LCNet classifier over 3,000 PNGs 1,075 items/s with 4 (two per worker, the earlier rule), 1,196 with 2,
-    1,264 with 1 (a loader's ~0.2 ms of CPU an item costs less than the contention of more threads on the
+    """Loader threads: one per worker. Measured on 2 cores (2026-12-07, an Intel Xeon with AMX; 3 alternated runs
+    each): the PP-LCNet classifier over 3,000 PNGs 1,075 items/s with 4 (two per worker, the earlier rule), 1,196
+    with 2, 1,264 with 1 (a loader's ~0.2 ms of CPU an item costs less than the contention of more threads on the
     engine's cores); the OCR system over 300 mixed pages 4.45 / 4.45 / 4.53 pages/s, within the noise."""
     return max(1, workers)
 
