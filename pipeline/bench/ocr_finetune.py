@@ -10,7 +10,10 @@ ships its models (a PIR inference.json, issue 49: pretrained.paddleocr3_layout o
 legacy program's run step by step. Read from
 each run's train manifest: seconds per step and lines per second (the median epoch's: batch_size / img_per_s,
 evaluation excluded), and the accuracy before (the pretrained model, measured by the run before its first step)
-and after (the best checkpoint the guard chose) on the domain's val split and on the held general lines.
+and after (the best checkpoint the guard chose) on the domain's val split and on the held general lines. Then the
+2-process run's package and the pretrained import, packaged, read 300 lines in each of three styles neither
+training nor the guard saw (`unseen_rows`: fonts from the registry in .venv/fonts), the line accuracy before ->
+after against issue 49's goal (at most 1 point lost while the domain gains 30 or more).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ def rows(quick: bool = False) -> list[Row]:
             out += run_rows(tmp / f"n{n}" / "train")
             if n == 2:
                 out += _served_row(tmp / "n2")
+                out += unseen_rows(imp, tmp / "n2", tmp / "unseen")
         # the PIR route: PP-OCRv4 rec as inference.json + inference.yml, imported, fine-tuned as the n1 run was
         pir_src = pretrained.paddleocr3_layout(imp, tmp / "PP-OCRv4_rec_pir", pretrained.rec_yml(imp / "keys.txt"))
         _pipe("import", pir_src, "--out", tmp / "pir" / "export", "--set", "import.onnx=false", "--set",
@@ -110,6 +114,94 @@ def _served_row(run: Path) -> list[Row]:
              f"{export['source']['kind']}) and packaged ({engine}): test_acc export / train",
              f"{a:.4f} / {b:.4f}", "equal within a line",
              _status(abs(a - b) <= 1 / max(1, train["metrics"]["samples"]["test"]) + 1e-9))]
+
+
+# Styles no part of pipe's data or tests uses, in fonts from the registry (make's set-up puts them in .venv/fonts):
+# (name, font file under FONTS, drawn as the built-in lines are (paper, ink, blur, noise) or black on white)
+FONTS = _REPO / ".venv" / "fonts"
+UNSEEN = (("WenQuanYi Micro Hei, black on white", "paperang_p2_fonts_cjk/fonts/wqy-microhei.ttc", False),
+          ("WenQuanYi Micro Hei, the built-in lines' paper, ink, blur and noise",
+           "paperang_p2_fonts_cjk/fonts/wqy-microhei.ttc", True),
+          ("Noto Sans CJK Bold, black on white", "cvttf_NotoSansCJK_Bold/NotoSansCJKtc-Bold.otf", False))
+UNSEEN_LINES = 300
+GOAL_LOSS, GOAL_GAIN = 0.01, 0.30  # issue 49: at most 1 point lost on an unseen style while the domain gains 30
+
+
+def unseen_rows(imp: Path, run: Path, work: Path, n: int = UNSEEN_LINES) -> list[Row]:
+    """Forgetting where neither training nor the guard looked: the pretrained import (packaged on OpenVINO) and
+    the fine-tuned package of `run` (`pipe all`) read the same `n` corpus lines in each UNSEEN style with
+    `pipe predict`; line accuracy (`line_accuracy`: NFKC) before -> after, against the domain's val gain from
+    the run's train manifest."""
+    from pipeline.tasks.ocr_rec import info_of
+
+    train = json.loads((run / "train" / "manifest.json").read_text())["metrics"]
+    gain = train["val_acc"] - train["pretrained_val_acc"]
+    exp = json.loads((imp / "manifest.json").read_text())
+    info = info_of(exp["interface"])
+    what = (f"fine-tuned PP-OCRv4 rec (2 processes, domain val {train['pretrained_val_acc']:.4f} -> "
+            f"{train['val_acc']:.4f}) on {n} lines of a style neither training nor the guard saw")
+    goal = f"<= {GOAL_LOSS * 100:g} point lost, domain +{GOAL_GAIN * 100:g} or more"
+    missing = [f for _, f, _ in UNSEEN if not (FONTS / f).is_file()]
+    if missing:
+        return [(f"{what}: {name}", f"not run: {FONTS / missing[0]} missing (make's set-up installs it)", goal,
+                 "**not run**") for name, _, _ in UNSEEN]
+    pretrained_pkg = work / "pretrained-package"
+    _pipe("package", imp, "--engine", "openvino", "--no-triton", "--out", pretrained_pkg)
+    out: list[Row] = []
+    for k, (name, font, degraded) in enumerate(UNSEEN):
+        folder = work / f"style-{k}"
+        texts = unseen_lines(folder, FONTS / font, degraded, info.labels, n)
+        acc = {}
+        for who, pkg in (("pretrained", pretrained_pkg), ("fine-tuned", run / "package")):
+            _pipe("predict", pkg, folder, "--out", work / f"predict-{k}-{who}")
+            acc[who] = line_accuracy(work / f"predict-{k}-{who}" / "predictions.jsonl", texts, info.settings)
+        lost = acc["pretrained"] - acc["fine-tuned"]
+        got = f"{acc['pretrained']:.4f} -> {acc['fine-tuned']:.4f} ({-lost * 100 + 0.0:+.2f} points)"
+        out.append((f"{what}: {name}", got, goal, _status(lost <= GOAL_LOSS + 1e-12 and gain >= GOAL_GAIN)))
+    return out
+
+
+def unseen_lines(dest: Path, font: Path, degraded: bool, keys: Any, n: int, seed: int = 991) -> dict[str, str]:
+    """`n` corpus lines (every character among `keys`) drawn in `font` into `dest` as PNGs, seeded: as the built-in
+    lines are drawn (`degraded`: paper, ink, blur, noise) or black on white; {file name: its text}."""
+    import numpy as np
+    from PIL import Image, ImageDraw, ImageFont
+
+    from pipeline.tasks.ocr_rec import data as rec_data
+
+    dest.mkdir(parents=True, exist_ok=True)
+    texts = rec_data.corpus_lines(list(keys), n, seed)
+    out = {}
+    for i, (t, rng) in enumerate(zip(texts, np.random.default_rng(seed + 1).spawn(n))):
+        if degraded:
+            im = rec_data.render(t, rng, font)
+        else:
+            size = int(rng.integers(26, 41))
+            f = ImageFont.truetype(str(font), size, layout_engine=ImageFont.Layout.RAQM)
+            left, top, right, bottom = f.getbbox(t, language=rec_data.LANGUAGE)
+            mx, my = (int(v) for v in rng.integers(3, 13, 2))
+            page = Image.new("RGB", (right - left + 2 * mx, bottom - top + 2 * my), (255, 255, 255))
+            ImageDraw.Draw(page).text((mx - left, my - top), t, font=f, fill=(0, 0, 0), language=rec_data.LANGUAGE)
+            im = np.asarray(page)
+        Image.fromarray(im).save(dest / f"{i:05d}.png")
+        out[f"{i:05d}.png"] = t
+    return out
+
+
+def line_accuracy(predictions: Path, texts: dict[str, str], settings: dict[str, Any]) -> float:
+    """The share of `texts` (file name -> its text) that `pipe predict`'s rows read exactly, compared as the
+    recognizer's metric compares (its ignore_space setting) after NFKC: the corpus holds full- and half-width
+    forms of some punctuation that these fonts draw alike, which no model can tell apart (a swap there is no
+    forgetting); a line with no row counts as wrong."""
+    from pipeline.tasks.ocr_rec import text
+
+    read = {}
+    for line in predictions.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        read[Path(row["source"]).name] = row["answer"]["lines"][0]["text"]
+    names = sorted(texts)
+    return text.metrics([read.get(k, "") for k in names], [texts[k] for k in names],
+                        bool(settings["ignore_space"]), True)["acc"]
 
 
 def _status(ok: bool) -> str:
