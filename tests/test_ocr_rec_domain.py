@@ -111,3 +111,24 @@ def test_a_folder_of_that_name_stays_a_folder(tmp_path, keys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     d = data.load(_cfg("ocr_lines_mine", 20, tmp_path / "cache"), keys)
     assert sorted(d.train.texts + d.val.texts + d.test.texts) == [f"文{i}" for i in range(4)]
+
+
+def test_the_scan_style_is_another_font_and_other_texts_deterministic(tmp_path, keys):
+    """ocr_lines_scan, finetune.held_out's default: whole corpus lines (not dot-matrix pieces), not ocr_lines' texts,
+    drawn in Noto Sans CJK Light (not the Regular every other style uses), as JPEG-degraded grey scans; the same
+    bytes for the same seed, cached under its own name."""
+    a = data.load(_cfg("ocr_lines_scan", 40, tmp_path), keys)
+    assert (len(a.train), len(a.val), len(a.test)) == (40, 6, 6)
+    (npz,) = (tmp_path / "ocr_lines_scan").glob("*.npz")
+    b = data.styled((40, 6, 6), keys, "scan", seed=0)
+    assert a.val.texts == b.val.texts and [i.tobytes() for i in a.val.images] == [i.tobytes() for i in b.val.images]
+    every = a.train.texts + a.val.texts + a.test.texts
+    assert set("".join(every)) <= set(keys) and max(len(t) for t in every) > 10  # whole lines, not date codes
+    text_seed = data.style_seeds(0)[0]
+    assert every == data.corpus_lines(keys, 52, text_seed) and not set(every) & set(data.corpus_lines(keys, 52, 0))
+    assert data.font_path("Light") != data.font_path() and data.font_path("Light").is_file()
+    for im in a.val.images:
+        assert im.dtype == np.uint8 and im.ndim == 3 and im.shape[2] == 3
+        grey = im.mean(axis=2)
+        assert np.percentile(grey, 95) < 250  # a grey ground, never a white page
+        assert np.percentile(grey, 99) - grey.min() > 80  # and ink on it

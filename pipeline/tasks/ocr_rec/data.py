@@ -13,6 +13,12 @@
   rendered at 10-14 px (one dot a pixel, a dot where the glyph covers more than a third of it), each dot a
   small round blob on a 3-4 px grid, a little off it; the same ink, paper and noise as `ocr_lines`.
   Deterministic by seed, cached beside `ocr_lines` (the style in the cache key); counts as `ocr_lines`.
+- `ocr_lines_scan` (built in): what fine-tuning's guard judges forgetting by (finetune.held_out): corpus lines
+  as `ocr_lines`' (2-25 characters, other texts) in another font, Noto Sans CJK Light (the
+  `cvttf-notosanscjk-light` wheel), on other paper, degraded another way: a grey ground lit unevenly, turned
+  up to 1.5 degrees, scanned at 55-90% of its size and back, saved as a JPEG of quality 35-75. Rehearsal
+  (finetune.general, `ocr_lines`) never draws it, so the guard measures what the model knew, not how well
+  it remembers its rehearsal set. Deterministic by seed, cached as the other styles.
 - PaddleOCR recognition label files, each line `image_path<TAB>text` with the path relative to the label
   file's folder (PaddleOCR joins it to data_dir; pipe's data_dir is that folder):
   - a folder holding any of `train.txt`, `val.txt`, `test.txt` (or `rec_gt_train.txt`, `rec_gt_val.txt`,
@@ -43,7 +49,7 @@ from pipeline.tasks.ocr_rec import lines
 BUILT_IN = "ocr_lines"
 # data.source ocr_lines_<style>: generated lines drawn another way (`styled`); each style's generator version
 # is its cache key (bump when its rendering changes)
-STYLES = {"dotmatrix": "1"}
+STYLES = {"dotmatrix": "1", "scan": "1"}
 _ASSETS = Path(__file__).resolve().parents[2] / "assets"
 _LABEL_FILES = {"train": ("train.txt", "rec_gt_train.txt"), "val": ("val.txt", "rec_gt_val.txt"),
                 "test": ("test.txt", "rec_gt_test.txt")}
@@ -222,10 +228,11 @@ def write_pngs(lines: Lines, dest: Path) -> list[Path]:
 # ------------------------------------------------------------------ generated lines
 
 
-def font_path() -> Path:
-    import cvttf_NotoSansCJK_Regular as font
+def font_path(weight: str = "Regular") -> Path:
+    """Noto Sans CJK's file of `weight`: Regular (every style but scan's) or Light (scan's), each a wheel."""
+    import importlib
 
-    return Path(font.get_TTF_path())
+    return Path(importlib.import_module(f"cvttf_NotoSansCJK_{weight}").get_TTF_path())
 
 
 def corpus_lines(keys: Sequence[str] | None, count: int, seed: int) -> list[str]:
@@ -345,6 +352,35 @@ def render_dotmatrix(text: str, rng: np.random.Generator, font_file: Path, max_w
     return np.clip(a, 0, 255).astype(np.uint8), text
 
 
+def render_scan(text: str, rng: np.random.Generator, font_file: Path) -> tuple[np.ndarray, str]:
+    """One line as a scanned photocopy: size 24-38 px, ink 15-75 grey on a grey ground of 175-235 lit unevenly
+    (a linear gradient of up to 40 levels across the line), margins 4-14 px, turned by up to 1.5 degrees, shrunk
+    to 55-90% and enlarged back (bilinear: a scanner's resolution), saved as a JPEG of quality 35-75; RGB
+    uint8, and the text drawn (all of it)."""
+    import io
+
+    from PIL import Image, ImageDraw, ImageFont
+
+    size = int(rng.integers(24, 39))
+    font = ImageFont.truetype(str(font_file), size, layout_engine=ImageFont.Layout.RAQM)
+    l, t, r, b = font.getbbox(text, language=LANGUAGE)
+    mx, my = (int(v) for v in rng.integers(4, 15, 2))
+    w, h = r - l + 2 * mx, b - t + 2 * my
+    ground, ink = int(rng.integers(175, 236)), int(rng.integers(15, 76))
+    glyphs = Image.new("L", (w, h), 0)
+    ImageDraw.Draw(glyphs).text((mx - l, my - t), text, font=font, fill=255, language=LANGUAGE)
+    light = ground + float(rng.uniform(-20, 20)) * np.linspace(-1, 1, w)[None, :]  # brighter to one side
+    cover = np.asarray(glyphs, np.float32) / 255
+    im = Image.fromarray(np.clip(light * (1 - cover) + ink * cover, 0, 255).astype(np.uint8)).convert("RGB")
+    im = im.rotate(float(rng.uniform(-1.5, 1.5)), Image.Resampling.BICUBIC, expand=True, fillcolor=(ground,) * 3)
+    k = float(rng.uniform(0.55, 0.9))
+    small = (max(1, round(im.width * k)), max(1, round(im.height * k)))
+    im = im.resize(small, Image.Resampling.BILINEAR).resize(im.size, Image.Resampling.BILINEAR)
+    buf = io.BytesIO()
+    im.save(buf, "JPEG", quality=int(rng.integers(35, 76)))
+    return np.asarray(Image.open(io.BytesIO(buf.getvalue())).convert("RGB")), text
+
+
 def style_seeds(seed: int) -> tuple[int, int]:
     """(texts' seed, drawing's seed) of `styled`: streams of their own, so that a style's lines are not
     ocr_lines' own lines of the same seed cut short (a fine-tune on one and a check on the other share no
@@ -357,12 +393,14 @@ def styled(counts: tuple[int, int, int], keys: Sequence[str], style: str, seed: 
     """`generated`'s counterpart for data.source ocr_lines_<style>: short lines (`short_lines`) drawn in
     that style, deterministic by seed."""
     _check_raqm(f"{BUILT_IN}_{style}")
-    draw = {"dotmatrix": render_dotmatrix}[style]
-    font_file = font_path()
+    draw = {"dotmatrix": render_dotmatrix, "scan": render_scan}[style]
+    font_file = font_path("Light" if style == "scan" else "Regular")
     total = sum(counts)
     text_seed, draw_seed = style_seeds(seed)
     rngs = np.random.default_rng(draw_seed).spawn(total)
-    drawn = [draw(t, r, font_file) for t, r in zip(short_lines(keys, total, text_seed), rngs)]
+    # dot-matrix: short pieces (a date code); a scan: whole corpus lines, as ocr_lines' (other texts: own seed)
+    texts = corpus_lines(keys, total, text_seed) if style == "scan" else short_lines(keys, total, text_seed)
+    drawn = [draw(t, r, font_file) for t, r in zip(texts, rngs)]
     images, texts = [d[0] for d in drawn], [d[1] for d in drawn]
     a, b = counts[0], counts[0] + counts[1]
     return Data(Lines(images[:a], texts[:a]), Lines(images[a:b], texts[a:b]), Lines(images[b:], texts[b:]))
