@@ -252,17 +252,28 @@ class FinetuneConfig:
 
     lr: float = _opt(2e-4, "peak learning rate from an imported program (train.lr is for pipe's own models: a "
                            "pretrained start wants a smaller step)", min=0)
-    general: str = _opt("", "the pretrained model's own domain, held out to measure forgetting: a data source of "
-                            "the task; '' = its built-in lines (ocr_lines)")
-    general_lines: int = _opt(150, "lines of finetune.general evaluated every epoch (its val split); its train "
-                                   "split (1/0.15 as many) is what finetune.mix draws from", min=10)
+    general: str = _opt("", "the pretrained model's own domain, rehearsed: a data source of the task whose train "
+                            "split finetune.mix draws from; '' = its built-in lines (ocr_lines)")
+    general_lines: int = _opt(150, "lines of finetune.general's val split, reported every epoch (how well the model "
+                                   "keeps its rehearsal set); its train split is 1/0.15 as many", min=10)
+    held_out: str = _opt("ocr_lines_scan", "what the guard judges forgetting by: a data source of the task in a style "
+                                           "rehearsal never draws (the built-in ocr_lines_scan: another font, paper "
+                                           "and degradation), or your own labelled lines; '' = judge by "
+                                           "finetune.general's val lines instead")
+    held_out_lines: int = _opt(150, "lines of finetune.held_out evaluated every epoch (its val split)", min=10)
     mix: float = _opt(0.5, "share of every training batch drawn from finetune.general's train lines (rehearsal)",
                       min=0, max=0.9)
     max_drop: float = _opt(0.01, "the best checkpoint is the best by train.monitor among epochs whose metric on "
-                                 "finetune.general is within this of the pretrained model's (0.01 = 1 point); "
-                                 "no such epoch fails the run (exit 4)", min=0, max=1)
+                                 "finetune.held_out (or finetune.general, when held_out is '') is within this of "
+                                 "the pretrained model's (0.01 = 1 point); no such epoch fails the run (exit 4)",
+                           min=0, max=1)
     augment: bool = _opt(True, "augment training lines (rotation, perspective, blur, noise, colour, margins), "
                                "seeded by train.seed")
+    l2sp: float = _opt(0.0, "L2-SP (Li et al., 2018): add l2sp/2 times the squared distance of the trainable weights "
+                            "from the pretrained ones to the loss, pulling them back; 0 = off", min=0)
+    freeze_early: float = _opt(0.0, "share of the program's trainable tensors, counted in the order the program "
+                                    "reads them (the backbone's early blocks first), kept frozen; 0 = none",
+                               min=0, max=1)
 
 
 @dataclass(frozen=True)

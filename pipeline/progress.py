@@ -38,7 +38,8 @@ class View:
         elif kind == "epoch":
             self.console.print(
                 f"epoch {ev['epoch'] + 1}/{ev['epochs']}  step {ev['step']}  loss {ev['train_loss']:.4f}  "
-                f"val_loss {ev['val_loss']:.4f}  " + "".join(f"{k} {v:.4f}  " for k, v in ev.items() if k.startswith(("val_", "general_"))
+                f"val_loss {ev['val_loss']:.4f}  " + "".join(f"{k} {v:.4f}  " for k, v in ev.items()
+                                                             if k.startswith(("val_", "general_", "held_out_"))
                                                              and k != "val_loss") + f"lr {ev['lr']:.2e}  "
                 f"{ev['ips']:.0f} samples/s" + ("  (best)" if ev.get("best") else "")
             )

@@ -45,12 +45,25 @@ _DETERMINISTIC_FLAGS = {
 
 
 def check_program_task(cfg: RunConfig, init: weights.Source) -> None:
-    """An imported program is fine-tuned for its own task: model.task must name it."""
+    """An imported program is fine-tuned for its own task: model.task must name it; and the guard judges by lines
+    rehearsal does not draw (finetune.held_out is not finetune.general's source)."""
     spec = str((init.manifest["interface"].get("task") or {}).get("spec") or "classification")
     if cfg.model.task != spec:
         raise InputError(f"model.init {init.path}: an imported {spec} model; model.task is {cfg.model.task} "
                          f"(set model.task: {spec}, or --set model.task={spec})")
+    f = cfg.finetune
+    if f.held_out and f.held_out == (f.general or getattr(tasks.get(spec), "default_source", "")):
+        raise InputError(f"finetune.held_out {f.held_out}: the source rehearsal draws from (finetune.general); the "
+                         f"guard would judge by the style it rehearses: name another source, or '' to judge by "
+                         f"finetune.general's val lines")
 
+
+
+def l2sp_penalty(paddle: Any, anchors: list[tuple[Any, Any]], alpha: float) -> Any:
+    """finetune.l2sp (Li, Grandvalet, Davoine, "Explicit inductive bias for transfer learning with convolutional
+    networks", 2018): alpha/2 * sum ||w - w0||^2 over (weight, its pretrained value w0) pairs; its gradient pulls each
+    weight back by alpha * (w - w0)."""
+    return alpha / 2 * paddle.add_n([((w - w0) ** 2).sum() for w, w0 in anchors])
 
 
 def _stop_workers(loader: Any) -> None:
@@ -149,6 +162,7 @@ class Trainer:
         t = cfg.train
         init = weights.source(cfg.model.init) if cfg.model.init else None  # a bad path fails before any work
         self.program = init if init is not None and init.kind == "program" else None
+        self.anchors: list[tuple[Any, Any]] = []  # finetune.l2sp's (weight, pretrained value), an import's only
         if self.program is not None:
             self._build_program(self.program)
         else:
@@ -256,6 +270,7 @@ class Trainer:
         general_cfg = dataclasses.replace(cfg.data, source=f.general or self.task.default_source,
                                           ocr_lines=max(10, round(f.general_lines / 0.15)))
         self.general = self.task.load_data(general_cfg, self.info)
+        self.held_out = self._held_out()
         paddle.seed(t.seed)
         np.random.seed(t.seed)
         net = program_layer.build(paddle, init.path / Path(weights.program_files(init.manifest)[0]).with_suffix(""))
@@ -275,6 +290,16 @@ class Trainer:
         ctx.emit({"event": "notice", "text": f"{where}: fine-tuning the imported program ({len(net.ops)} ops, "
                                              f"{len(net.parameters())} trainable tensors; batch-norm statistics "
                                              f"frozen) from lr {f.lr:g}"})
+        trainable = net.trainable_in_order()
+        frozen = int(round(len(trainable) * f.freeze_early))
+        for p in trainable[:frozen]:  # finetune.freeze_early: the first blocks keep the pretrained weights
+            p.stop_gradient = True
+        # finetune.l2sp: each trained weight with the pretrained value it is pulled back to
+        self.anchors = [(p, p.detach().clone()) for p in trainable[frozen:]] if f.l2sp > 0 else []
+        if frozen or f.l2sp:
+            ctx.emit({"event": "notice", "text": f"finetune: {frozen} of {len(trainable)} trainable tensors frozen"
+                                                 + (f", L2-SP {f.l2sp:g} towards the pretrained weights" if f.l2sp
+                                                    else "")})
         paddle.seed(t.seed * 1000 + ctx.rank)  # dropout masks differ per rank
         self.net = net
         g = round(t.batch_size * f.mix / ctx.world) * ctx.world if len(self.general.train) else 0
@@ -291,9 +316,38 @@ class Trainer:
         # batches are made in this thread: Paddle's DataLoader runs collate in a thread of its own, and a line
         # that fails there (an image it cannot read) hung the loop instead of failing it
         self.loader = _Batches(paddle, self.sampler, dataset.collate)
-        cut = 4 + len(self.task.metrics)  # metrics.csv: the general set's columns after the val ones
-        self.epoch_fields = [*self.epoch_fields[:cut], *(f"general_{m}" for m in self.task.metrics),
-                             *self.epoch_fields[cut:]]
+        cut = 4 + len(self.task.metrics)  # metrics.csv: the general and held-out sets' columns after the val ones
+        self.epoch_fields = [*self.epoch_fields[:cut], *(f"{g}_{m}" for g in self._guard_sets()
+                                                         for m in self.task.metrics), *self.epoch_fields[cut:]]
+
+    def _held_out(self) -> Any:
+        """finetune.held_out's lines (its val split; its test split when a label file is all it has), or None when
+        it is '' (the guard then judges by finetune.general's val lines)."""
+        f = self.cfg.finetune
+        if not f.held_out:
+            return None
+        try:
+            held = self.task.load_data(dataclasses.replace(self.cfg.data, source=f.held_out,
+                                                           ocr_lines=max(10, round(f.held_out_lines / 0.15))),
+                                       self.info)
+        except InputError as e:  # the data's message names --data / data.source: say which key it came from
+            raise InputError(f"finetune.held_out {f.held_out}: {e}") from None
+        lines = held.val if len(held.val) else held.test
+        if not len(lines):
+            raise InputError(f"finetune.held_out {f.held_out}: no val or test lines to judge forgetting by")
+        return lines
+
+    def _guard_sets(self) -> dict[str, Any]:
+        """The sets measured every epoch besides val: finetune.general's val lines, and finetune.held_out's."""
+        sets = {"general": self.general.val}
+        if self.held_out is not None:
+            sets["held_out"] = self.held_out
+        return sets
+
+    def _judged(self, st: "_State") -> str:
+        """The set the guard judges by: held_out, unless it is off or a checkpoint of an older pipe measured no
+        pretrained score on it (that run goes on as it began, judged by the general lines)."""
+        return "held_out" if f"held_out_{self.task.monitor}" in st.baseline else "general"
 
     def _targets(self, y: np.ndarray, feeds: dict[str, np.ndarray]) -> Any:
         return self.task.targets(y, feeds, self.info)
@@ -376,12 +430,14 @@ class Trainer:
             st = self._load(resume_from)
         ctx, t = self.ctx, self.cfg.train
         if self.program is not None and not st.baseline:  # the pretrained model's scores, before any step
-            st.baseline = {**{f"val_{k}": v for k, v in self._evaluate(self.data.val)[1].items()},
-                           **{f"general_{k}": v for k, v in self._evaluate(self.general.val)[1].items()}}
-            m = self.task.monitor
-            ctx.emit({"event": "notice", "text": f"pretrained: val_{m} {st.baseline[f'val_{m}']:.4f}, general_{m} "
-                                                 f"{st.baseline[f'general_{m}']:.4f} on {len(self.general.val)} "
-                                                 f"general lines (kept within {self.cfg.finetune.max_drop:g})"})
+            st.baseline = {f"val_{k}": v for k, v in self._evaluate(self.data.val)[1].items()}
+            for g, lines in self._guard_sets().items():
+                st.baseline.update({f"{g}_{k}": v for k, v in self._evaluate(lines)[1].items()})
+            m, j = self.task.monitor, self._judged(st)
+            sets = ", ".join(f"{g}_{m} {st.baseline[f'{g}_{m}']:.4f} on {len(lines)} lines"
+                             for g, lines in self._guard_sets().items())
+            ctx.emit({"event": "notice", "text": f"pretrained: val_{m} {st.baseline[f'val_{m}']:.4f}, {sets} "
+                                                 f"(the guard keeps {j}_{m} within {self.cfg.finetune.max_drop:g})"})
         if ctx.rank == 0 and self.ckpt_dir.is_dir():
             for junk in self.ckpt_dir.glob("*.tmp-*"):  # left by a crash mid-write; never read
                 shutil.rmtree(junk) if junk.is_dir() else junk.unlink()
@@ -465,6 +521,8 @@ class Trainer:
     def _loss(self, named: dict[str, Any], feeds: dict[str, Any], y: Any, kd: Any = None) -> Any:
         F = self.p.nn.functional
         ce = self.task.loss(F, named, y, self.info)
+        if self.anchors:
+            ce = ce + l2sp_penalty(self.p, self.anchors, self.cfg.finetune.l2sp)
         if self.teacher is None:
             return ce
         logits = named[self.info.logits].astype("float32")
@@ -498,11 +556,12 @@ class Trainer:
     def _end_epoch(self, epoch: int, st: "_State") -> None:
         self._sync_buffers()
         val_loss, val = self._evaluate(self.data.val)
-        general = self._evaluate(self.general.val)[1] if self.program is not None else {}
+        guarded = {f"{g}_{k}": v for g, lines in (self._guard_sets().items() if self.program is not None else ())
+                   for k, v in self._evaluate(lines)[1].items()}
         t = self.cfg.train
         metric = val[self.metric_key.removeprefix("val_")]
         # every rank decides alike: each has the whole split's scores, from the same parameters
-        improved = self._guard(general, st) and self._better(metric, val_loss, st.best_metric, st.best_loss)
+        improved = self._guard(guarded, st) and self._better(metric, val_loss, st.best_metric, st.best_loss)
         if improved:
             st.best_metric, st.best_loss, st.bad_epochs = metric, val_loss, 0
         else:
@@ -511,7 +570,7 @@ class Trainer:
             st.stopped_early = True
         scale = float(self.scaler._scale) if self.scaler._enable else ""
         row = {"epoch": epoch, "step": st.step, "train_loss": st.epoch_loss, "val_loss": val_loss,
-               **{f"val_{k}": v for k, v in val.items()}, **{f"general_{k}": v for k, v in general.items()},
+               **{f"val_{k}": v for k, v in val.items()}, **guarded,
                "lr": self.opt.get_lr(), "img_per_s": st.epoch_ips, "loss_scale": scale,
                "skipped_steps": st.skipped}
         st.epoch_rows.append(row)
@@ -615,13 +674,13 @@ class Trainer:
         dist.all_gather_object(gathered, items)
         return [x for part in gathered for x in part]
 
-    def _guard(self, general: dict[str, float], st: "_State") -> bool:
-        """Whether an epoch kept finetune.general within finetune.max_drop of the pretrained model (always, for
-        pipe's own models)."""
+    def _guard(self, guarded: dict[str, float], st: "_State") -> bool:
+        """Whether an epoch kept the judged set (`_judged`: finetune.held_out, or finetune.general) within
+        finetune.max_drop of the pretrained model (always, for pipe's own models)."""
         if self.program is None:
             return True
-        m = self.task.monitor
-        drop = st.baseline[f"general_{m}"] - general[m]
+        key = f"{self._judged(st)}_{self.task.monitor}"
+        drop = st.baseline[key] - guarded[key]
         return drop <= self.cfg.finetune.max_drop + 1e-12 if self.task.maximize else -drop <= self.cfg.finetune.max_drop
 
     # ---- checkpoints
@@ -717,10 +776,11 @@ class Trainer:
         """[rank0] evaluate the best checkpoint on the test split and write train/."""
         checksums = self._rank_checksums()  # [sync] a collective: every rank takes part
         if self.program is not None and st.best_metric is None:
-            f, m = self.cfg.finetune, self.task.monitor
-            seen = [f"{r[f'general_{m}']:.4f}" for r in st.epoch_rows]
-            raise GateError(f"finetune.max_drop {f.max_drop:g}: every epoch lost more on the general lines than that "
-                            f"(general_{m} {st.baseline[f'general_{m}']:.4f} pretrained, then {', '.join(seen)}); "
+            f, key = self.cfg.finetune, f"{self._judged(st)}_{self.task.monitor}"
+            seen = [f"{r[key]:.4f}" for r in st.epoch_rows]
+            lines = "the held-out lines" if key.startswith("held_out") else "the general lines"
+            raise GateError(f"finetune.max_drop {f.max_drop:g}: every epoch lost more on {lines} than that "
+                            f"({key} {st.baseline[key]:.4f} pretrained, then {', '.join(seen)}); "
                             f"train/ not written: lower finetune.lr, raise finetune.mix or allow a larger drop")
         # every rank evaluates the best checkpoint on the test split (rank 0 alone would keep the others waiting in
         # the barrier below longer than gloo's timeout: an imported recognizer's splits take minutes on a CPU); its
@@ -731,7 +791,8 @@ class Trainer:
         test_loss, test = self._evaluate(self.data.test)
         row = next(r for r in st.epoch_rows if r["step"] == checkpoint.step_of(best))
         val_loss, val = row["val_loss"], {k: row[f"val_{k}"] for k in self.task.metrics}
-        general = {k: row[f"general_{k}"] for k in self.task.metrics} if self.program is not None else {}
+        guarded = {f"{g}_{k}": row[f"{g}_{k}"] for g in self._guard_sets() for k in self.task.metrics} \
+            if self.program is not None else {}
         if self.ctx.rank == 0:
             with artifacts.write_stage(self.out_dir, "train", self.cfg.to_dict()) as w:
                 shutil.copyfile(best_dir.file("model.safetensors"), w.dir / "model.safetensors")
@@ -762,12 +823,15 @@ class Trainer:
                 }
                 if self.teacher is not None:
                     w.metrics["teacher_test_acc"] = self.teacher_acc
-                if self.program is not None:  # the guard: the general lines before and after, and the bound
-                    w.metrics.update({**{f"general_{k}": v for k, v in general.items()},
-                                      **{f"pretrained_{k}": v for k, v in st.baseline.items()},
+                if self.program is not None:  # the guard: each set before and after, which it judged by, the bound
+                    f = self.cfg.finetune
+                    w.metrics.update({**guarded, **{f"pretrained_{k}": v for k, v in st.baseline.items()},
                                       "general_lines": len(self.general.val),
-                                      "max_general_drop": self.cfg.finetune.max_drop,
-                                      "general_source": self.cfg.finetune.general or self.task.default_source})
+                                      "max_general_drop": f.max_drop,
+                                      "general_source": f.general or self.task.default_source,
+                                      "guard_judged_by": self._judged(st)})
+                    if self.held_out is not None:
+                        w.metrics.update({"held_out_lines": len(self.held_out), "held_out_source": f.held_out})
                 w.extra = {"amp": {"requested": self.cfg.amp.level, "active": self.ctx.amp_active,
                                    "dtype": self.cfg.amp.dtype}, "format": "safetensors",
                            "deterministic": self.ctx.deterministic}
@@ -796,7 +860,7 @@ class _State:
     epoch_ips: float = 0.0
     step_rows: list[dict[str, Any]] = field(default_factory=list)
     epoch_rows: list[dict[str, Any]] = field(default_factory=list)
-    baseline: dict[str, float] = field(default_factory=dict)  # an imported program's val_ and general_ before training
+    baseline: dict[str, float] = field(default_factory=dict)  # an imported program's val_, general_ (held_out_) before training
 
 
 class _Batches:

@@ -49,10 +49,12 @@ class Scalars:
             self._add(STEP_TAGS[key], value, step)
 
     def epoch(self, step: int, row: dict[str, Any]) -> None:
-        """An epoch's row of metrics.csv: every val_ column (val/loss, val/acc, val/map...) and the loss scale
+        """An epoch's row of metrics.csv: every val_ column (val/loss, val/acc, val/map...), a fine-tune's general_
+        and held_out_ columns (general/acc, held_out/acc) and the loss scale
         ("" when the scaler is off)."""
         tags = {**{k: "val/" + k.removeprefix("val_") for k in row if k.startswith("val_")},
-                **{k: "general/" + k.removeprefix("general_") for k in row if k.startswith("general_")}, **EPOCH_TAGS}
+                **{k: g + "/" + k.removeprefix(g + "_") for g in ("general", "held_out") for k in row
+                   if k.startswith(g + "_")}, **EPOCH_TAGS}
         for key, tag in tags.items():
             if row.get(key, "") != "":
                 self._add(tag, row[key], step)

@@ -179,3 +179,28 @@ def test_the_other_pir_models_run_or_are_refused_by_name(cls_src, det_src, tmp_p
     with pytest.raises(InputError, match=r"det/inference.json: pipe train cannot run op\(s\) pd_op.conv2d_transpose, "
                                          r"pd_op.tile of this program"):
         program_layer.build(paddle, tmp_path / "det" / "inference")
+
+
+def test_trainable_tensors_come_in_program_order_and_l2sp_pulls_them_back(prefix, lines):
+    """finetune.freeze_early counts from the program's first reads (the backbone's stem first, the CTC head's weight
+    last); finetune.l2sp's penalty is alpha/2 ||w - w0||^2 and its gradient alpha (w - w0)."""
+    from pipeline.trainer import l2sp_penalty
+
+    paddle = runtime.import_paddle(1)
+    layer = program_layer.build(paddle, prefix)
+    order = layer.trainable_in_order()
+    assert len(order) == 222 and {id(p) for p in order} == {id(p) for p in layer.parameters()}
+    first_conv = next(op for op in layer.ops if op.type in ("conv2d", "depthwise_conv2d"))
+    assert order[0] is getattr(layer, program_layer.key(first_conv.ins["Filter"][0]))
+    assert [tuple(p.shape) for p in order[-2:]] == [(120, 6625), (6625,)]  # the CTC head's weight and bias last
+    w = order[-2:]
+    anchors = [(p, p.detach().clone()) for p in w]
+    assert float(l2sp_penalty(paddle, anchors, 3.0)) == 0.0  # at the pretrained weights: nothing to pull
+    with paddle.no_grad():
+        for p in w:
+            p.set_value(p + 0.5)
+    pen = l2sp_penalty(paddle, anchors, 3.0)
+    n = sum(int(np.prod(p.shape)) for p in w)
+    assert abs(float(pen) - 3.0 / 2 * 0.25 * n) < 1e-3 * n
+    pen.backward()
+    assert all(np.allclose(p.grad.numpy(), 3.0 * 0.5) for p in w)

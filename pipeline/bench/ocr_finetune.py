@@ -10,7 +10,8 @@ ships its models (a PIR inference.json, issue 49: pretrained.paddleocr3_layout o
 legacy program's run step by step. Read from
 each run's train manifest: seconds per step and lines per second (the median epoch's: batch_size / img_per_s,
 evaluation excluded), and the accuracy before (the pretrained model, measured by the run before its first step)
-and after (the best checkpoint the guard chose) on the domain's val split and on the held general lines. Then the
+and after (the best checkpoint the guard chose) on the domain's val split, on the rehearsed general lines and on
+the held-out lines the guard judges by (finetune.held_out: ocr_lines_scan, another font and degradation). Then the
 2-process run's package and the pretrained import, packaged, read 300 lines in each of three styles neither
 training nor the guard saw (`unseen_rows`: fonts from the registry in .venv/fonts), the line accuracy before ->
 after against issue 49's goal (at most 1 point lost while the domain gains 30 or more).
@@ -56,6 +57,8 @@ def rows(quick: bool = False) -> list[Row]:
         _pipe("train", "--config", EXAMPLE, "--set", f"model.init={tmp / 'pir' / 'export'}", "--set",
               "dist.nproc_per_node=1", "--run", tmp / "pir")
         out += pir_rows(tmp / "pir" / "train", tmp / "n1" / "train")
+        if not quick:
+            out += lever_rows(imp, tmp / "levers")
     return out
 
 
@@ -77,8 +80,9 @@ def pir_rows(pir: Path, legacy: Path) -> list[Row]:
     return [
         (f"{what}: seconds per step, PIR / legacy", f"{batch / p['img_per_s']:.2f} / {batch / g['img_per_s']:.2f}",
          "reported", ""),
-        (f"{what}: max |loss diff| over the steps vs the legacy program's run; val_acc, general_acc PIR / legacy",
-         f"{diff:.2g}; {p['val_acc']:.4f} / {g['val_acc']:.4f}, {p['general_acc']:.4f} / {g['general_acc']:.4f}",
+        (f"{what}: max |loss diff| over the steps vs the legacy program's run; val_acc, general_acc, held_out_acc "
+         f"PIR / legacy", f"{diff:.2g}; " + ", ".join(f"{p[k]:.4f} / {g[k]:.4f}" for k in
+                                                      ("val_acc", "general_acc", "held_out_acc") if k in p and k in g),
          "within noise (1e-4)", _status(same_len and diff <= 1e-4)),
     ]
 
@@ -90,17 +94,58 @@ def run_rows(train_dir: Path) -> list[Row]:
     n, batch = got["world_size"], cfg["train"]["batch_size"]
     what = (f"fine-tune PP-OCRv4 rec ({n} process{'es' if n > 1 else ''}, {cfg['data']['source']} "
             f"{got['samples']['train']} lines, batch {batch}, {got['steps']} steps)")
-    drop = got["pretrained_general_acc"] - got["general_acc"]
     bound = cfg["finetune"]["max_drop"]
-    return [
+    out = [
         (f"{what}: seconds per step / lines per second", f"{batch / got['img_per_s']:.2f} / {got['img_per_s']:.1f}",
          "reported", ""),
         (f"{what}: domain val_acc before -> after", f"{got['pretrained_val_acc']:.4f} -> {got['val_acc']:.4f}",
          "+0.15 or more", _status(got["val_acc"] - got["pretrained_val_acc"] >= 0.15)),
-        (f"{what}: general_acc ({got['general_lines']} {got['general_source']} lines) before -> after",
-         f"{got['pretrained_general_acc']:.4f} -> {got['general_acc']:.4f}", f"drop <= {bound:g}",
-         _status(drop <= bound + 1e-12)),
     ]
+    for g in ("held_out", "general"):  # the set the guard judged by holds its bound; the other is reported
+        if f"{g}_acc" not in got:
+            continue
+        judged = got.get("guard_judged_by", "general") == g
+        drop = got[f"pretrained_{g}_acc"] - got[f"{g}_acc"]
+        role = "judged by the guard" if judged else ("rehearsed" if g == "general" else "reported")
+        out.append((f"{what}: {g}_acc ({got[f'{g}_lines']} {got[f'{g}_source']} lines, {role}) before -> after",
+                    f"{got[f'pretrained_{g}_acc']:.4f} -> {got[f'{g}_acc']:.4f}",
+                    f"drop <= {bound:g}" if judged else "reported", _status(drop <= bound + 1e-12) if judged else ""))
+    return out
+
+
+# Issue 49's levers against forgetting, each on a setting where forgetting shows (the example at 2.5x its rate and
+# without rehearsal; the guard off, so every run ends on its best val epoch): (name, its --set keys)
+HARSH = ("finetune.lr=5e-4", "finetune.mix=0", "finetune.max_drop=1")  # 1e-3 without rehearsal diverged: all 0
+LEVERS = (("no lever", ()),
+          ("L2-SP 1 (finetune.l2sp)", ("finetune.l2sp=1",)),
+          ("the early half frozen (finetune.freeze_early 0.5)", ("finetune.freeze_early=0.5",)),
+          ("rehearsal 0.5 (finetune.mix)", ("finetune.mix=0.5",)))
+
+
+def lever_rows(imp: Path, work: Path) -> list[Row]:
+    """One 2-process `pipe train` of the example per LEVERS entry on the HARSH setting, from the same import: the
+    domain's val gain against what the held-out lines the guard judges by (and the rehearsal style's general
+    lines) lost, from each run's train manifest."""
+    out: list[Row] = []
+    for k, (name, keys) in enumerate(LEVERS):
+        run = work / f"lever-{k}"
+        _pipe("train", "--config", EXAMPLE, "--set", f"model.init={imp}", "--set", "dist.nproc_per_node=2",
+              *(a for kv in (*HARSH, *keys) for a in ("--set", kv)), "--run", run)
+        out.append(lever_row(run / "train", name))
+    return out
+
+
+def lever_row(train_dir: Path, name: str) -> Row:
+    m = json.loads((Path(train_dir) / "manifest.json").read_text())
+    got, f = m["metrics"], m["config"]["finetune"]
+    n = got["world_size"]
+    what = (f"forgetting levers ({n} process{'es' if n > 1 else ''}, the example at finetune.lr {f['lr']:g}, mix "
+            f"{f['mix']:g}, max_drop {f['max_drop']:g}, {got['steps']} steps): {name}: domain val_acc / held-out "
+            f"({got['held_out_lines']} "
+            f"{got['held_out_source']} lines) / general ({got['general_lines']} {got['general_source']} lines)")
+    pts = {g: (got[f"{g}_acc"] - got[f"pretrained_{g}_acc"]) * 100 for g in ("val", "held_out", "general")}
+    return (what, " / ".join(f"{got[f'pretrained_{g}_acc']:.4f} -> {got[f'{g}_acc']:.4f} ({pts[g]:+.1f})"
+                             for g in ("val", "held_out", "general")), "reported", "")
 
 
 def _served_row(run: Path) -> list[Row]:

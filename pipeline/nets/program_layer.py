@@ -323,6 +323,18 @@ def _layer_class(paddle: Any) -> type:
             out = [env[n] for n in self.fetches]
             return out[0] if len(out) == 1 else tuple(out)
 
+        def trainable_in_order(self) -> list[Any]:
+            """The trainable parameters in the order the program first reads them: the backbone's early blocks
+            first, the head's last (what finetune.freeze_early counts from)."""
+            first: dict[str, int] = {}
+            for i, op in enumerate(self.ops):
+                for args in op.ins.values():
+                    for a in args:
+                        first.setdefault(a, i)
+            params = [(first.get(n, len(self.ops)), n, getattr(self, key(n))) for n in self.names]
+            return [p for _, _, p in sorted(params, key=lambda t: t[:2])
+                    if isinstance(p, paddle.base.framework.EagerParamBase) and not p.stop_gradient]
+
         def values(self) -> dict[str, np.ndarray]:
             """Every persistable variable's value by its program name (what write_params writes)."""
             return {n: getattr(self, key(n)).numpy() for n in self.names}
