@@ -296,10 +296,10 @@ class Trainer:
             p.stop_gradient = True
         # finetune.l2sp: each trained weight with the pretrained value it is pulled back to
         self.anchors = [(p, p.detach().clone()) for p in trainable[frozen:]] if f.l2sp > 0 else []
-        if frozen or f.l2sp:
-            ctx.emit({"event": "notice", "text": f"finetune: {frozen} of {len(trainable)} trainable tensors frozen"
-                                                 + (f", L2-SP {f.l2sp:g} towards the pretrained weights" if f.l2sp
-                                                    else "")})
+        said = [f"{frozen} of {len(trainable)} trainable tensors frozen"] if frozen else []
+        said += [f"L2-SP {f.l2sp:g} towards the pretrained weights"] if f.l2sp else []
+        if said:
+            ctx.emit({"event": "notice", "text": "finetune: " + ", ".join(said)})
         paddle.seed(t.seed * 1000 + ctx.rank)  # dropout masks differ per rank
         self.net = net
         g = round(t.batch_size * f.mix / ctx.world) * ctx.world if len(self.general.train) else 0

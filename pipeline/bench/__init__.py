@@ -15,7 +15,8 @@ machine is shared and noisy: quote the ratios, not the absolute numbers.
     detection  centernet_tiny on generated shapes: COCO mAP, int8 mAP drop per engine, auto pick, served PNGs
     ocr        the real PP-OCRv4 recognizer imported, every fp32 engine against RapidOCR's on the same lines
     ocr_system PP-OCRv4 det + cls + rec chained in-process (pipeline/ocr_system/__init__.py) against RapidOCR whole
-    ocr_finetune PP-OCRv4 rec fine-tuned by pipe train on dot-matrix lines, 1 and 2 processes, with the guard
+    ocr_finetune PP-OCRv4 rec fine-tuned by pipe train on dot-matrix lines, 1 and 2 processes, with the guard; the
+               levers against forgetting on a harsher setting
     ocr_served the same system as one package behind `pipe serve`'s /v1/ocr, concurrency 1 and 8, against RapidOCR
     predict    `pipe predict` over generated pages against PaddleOCR 3.7's pipeline and `pipe serve`; its memory; a classifier
     finetune   model.init from related data (digits 0-4) against from scratch, side by side
