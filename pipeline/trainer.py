@@ -344,10 +344,9 @@ class Trainer:
             sets["held_out"] = self.held_out
         return sets
 
-    def _judged(self, st: "_State") -> str:
-        """The set the guard judges by: held_out, unless it is off or a checkpoint of an older pipe measured no
-        pretrained score on it (that run goes on as it began, judged by the general lines)."""
-        return "held_out" if f"held_out_{self.task.monitor}" in st.baseline else "general"
+    def _guarded_by(self) -> str:
+        """The set the guard judges by: held_out, unless it is off (then the general lines)."""
+        return "held_out" if self.held_out is not None else "general"
 
     def _targets(self, y: np.ndarray, feeds: dict[str, np.ndarray]) -> Any:
         return self.task.targets(y, feeds, self.info)
@@ -429,11 +428,18 @@ class Trainer:
         if resume_from is not None:
             st = self._load(resume_from)
         ctx, t = self.ctx, self.cfg.train
+        if self.program is not None and st.baseline and self.held_out is not None \
+                and f"held_out_{self.task.monitor}" not in st.baseline:
+            # a checkpoint of a pipe before finetune.held_out: no pretrained score on it; it goes on as it began
+            self.held_out = None
+            self.epoch_fields = [k for k in self.epoch_fields if not k.startswith("held_out_")]
+            ctx.emit({"event": "notice", "text": f"--resume {resume_from}: its run measured no held-out lines before "
+                                                 f"its first step; the guard judges by the general lines, as it began"})
         if self.program is not None and not st.baseline:  # the pretrained model's scores, before any step
             st.baseline = {f"val_{k}": v for k, v in self._evaluate(self.data.val)[1].items()}
             for g, lines in self._guard_sets().items():
                 st.baseline.update({f"{g}_{k}": v for k, v in self._evaluate(lines)[1].items()})
-            m, j = self.task.monitor, self._judged(st)
+            m, j = self.task.monitor, self._guarded_by()
             sets = ", ".join(f"{g}_{m} {st.baseline[f'{g}_{m}']:.4f} on {len(lines)} lines"
                              for g, lines in self._guard_sets().items())
             ctx.emit({"event": "notice", "text": f"pretrained: val_{m} {st.baseline[f'val_{m}']:.4f}, {sets} "
@@ -675,11 +681,11 @@ class Trainer:
         return [x for part in gathered for x in part]
 
     def _guard(self, guarded: dict[str, float], st: "_State") -> bool:
-        """Whether an epoch kept the judged set (`_judged`: finetune.held_out, or finetune.general) within
+        """Whether an epoch kept the judged set (`_guarded_by`: finetune.held_out, or finetune.general) within
         finetune.max_drop of the pretrained model (always, for pipe's own models)."""
         if self.program is None:
             return True
-        key = f"{self._judged(st)}_{self.task.monitor}"
+        key = f"{self._guarded_by()}_{self.task.monitor}"
         drop = st.baseline[key] - guarded[key]
         return drop <= self.cfg.finetune.max_drop + 1e-12 if self.task.maximize else -drop <= self.cfg.finetune.max_drop
 
@@ -776,7 +782,7 @@ class Trainer:
         """[rank0] evaluate the best checkpoint on the test split and write train/."""
         checksums = self._rank_checksums()  # [sync] a collective: every rank takes part
         if self.program is not None and st.best_metric is None:
-            f, key = self.cfg.finetune, f"{self._judged(st)}_{self.task.monitor}"
+            f, key = self.cfg.finetune, f"{self._guarded_by()}_{self.task.monitor}"
             seen = [f"{r[key]:.4f}" for r in st.epoch_rows]
             lines = "the held-out lines" if key.startswith("held_out") else "the general lines"
             raise GateError(f"finetune.max_drop {f.max_drop:g}: every epoch lost more on {lines} than that "
@@ -829,7 +835,7 @@ class Trainer:
                                       "general_lines": len(self.general.val),
                                       "max_general_drop": f.max_drop,
                                       "general_source": f.general or self.task.default_source,
-                                      "guard_judged_by": self._judged(st)})
+                                      "guard_judged_by": self._guarded_by()})
                     if self.held_out is not None:
                         w.metrics.update({"held_out_lines": len(self.held_out), "held_out_source": f.held_out})
                 w.extra = {"amp": {"requested": self.cfg.amp.level, "active": self.ctx.amp_active,
