@@ -283,7 +283,9 @@ def _curves(run_dir: Path, stages: dict[str, Stage], chain: list[Stage], task: T
         if st.path.resolve() in done:
             continue
         done.add(st.path.resolve())
-        who = f"{_get(st.manifest, 'config', 'model', 'name') or '?'} ({_rel(st.path, run_dir)})"
+        imported = _get(st.manifest, "init", "source", "path") if _get(st.manifest, "init", "kind") == "program" else None
+        name = f"{Path(imported).name}, fine-tuned" if imported else _get(st.manifest, "config", "model", "name") or "?"
+        who = f"{name} ({_rel(st.path, run_dir)})"
         csv_path = st.path / "metrics.csv"
         if not csv_path.is_file():
             sec.blocks.append(f"{who}: no metrics.csv.")
@@ -300,9 +302,11 @@ def _curves(run_dir: Path, stages: dict[str, Stage], chain: list[Stage], task: T
         tests = "".join(f"test {task.label(k)} {task.fmt(k, m.get(f'test_{k}'))}, " for k in task.metrics)
         sec.blocks.append(f"{who}: {len(rows)} epochs; {tests}test loss {_num(m.get('test_loss'), '.4f')}, "
                           f"best checkpoint {m.get('best_checkpoint', _NA)}.")
+        if guard := _guard_line(m, task):
+            sec.blocks.append(guard)
         shown = " and ".join(task.label(k) for k in task.metrics)
         sec.blocks.append(("png", _plot_curves(rows, who, task), f"loss and validation {shown} per epoch: {who}"))
-        vals = {f"val_{k}": k for k in task.metrics}
+        vals = {f"{g}_{k}": k for g in ("val", "held_out", "general") for k in task.metrics}
         cols = [c for c in ("train_loss", "val_loss", *vals, "lr") if c in rows[0]]
         sec.blocks.append(Table(["epoch", *cols], [
             [_num(r.get("epoch"), ".0f"),
@@ -310,6 +314,20 @@ def _curves(run_dir: Path, stages: dict[str, Stage], chain: list[Stage], task: T
     if not sec.blocks:
         sec.blocks.append("No train stage in this run.")
     return sec
+
+
+def _guard_line(m: dict[str, Any], task: Task) -> str:
+    """A fine-tune's guard against forgetting, from its train manifest: each set before -> after, the one judged
+    and its bound; '' for a run that is not a fine-tune of an imported program."""
+    k = task.monitor
+    sets = [(g, m[f"{g}_lines"], m[f"{g}_source"]) for g in ("held_out", "general") if f"{g}_{k}" in m]
+    if not sets:
+        return ""
+    judged = m.get("guard_judged_by", "general")
+    said = [f"{'held-out' if g == 'held_out' else 'general'} ({n} {src} lines"
+            f"{', judged: within ' + _num(m.get('max_general_drop'), 'g') if g == judged else ''}) "
+            f"{task.fmt(k, m.get(f'pretrained_{g}_{k}'))} -> {task.fmt(k, m.get(f'{g}_{k}'))}" for g, n, src in sets]
+    return f"Forgetting, {task.label(k)} of the pretrained model -> the best checkpoint: {'; '.join(said)}."
 
 
 def _variant_rows(stages: dict[str, Stage], task: Task) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
