@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -111,6 +112,15 @@ def test_a_crash_mid_run_resumes_to_the_same_weights(tmp_path, ppocr_rec_export)
     crashed = pipe(tmp_path / "part", PIPE_FAULT_CRASH_AFTER_STEP="2")
     assert crashed.returncode == 137, crashed.stderr[-2000:]
     assert not (tmp_path / "part" / "train").exists()
+    # the same checkpoint as a pipe before finetune.held_out wrote it resumes judged by the general lines, as it began
+    shutil.copytree(tmp_path / "part", tmp_path / "old")
+    _as_before_held_out(tmp_path / "old" / "checkpoints")
+    aged = pipe(tmp_path / "old", "--resume", "auto")
+    assert aged.returncode == 0, aged.stderr[-2000:]
+    assert "measured no held-out lines before its first step; the guard judges by the general lines" in aged.stderr
+    got = artifacts.verify(tmp_path / "old" / "train", ("train",)).manifest["metrics"]
+    assert got["guard_judged_by"] == "general" and "held_out_acc" not in got and "held_out_lines" not in got
+    assert not any(h.startswith("held_out") for h in next(csv.reader(open(tmp_path / "old" / "train" / "metrics.csv"))))
     resumed = pipe(tmp_path / "part", "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "Resuming training from" in resumed.stderr and "step-000002" in resumed.stderr
@@ -122,6 +132,21 @@ def test_a_crash_mid_run_resumes_to_the_same_weights(tmp_path, ppocr_rec_export)
             for d in (a, b)]
     assert rows[0] == rows[1]  # the resumed epoch's train_loss covers its steps before the crash too
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+
+
+def _as_before_held_out(checkpoints: Path) -> None:
+    """Each checkpoint's state.json as a pipe before finetune.held_out wrote it (no such keys in its config, no
+    pretrained score on it), its manifest's sha256 and size of it updated."""
+    for ckpt in checkpoints.glob("step-*"):
+        state = json.loads((ckpt / "state.json").read_text())
+        for k in ("held_out", "held_out_lines", "l2sp", "freeze_early"):
+            state["config"]["finetune"].pop(k)
+        state["baseline"] = {k: v for k, v in state["baseline"].items() if not k.startswith("held_out_")}
+        (ckpt / "state.json").write_text(json.dumps(state))
+        manifest = json.loads((ckpt / "manifest.json").read_text())
+        manifest["files"]["state.json"] = {"sha256": artifacts.sha256_file(ckpt / "state.json"),
+                                           "bytes": (ckpt / "state.json").stat().st_size}
+        (ckpt / "manifest.json").write_text(json.dumps(manifest))
 
 
 def test_a_wrong_init_is_refused_in_one_line(tmp_path, cli, ppocr_rec_export, ppocr_cls_export):
@@ -224,3 +249,21 @@ def test_the_bench_rows_read_the_run(tuned):
                          "lines)") and (goal, status) == ("reported", "")
     gain = (m["held_out_acc"] - m["pretrained_held_out_acc"]) * 100
     assert got.split(" / ")[1] == f"{m['pretrained_held_out_acc']:.4f} -> {m['held_out_acc']:.4f} ({gain:+.1f})"
+
+
+def test_the_report_says_what_the_fine_tune_forgot(tuned, tmp_path):
+    """pipe all's report of a fine-tune names the imported model and shows the guard: each set before -> after, the
+    one judged and its bound, and their columns per epoch (the run copied: the fixture's run stays as it was)."""
+    from pipeline import report
+
+    run = tmp_path / "run"
+    shutil.copytree(tuned / "train", run / "train")
+    md, _ = report.write(run)
+    text = md.read_text(encoding="utf-8")
+    m = json.loads((run / "train" / "manifest.json").read_text())["metrics"]
+    assert "ch_PP-OCRv4_rec_infer, fine-tuned (train): 2 epochs" in text
+    pct = "{:.2%}".format
+    assert (f"Forgetting, accuracy of the pretrained model -> the best checkpoint: held-out (150 ocr_lines_scan lines, "
+            f"judged: within 0.01) {pct(m['pretrained_held_out_acc'])} -> {pct(m['held_out_acc'])}; general (100 "
+            f"ocr_lines lines) {pct(m['pretrained_general_acc'])} -> {pct(m['general_acc'])}.") in text
+    assert "| epoch | train_loss | val_loss | val_acc | val_norm_edit_dis | held_out_acc | held_out_norm_edit_dis |" in text
