@@ -390,20 +390,23 @@ def style_seeds(seed: int) -> tuple[int, int]:
 
 
 def styled(counts: tuple[int, int, int], keys: Sequence[str], style: str, seed: int = 0) -> Data:
-    """`generated`'s counterpart for data.source ocr_lines_<style>: short lines (`short_lines`) drawn in
+    """`generated`'s counterpart for data.source ocr_lines_<style>: lines picked and drawn as `_DRAWN` says for
     that style, deterministic by seed."""
     _check_raqm(f"{BUILT_IN}_{style}")
-    draw = {"dotmatrix": render_dotmatrix, "scan": render_scan}[style]
-    font_file = font_path("Light" if style == "scan" else "Regular")
+    pick, draw, weight = _DRAWN[style]
+    font_file = font_path(weight)
     total = sum(counts)
     text_seed, draw_seed = style_seeds(seed)
     rngs = np.random.default_rng(draw_seed).spawn(total)
-    # dot-matrix: short pieces (a date code); a scan: whole corpus lines, as ocr_lines' (other texts: own seed)
-    texts = corpus_lines(keys, total, text_seed) if style == "scan" else short_lines(keys, total, text_seed)
-    drawn = [draw(t, r, font_file) for t, r in zip(texts, rngs)]
+    drawn = [draw(t, r, font_file) for t, r in zip(pick(keys, total, text_seed), rngs)]
     images, texts = [d[0] for d in drawn], [d[1] for d in drawn]
     a, b = counts[0], counts[0] + counts[1]
     return Data(Lines(images[:a], texts[:a]), Lines(images[a:b], texts[a:b]), Lines(images[b:], texts[b:]))
+
+
+# each style (STYLES): how its texts are picked, how a line is drawn, Noto Sans CJK's weight it is drawn in.
+# dot-matrix: short pieces (a date code); a scan: whole corpus lines as ocr_lines' (other texts: its own seed)
+_DRAWN = {"dotmatrix": (short_lines, render_dotmatrix, "Regular"), "scan": (corpus_lines, render_scan, "Light")}
 
 
 def _generated(counts: tuple[int, int, int], keys: Sequence[str], root: Path, style: str = "") -> Data:
