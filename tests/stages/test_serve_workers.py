@@ -141,6 +141,7 @@ def test_several_http_processes_answer_as_one_server(run, digits, predictor):
         want = predictor(x[:48])
         assert float(np.abs(got - want).max()) <= 1e-5 * float(np.abs(want).max())
 
+        _counted(srv.url, 48)  # each is counted after its answer's last byte
         time.sleep(0.3)  # the gauges are published every 0.1 s
         model = httpx.get(srv.url + "/v1/model", timeout=10).json()
         for _ in range(6):  # fresh connections: either process answers, with the whole server's counts
@@ -164,6 +165,20 @@ def test_several_http_processes_answer_as_one_server(run, digits, predictor):
     assert not [p for p in tree if _alive(p)]
 
 
+def _counted(url: str, want: int, seconds: float = 20) -> float:
+    """The server's count of answered /v1/predict requests once it is `want` or `seconds` have passed. A request
+    is counted after its answer's last byte is sent (pipeline/serving/server.py, Observe), so a client can read
+    its answer a moment before the count includes it; the counts are then asserted exactly."""
+    deadline = time.monotonic() + seconds
+    while True:
+        got = metric(httpx.get(url + "/metrics", timeout=10).text,
+                     'pipe_requests_total{code="200",endpoint="/v1/predict"}', missing=0)
+        if got == want or time.monotonic() > deadline:
+            assert got == want, f"{got} requests counted, {want} answered"
+            return got
+        time.sleep(0.1)
+
+
 @pytest.mark.slow
 def test_a_dead_http_process_is_replaced_and_a_killed_supervisor_takes_all_down(run, digits):
     """SIGKILL one HTTP process (as the OOM killer would): the supervisor says so and starts another; /readyz
@@ -175,6 +190,7 @@ def test_a_dead_http_process_is_replaced_and_a_killed_supervisor_takes_all_down(
         with httpx.Client(base_url=srv.url, timeout=30) as c:
             for i in range(4):
                 assert c.post("/v1/predict", json={"inputs": x[i:i + 1].tolist()}).status_code == 200
+        _counted(srv.url, 4)  # killed before its last answer is counted, a process would lose that count
         before = _tree(srv.proc.pid)
         victim = _children(srv.proc.pid)[1]
         os.kill(victim, signal.SIGKILL)
@@ -190,9 +206,7 @@ def test_a_dead_http_process_is_replaced_and_a_killed_supervisor_takes_all_down(
         for i in range(6):
             assert httpx.post(srv.url + "/v1/predict", json={"inputs": x[i:i + 1].tolist()},
                               timeout=30).status_code == 200
-        time.sleep(0.3)
-        text = httpx.get(srv.url + "/metrics", timeout=10).text
-        assert metric(text, 'pipe_requests_total{code="200",endpoint="/v1/predict"}') == 10  # the dead one's 4 kept
+        assert _counted(srv.url, 10) == 10  # the dead one's 4 kept
         after = _tree(srv.proc.pid)
         assert not [p for p in before if p not in after and _alive(p)]  # the dead one's predictor went with it
         os.kill(srv.proc.pid, signal.SIGKILL)
