@@ -267,9 +267,8 @@ class Trainer:
             have = [s for s in ("val", "test") if len(getattr(self.data, s))]
             raise InputError(f"--data {source}: no train split to train on (only {' and '.join(have)}); pipe train "
                              f"needs a folder holding a train label file (train.txt)")
-        general_cfg = dataclasses.replace(cfg.data, source=f.general or self.task.default_source,
-                                          ocr_lines=max(10, round(f.general_lines / 0.15)))
-        self.general = self.task.load_data(general_cfg, self.info)
+        self.general = self.task.load_data(self._sized(f.general or self.task.default_source, f.general_lines),
+                                           self.info)
         self.held_out = self._held_out()
         paddle.seed(t.seed)
         np.random.seed(t.seed)
@@ -320,6 +319,11 @@ class Trainer:
         self.epoch_fields = [*self.epoch_fields[:cut], *(f"{g}_{m}" for g in self._guard_sets()
                                                          for m in self.task.metrics), *self.epoch_fields[cut:]]
 
+    def _sized(self, source: str, val_lines: int) -> Any:
+        """The run's data config for `source`, generating enough lines (where it generates) that its val split,
+        0.15 of them, holds about `val_lines`."""
+        return dataclasses.replace(self.cfg.data, source=source, ocr_lines=max(10, round(val_lines / 0.15)))
+
     def _held_out(self) -> Any:
         """finetune.held_out's lines (its val split; its test split when a label file is all it has), or None when
         it is '' (the guard then judges by finetune.general's val lines)."""
@@ -327,9 +331,7 @@ class Trainer:
         if not f.held_out:
             return None
         try:
-            held = self.task.load_data(dataclasses.replace(self.cfg.data, source=f.held_out,
-                                                           ocr_lines=max(10, round(f.held_out_lines / 0.15))),
-                                       self.info)
+            held = self.task.load_data(self._sized(f.held_out, f.held_out_lines), self.info)
         except InputError as e:  # the data's message names --data / data.source: say which key it came from
             raise InputError(f"finetune.held_out {f.held_out}: {e}") from None
         lines = held.val if len(held.val) else held.test
